@@ -1,0 +1,402 @@
+#include "braid/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "braid/util/rng_internal.h"
+
+namespace braid {
+namespace {
+
+std::string Join(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+std::string Index(const std::string& parent, size_t i) {
+  return parent + "[" + std::to_string(i) + "]";
+}
+
+// Checks that `node` is a map with no keys outside `known`.
+Status CheckMap(const YAML::Node& node, const std::string& path,
+                const std::set<std::string>& known) {
+  if (!node.IsMap()) {
+    return ConfigError(path.empty() ? "<root>" : path, "must be a mapping");
+  }
+  for (const auto& kv : node) {
+    const std::string key = kv.first.Scalar();
+    if (!known.count(key)) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return ConfigError(Join(path, key), "unknown key (known: " + list + ")");
+    }
+  }
+  return Status::OK();
+}
+
+template <typename T>
+Result<T> Scalar(const YAML::Node& node, const std::string& path, const char* what) {
+  if (!node.IsScalar()) return ConfigError(path, std::string("must be ") + what);
+  try {
+    return node.as<T>();
+  } catch (const YAML::Exception&) {
+    return ConfigError(path, std::string("must be ") + what + ", got '" + node.Scalar() +
+                                 "'");
+  }
+}
+
+Result<int64_t> PositiveInt(const YAML::Node& node, const std::string& path) {
+  ARROW_ASSIGN_OR_RAISE(int64_t v, Scalar<int64_t>(node, path, "an integer"));
+  if (v <= 0) return ConfigError(path, "must be > 0, got " + std::to_string(v));
+  return v;
+}
+
+Result<double> Weight(const YAML::Node& node, const std::string& path) {
+  ARROW_ASSIGN_OR_RAISE(double w, Scalar<double>(node, path, "a number"));
+  if (!std::isfinite(w) || w < 0) {
+    return ConfigError(path, "must be a finite number >= 0, got " + node.Scalar());
+  }
+  return w;
+}
+
+template <typename E>
+Result<E> Enum(const YAML::Node& node, const std::string& path,
+               const std::vector<std::pair<std::string, E>>& names) {
+  ARROW_ASSIGN_OR_RAISE(std::string s, Scalar<std::string>(node, path, "a string"));
+  std::string list;
+  for (const auto& [name, value] : names) {
+    if (s == name) return value;
+    list += (list.empty() ? "" : " | ") + name;
+  }
+  return ConfigError(path, "must be one of " + list + ", got '" + s + "'");
+}
+
+Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& path) {
+  WeightSchedule ws;
+  if (node.IsScalar()) {
+    ARROW_ASSIGN_OR_RAISE(double w, Weight(node, path));
+    ws.points = {{0, w}};
+    return ws;
+  }
+  ARROW_RETURN_NOT_OK(CheckMap(node, path, {"schedule"}));
+  const std::string spath = Join(path, "schedule");
+  const YAML::Node sched = node["schedule"];
+  if (!sched || !sched.IsSequence() || sched.size() == 0) {
+    return ConfigError(spath, "must be a non-empty list of [step, weight] pairs");
+  }
+  ws.points.clear();
+  for (size_t i = 0; i < sched.size(); ++i) {
+    const std::string ipath = Index(spath, i);
+    const YAML::Node pt = sched[i];
+    if (!pt.IsSequence() || pt.size() != 2) {
+      return ConfigError(ipath, "must be a [step, weight] pair");
+    }
+    ARROW_ASSIGN_OR_RAISE(int64_t step, Scalar<int64_t>(pt[0], Index(ipath, 0), "a step"));
+    ARROW_ASSIGN_OR_RAISE(double w, Weight(pt[1], Index(ipath, 1)));
+    if (step < 0 || (!ws.points.empty() && step <= ws.points.back().first)) {
+      return ConfigError(Index(ipath, 0), "steps must be >= 0 and strictly increasing");
+    }
+    ws.points.emplace_back(step, w);
+  }
+  return ws;
+}
+
+std::string ResolvePath(const std::string& path, const std::string& base_dir) {
+  if (path.find("://") != std::string::npos) return path;
+  std::filesystem::path p(path);
+  if (p.is_absolute() || base_dir.empty()) return p.lexically_normal().string();
+  return (std::filesystem::path(base_dir) / p).lexically_normal().string();
+}
+
+Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path,
+                                 const std::string& base_dir) {
+  ARROW_RETURN_NOT_OK(CheckMap(node, path,
+                               {"name", "path", "tokens_column", "text_column",
+                                "image_column", "weight", "oversize", "on_error",
+                                "shuffle_window"}));
+  SourceConfig src;
+  for (const char* required : {"name", "path"}) {
+    if (!node[required]) return ConfigError(Join(path, required), "is required");
+  }
+  ARROW_ASSIGN_OR_RAISE(src.name,
+                        Scalar<std::string>(node["name"], Join(path, "name"), "a string"));
+  if (src.name.empty()) return ConfigError(Join(path, "name"), "must not be empty");
+  ARROW_ASSIGN_OR_RAISE(std::string p,
+                        Scalar<std::string>(node["path"], Join(path, "path"), "a string"));
+  if (p.empty()) return ConfigError(Join(path, "path"), "must not be empty");
+  src.path = ResolvePath(p, base_dir);
+  for (const char* later : {"text_column", "image_column"}) {
+    if (node[later]) {
+      return ConfigError(Join(path, later),
+                         "transforms other than a token column are not supported in this "
+                         "version; give tokens_column");
+    }
+  }
+  if (!node["tokens_column"]) {
+    return ConfigError(Join(path, "tokens_column"), "is required");
+  }
+  ARROW_ASSIGN_OR_RAISE(src.tokens_column,
+                        Scalar<std::string>(node["tokens_column"],
+                                            Join(path, "tokens_column"), "a string"));
+  if (node["weight"]) {
+    ARROW_ASSIGN_OR_RAISE(src.weight, ParseWeight(node["weight"], Join(path, "weight")));
+  }
+  if (node["oversize"]) {
+    ARROW_ASSIGN_OR_RAISE(src.oversize,
+                          Enum<Oversize>(node["oversize"], Join(path, "oversize"),
+                                         {{"split", Oversize::kSplit},
+                                          {"truncate", Oversize::kTruncate},
+                                          {"skip", Oversize::kSkip}}));
+  }
+  if (node["on_error"]) {
+    ARROW_ASSIGN_OR_RAISE(
+        src.on_error, Enum<OnError>(node["on_error"], Join(path, "on_error"),
+                                    {{"fail", OnError::kFail}, {"skip", OnError::kSkip}}));
+  }
+  if (node["shuffle_window"]) {
+    ARROW_ASSIGN_OR_RAISE(src.shuffle_window_rows,
+                          PositiveInt(node["shuffle_window"], Join(path, "shuffle_window")));
+  }
+  return src;
+}
+
+Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
+  ARROW_RETURN_NOT_OK(CheckMap(root, "",
+                               {"seed", "topology", "batch", "balance", "sources",
+                                "runtime", "tokenizer", "phases"}));
+  Config c;
+  c.base_dir = base_dir;
+  if (root["seed"]) {
+    ARROW_ASSIGN_OR_RAISE(c.seed, Scalar<uint64_t>(root["seed"], "seed",
+                                                   "a non-negative integer"));
+  }
+  for (const char* later : {"tokenizer", "phases"}) {
+    if (root[later]) {
+      return ConfigError(later, "is not supported in this version (see docs/config.md)");
+    }
+  }
+  if (const YAML::Node t = root["topology"]) {
+    ARROW_RETURN_NOT_OK(CheckMap(t, "topology", {"dp", "tp", "pp", "cp"}));
+    int64_t* dims[] = {&c.topology.dp, &c.topology.tp, &c.topology.pp, &c.topology.cp};
+    const char* names[] = {"dp", "tp", "pp", "cp"};
+    for (int i = 0; i < 4; ++i) {
+      if (t[names[i]]) {
+        ARROW_ASSIGN_OR_RAISE(*dims[i],
+                              PositiveInt(t[names[i]], Join("topology", names[i])));
+      }
+    }
+    if (c.topology.cp != 1) {
+      return ConfigError("topology.cp",
+                         "context parallelism is not supported in this version; use 1");
+    }
+  }
+  const YAML::Node b = root["batch"];
+  if (!b) return ConfigError("batch", "is required");
+  ARROW_RETURN_NOT_OK(CheckMap(
+      b, "batch", {"global_tokens", "seq_len", "micro_batch_size", "packing"}));
+  for (const char* required : {"global_tokens", "seq_len"}) {
+    if (!b[required]) return ConfigError(Join("batch", required), "is required");
+  }
+  ARROW_ASSIGN_OR_RAISE(c.batch.global_tokens,
+                        PositiveInt(b["global_tokens"], "batch.global_tokens"));
+  ARROW_ASSIGN_OR_RAISE(c.batch.seq_len, PositiveInt(b["seq_len"], "batch.seq_len"));
+  if (b["micro_batch_size"]) {
+    ARROW_ASSIGN_OR_RAISE(c.batch.micro_batch_size,
+                          PositiveInt(b["micro_batch_size"], "batch.micro_batch_size"));
+  }
+  if (b["packing"]) {
+    ARROW_ASSIGN_OR_RAISE(c.batch.packing,
+                          Scalar<bool>(b["packing"], "batch.packing", "true or false"));
+    if (!c.batch.packing) {
+      return ConfigError("batch.packing",
+                         "false is not supported in this version (documents are packed)");
+    }
+  }
+  if (const YAML::Node bal = root["balance"]) {
+    ARROW_RETURN_NOT_OK(CheckMap(bal, "balance", {"cost", "algorithm"}));
+    if (const YAML::Node cost = bal["cost"]) {
+      ARROW_RETURN_NOT_OK(CheckMap(cost, "balance.cost", {"attn", "linear"}));
+      if (cost["attn"]) {
+        ARROW_ASSIGN_OR_RAISE(c.balance.attn, Weight(cost["attn"], "balance.cost.attn"));
+      }
+      if (cost["linear"]) {
+        ARROW_ASSIGN_OR_RAISE(c.balance.linear,
+                              Weight(cost["linear"], "balance.cost.linear"));
+      }
+    }
+    if (bal["algorithm"]) {
+      ARROW_ASSIGN_OR_RAISE(
+          c.balance.algorithm,
+          Enum<BalanceAlgorithm>(bal["algorithm"], "balance.algorithm",
+                                 {{"karmarkar_karp", BalanceAlgorithm::kKarmarkarKarp},
+                                  {"greedy", BalanceAlgorithm::kGreedy},
+                                  {"none", BalanceAlgorithm::kNone}}));
+    }
+  }
+  if (const YAML::Node rt = root["runtime"]) {
+    ARROW_RETURN_NOT_OK(
+        CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps"}));
+    if (rt["kind"]) {
+      ARROW_ASSIGN_OR_RAISE(std::string kind,
+                            Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
+      if (kind == "ray") {
+        return ConfigError("runtime.kind", "'ray' is not supported in this version");
+      }
+      if (kind != "local") {
+        return ConfigError("runtime.kind", "must be one of local | ray, got '" + kind + "'");
+      }
+    }
+    if (rt["read_ahead_bytes"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.read_ahead_bytes,
+                            PositiveInt(rt["read_ahead_bytes"], "runtime.read_ahead_bytes"));
+    }
+    if (rt["prefetch_steps"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.prefetch_steps,
+                            PositiveInt(rt["prefetch_steps"], "runtime.prefetch_steps"));
+    }
+  }
+  const YAML::Node sources = root["sources"];
+  if (!sources) return ConfigError("sources", "is required");
+  if (!sources.IsSequence() || sources.size() == 0) {
+    return ConfigError("sources", "must be a non-empty list");
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    ARROW_ASSIGN_OR_RAISE(SourceConfig src,
+                          ParseSource(sources[i], Index("sources", i), base_dir));
+    if (!names.insert(src.name).second) {
+      return ConfigError(Join(Index("sources", i), "name"),
+                         "duplicate source name '" + src.name + "'");
+    }
+    c.sources.push_back(std::move(src));
+  }
+  ARROW_RETURN_NOT_OK(ValidateConfig(c));
+  return c;
+}
+
+}  // namespace
+
+const char* ToString(Oversize v) {
+  switch (v) {
+    case Oversize::kSplit: return "split";
+    case Oversize::kTruncate: return "truncate";
+    case Oversize::kSkip: return "skip";
+  }
+  return "?";
+}
+
+const char* ToString(OnError v) { return v == OnError::kFail ? "fail" : "skip"; }
+
+const char* ToString(BalanceAlgorithm v) {
+  switch (v) {
+    case BalanceAlgorithm::kKarmarkarKarp: return "karmarkar_karp";
+    case BalanceAlgorithm::kGreedy: return "greedy";
+    case BalanceAlgorithm::kNone: return "none";
+  }
+  return "?";
+}
+
+double WeightSchedule::At(int64_t step) const {
+  if (step <= points.front().first) return points.front().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (step <= points[i].first) {
+      const auto& [s0, w0] = points[i - 1];
+      const auto& [s1, w1] = points[i];
+      const double t = static_cast<double>(step - s0) / static_cast<double>(s1 - s0);
+      return w0 + t * (w1 - w0);
+    }
+  }
+  return points.back().second;
+}
+
+std::string Config::Fingerprint() const {
+  std::ostringstream os;
+  os << seed << '|' << batch.global_tokens << '|' << batch.seq_len << '|'
+     << batch.micro_batch_size;
+  for (const auto& s : sources) {
+    os << '|' << s.name << ':' << s.path << ':' << s.tokens_column << ':'
+       << ToString(s.oversize) << ':' << s.shuffle_window_rows;
+  }
+  const std::string text = os.str();
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
+  for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ULL;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx",
+                static_cast<unsigned long long>(internal::Mix64(h)));
+  return buf;
+}
+
+Status ValidateConfig(const Config& c) {
+  const auto& b = c.batch;
+  if (b.global_tokens % b.seq_len != 0) {
+    return ConfigError("batch.global_tokens",
+                       "must be a multiple of batch.seq_len (" + std::to_string(b.seq_len) +
+                           "), got " + std::to_string(b.global_tokens));
+  }
+  const int64_t per_step = b.global_tokens / b.seq_len;
+  const int64_t group = c.topology.dp * b.micro_batch_size;
+  if (per_step % group != 0) {
+    return ConfigError("batch.global_tokens",
+                       "must be a multiple of topology.dp * batch.micro_batch_size * "
+                       "batch.seq_len (" +
+                           std::to_string(group * b.seq_len) + "), got " +
+                           std::to_string(b.global_tokens));
+  }
+  // Weights may be 0 for a while, but some source must have weight at every step.
+  std::vector<int64_t> steps{0};
+  for (const auto& s : c.sources) {
+    for (const auto& [step, w] : s.weight.points) steps.push_back(step);
+  }
+  for (int64_t step : steps) {
+    double total = 0;
+    for (const auto& s : c.sources) total += s.weight.At(step);
+    if (total <= 0) {
+      return ConfigError("sources", "all weights are 0 at step " + std::to_string(step));
+    }
+  }
+  return Status::OK();
+}
+
+Result<Config> ParseConfig(const std::string& text, const std::string& base_dir) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return ConfigError("<config>", std::string("not valid YAML: ") + e.what());
+  }
+  try {
+    return ParseRoot(root, base_dir);
+  } catch (const YAML::Exception& e) {
+    return ConfigError("<config>", e.what());
+  }
+}
+
+Result<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ConfigError(path, "cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::filesystem::path p(path);
+  std::string base = p.has_parent_path() ? p.parent_path().string() : ".";
+  auto result = ParseConfig(ss.str(), base);
+  if (!result.ok()) {
+    // Prefix the file so the user knows which config is meant.
+    const auto* detail = GetErrorDetail(result.status());
+    return result.status().WithMessage(path + ": " + result.status().message())
+        .WithDetail(std::make_shared<ErrorDetail>(
+            ErrorKind::kConfig, detail ? detail->where() : std::string("<config>")));
+  }
+  return result;
+}
+
+Status SetDataParallel(Config* config, int64_t dp) {
+  if (dp <= 0) return ConfigError("--dp", "must be > 0");
+  config->topology.dp = dp;
+  return ValidateConfig(*config);
+}
+
+}  // namespace braid

@@ -1,0 +1,29 @@
+// The data constructor: turns one rank's planned micro-batch into tensors.
+//
+// For a micro-batch of `mbs` packed sequences of length L it builds, all [mbs, L] unless
+// noted:
+//   input_ids    int64  the tokens
+//   labels       int64  the next token of the same document; -100 at a document's end
+//   loss_mask    float32 1 where labels is a real target, else 0
+//   position_ids int64  0, 1, ... restarting at every document piece
+//   source_ids   int32  index of the source each token came from
+//   cu_seqlens   int32  [pieces + 1] piece boundaries over the flattened mbs*L tokens
+// A piece that ends inside its document (the document continues in another sequence)
+// still has a target for its last token: the document's next token.
+//
+// Thread-safe: a pure function of the plan; payloads are shared, immutable.
+#pragma once
+
+#include "braid/construct/batch.h"
+#include "braid/plan/step_plan.h"
+#include "braid/status.h"
+
+namespace braid {
+
+inline constexpr int64_t kIgnoreLabel = -100;
+
+/// Builds micro-batch `micro_batch` of DP rank `dp` of `plan`. Fails if the plan was made
+/// without payloads. REQUIRES: dp and micro_batch index into the plan.
+Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch);
+
+}  // namespace braid

@@ -1,0 +1,229 @@
+#include "braid/plan/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "braid/plan/balance.h"
+#include "braid/util/rng_internal.h"
+
+namespace braid {
+namespace {
+
+constexpr uint64_t kDrawSalt = 0xd7a3;
+
+// The position after `pos` (offset + 1); the loader normalizes a window overrun.
+StreamPos After(StreamPos pos) {
+  ++pos.offset;
+  return pos;
+}
+
+}  // namespace
+
+Planner::Planner(const Config& config, std::vector<SampleStream*> streams,
+                 PlannerState state)
+    : config_(config),
+      streams_(std::move(streams)),
+      state_(std::move(state)),
+      heads_(streams_.size()),
+      has_head_(streams_.size(), false) {}
+
+PlannerState Planner::InitialState(const Config& config) {
+  PlannerState s;
+  s.sources.resize(config.sources.size());
+  return s;
+}
+
+Result<std::unique_ptr<Planner>> Planner::Make(const Config& config,
+                                               std::vector<SampleStream*> streams,
+                                               PlannerState state) {
+  if (streams.size() != config.sources.size() ||
+      state.sources.size() != config.sources.size()) {
+    return Status::Invalid("planner: ", config.sources.size(), " sources but ",
+                           streams.size(), " streams and ", state.sources.size(),
+                           " cursors");
+  }
+  return std::unique_ptr<Planner>(new Planner(config, std::move(streams), std::move(state)));
+}
+
+std::vector<int64_t> Planner::Quotas(int64_t capacity) {
+  const size_t n = config_.sources.size();
+  std::vector<double> weights(n);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    weights[i] = config_.sources[i].weight.At(state_.step);
+    total += weights[i];
+  }
+  std::vector<double> ideal(n, 0.0);
+  std::vector<int64_t> quota(n, 0);
+  int64_t assigned = 0;
+  for (size_t i = 0; i < n; ++i) {
+    auto& cursor = state_.sources[i];
+    if (weights[i] <= 0) {
+      cursor.carry = 0;  // a source that is off owes nothing and is owed nothing
+      continue;
+    }
+    ideal[i] = weights[i] / total * static_cast<double>(capacity) + cursor.carry;
+    quota[i] = std::max<int64_t>(0, static_cast<int64_t>(std::floor(ideal[i])));
+    assigned += quota[i];
+  }
+  // Largest remainder: hand out (or take back) single tokens until the quotas sum to the
+  // capacity. Ties go to the lower source index.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i) {
+    if (weights[i] > 0) order.push_back(i);
+  }
+  auto residual = [&](size_t i) { return ideal[i] - static_cast<double>(quota[i]); };
+  while (assigned != capacity) {
+    const bool add = assigned < capacity;
+    size_t best = order.front();
+    bool found = false;
+    for (size_t i : order) {
+      if (!add && quota[i] == 0) continue;
+      if (!found || (add ? residual(i) > residual(best) : residual(i) < residual(best))) {
+        best = i;
+        found = true;
+      }
+    }
+    quota[best] += add ? 1 : -1;
+    assigned += add ? 1 : -1;
+  }
+  for (size_t i : order) state_.sources[i].carry = residual(i);
+  return quota;
+}
+
+Status Planner::Draw(int32_t source, int64_t quota, std::vector<DocPiece>* pieces) {
+  auto& cursor = state_.sources[size_t(source)];
+  Sample& head = heads_[size_t(source)];
+  const SourceConfig& src = config_.sources[size_t(source)];
+  const int64_t seq_len = config_.batch.seq_len;
+  int64_t need = quota;
+  int64_t skipped_in_a_row = 0;
+  while (need > 0) {
+    if (!has_head_[size_t(source)]) {
+      ARROW_ASSIGN_OR_RAISE(head, streams_[size_t(source)]->Next());
+      bool skip = head.meta.skip != SkipReason::kNone;
+      if (!skip && src.oversize == Oversize::kSkip && head.meta.tokens > seq_len) {
+        head.meta.skip = SkipReason::kOversize;
+        skip = true;
+      }
+      if (skip) {
+        ++cursor.skipped;
+        cursor.next = After(head.meta.pos);
+        cursor.head_start = 0;
+        if (++skipped_in_a_row > streams_[size_t(source)]->rows_per_epoch()) {
+          return DataError(src.path, "sources[" + std::to_string(source) +
+                                         "] ('" + src.name +
+                                         "'): every sample of an epoch was skipped");
+        }
+        continue;
+      }
+      skipped_in_a_row = 0;
+      has_head_[size_t(source)] = true;
+      cursor.next = head.meta.pos;
+    }
+    const int64_t doc_tokens = src.oversize == Oversize::kTruncate
+                                   ? std::min(head.meta.tokens, seq_len)
+                                   : head.meta.tokens;
+    const int64_t take = std::min(need, doc_tokens - cursor.head_start);
+    DocPiece piece;
+    piece.source = source;
+    piece.file = head.meta.file;
+    piece.row = head.meta.row;
+    piece.epoch = head.meta.epoch;
+    piece.start = cursor.head_start;
+    piece.len = take;
+    piece.doc_tokens = doc_tokens;
+    piece.payload = head.payload;
+    pieces->push_back(std::move(piece));
+    need -= take;
+    cursor.head_start += take;
+    if (cursor.head_start == doc_tokens) {
+      cursor.next = After(head.meta.pos);
+      cursor.head_start = 0;
+      has_head_[size_t(source)] = false;
+      head = Sample{};
+    }
+  }
+  return Status::OK();
+}
+
+Result<StepPlan> Planner::PlanStep() {
+  const int64_t seq_len = config_.batch.seq_len;
+  const int64_t num_sequences = config_.sequences_per_step();
+  const int64_t capacity = num_sequences * seq_len;
+  StepPlan plan;
+  plan.step = state_.step;
+  plan.seq_len = seq_len;
+  plan.state_before = state_;
+
+  // 1-2. Quotas and draw, source by source.
+  plan.source_tokens = Quotas(capacity);
+  std::vector<DocPiece> pieces;
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    if (plan.source_tokens[i] > 0) {
+      ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], &pieces));
+    }
+  }
+  // 3. Interleave and pack in that order.
+  internal::Rng rng(internal::DeriveSeed({config_.seed, kDrawSalt, uint64_t(state_.step)}));
+  rng.Shuffle(&pieces);
+  std::vector<Sequence> sequences(static_cast<size_t>(num_sequences));
+  size_t current = 0;
+  for (DocPiece& piece : pieces) {
+    while (piece.len > 0) {
+      Sequence& seq = sequences[current];
+      const int64_t room = seq_len - seq.tokens;
+      DocPiece part = piece;
+      part.len = std::min(room, piece.len);
+      piece.start += part.len;
+      piece.len -= part.len;
+      seq.tokens += part.len;
+      seq.cost += PieceCost(config_.balance, part.len);
+      seq.docs.push_back(std::move(part));
+      if (seq.tokens == seq_len) ++current;
+    }
+  }
+  // 4. Balance over DP ranks, then cut each rank's sequences into micro-batches.
+  std::vector<double> costs(sequences.size());
+  for (size_t i = 0; i < sequences.size(); ++i) costs[i] = sequences[i].cost;
+  const int64_t dp = config_.topology.dp;
+  const auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
+  plan.imbalance = Imbalance(costs, rank_bins);
+  const int64_t mbs = config_.batch.micro_batch_size;
+  const int64_t n_micro = config_.micro_batches_per_rank();
+  plan.ranks.resize(static_cast<size_t>(dp));
+  for (int64_t r = 0; r < dp; ++r) {
+    RankPlan& rank = plan.ranks[size_t(r)];
+    rank.dp = r;
+    const auto& members = rank_bins[size_t(r)];
+    std::vector<std::vector<int32_t>> micro_bins;
+    if (mbs == 1) {
+      for (int32_t m : members) micro_bins.push_back({m});
+    } else {
+      std::vector<double> member_costs;
+      for (int32_t m : members) member_costs.push_back(costs[size_t(m)]);
+      for (auto& bin : PartitionEqualCount(member_costs, n_micro,
+                                           config_.balance.algorithm)) {
+        for (auto& k : bin) k = members[size_t(k)];
+        micro_bins.push_back(std::move(bin));
+      }
+    }
+    for (const auto& bin : micro_bins) {
+      MicroBatch mb;
+      for (int32_t s : bin) {
+        mb.tokens += sequences[size_t(s)].tokens;
+        mb.cost += sequences[size_t(s)].cost;
+        mb.sequences.push_back(sequences[size_t(s)]);
+      }
+      rank.tokens += mb.tokens;
+      rank.cost += mb.cost;
+      rank.micro_batches.push_back(std::move(mb));
+    }
+  }
+  ++state_.step;
+  plan.state_after = state_;
+  return plan;
+}
+
+}  // namespace braid

@@ -1,0 +1,65 @@
+// The planner: decides every global step from sample metadata alone.
+//
+// For step t with sequence length L and S = global_tokens / L sequences:
+//  1. Quotas. Each source's weight at t (its schedule) gives its share of the S*L tokens;
+//     largest-remainder rounding, with the remainder carried to the next step, makes the
+//     achieved share converge to the weights.
+//  2. Draw. Each source yields its quota from its stream, in its seeded order; a document
+//     that does not fit the quota is cut, and its rest opens the source's next quota.
+//  3. Pack. The drawn pieces are interleaved in a seeded order and packed in that order into
+//     S sequences of exactly L tokens; a piece that crosses a sequence boundary is split.
+//     Documents longer than L follow `oversize` (split | truncate | skip).
+//  4. Balance. The S sequences are split over dp ranks with equal counts by the configured
+//     algorithm on cost(doc) = attn*len^2 + linear*len summed per sequence; each rank's
+//     sequences form its micro-batches.
+// Steps 1-3 do not depend on dp, so the documents of a step are the same for any dp.
+//
+// Thread-compatible: one thread calls PlanStep; the streams are consumed from that thread.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/plan/step_plan.h"
+#include "braid/source/sample.h"
+#include "braid/status.h"
+
+namespace braid {
+
+/// Cost of one document piece of `len` tokens.
+inline double PieceCost(const BalanceConfig& b, int64_t len) {
+  const double l = static_cast<double>(len);
+  return b.attn * l * l + b.linear * l;
+}
+
+class Planner {
+ public:
+  /// `streams[i]` yields config.sources[i] starting at state.sources[i].next; the planner
+  /// does not own them. REQUIRES: streams.size() == config.sources.size().
+  static Result<std::unique_ptr<Planner>> Make(const Config& config,
+                                               std::vector<SampleStream*> streams,
+                                               PlannerState state);
+
+  /// A fresh state (step 0, every source at its start) for `config`.
+  static PlannerState InitialState(const Config& config);
+
+  /// Plans the next step and advances the state. Fails with the stream's error.
+  Result<StepPlan> PlanStep();
+
+  const PlannerState& state() const { return state_; }
+
+ private:
+  Planner(const Config& config, std::vector<SampleStream*> streams, PlannerState state);
+  std::vector<int64_t> Quotas(int64_t capacity);
+  Status Draw(int32_t source, int64_t quota, std::vector<DocPiece>* pieces);
+
+  const Config config_;
+  std::vector<SampleStream*> streams_;
+  PlannerState state_;
+  // The sample at state_.sources[i].next when it has been read but not fully consumed.
+  std::vector<Sample> heads_;
+  std::vector<bool> has_head_;
+};
+
+}  // namespace braid

@@ -1,0 +1,138 @@
+#include "braid/runtime/engine.h"
+
+#include "braid/construct/constructor.h"
+
+namespace braid {
+
+Engine::Engine(const Config& config, Options options)
+    : config_(config),
+      options_(std::move(options)),
+      plans_(static_cast<size_t>(config.runtime.prefetch_steps)),
+      batches_(static_cast<size_t>(2 * config.micro_batches_per_rank() *
+                                   (options_.dp_ranks.empty()
+                                        ? config.topology.dp
+                                        : int64_t(options_.dp_ranks.size())))) {}
+
+Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options options) {
+  for (int64_t r : options.dp_ranks) {
+    if (r < 0 || r >= config.topology.dp) {
+      return ConfigError("rank", "DP rank " + std::to_string(r) + " is outside dp=" +
+                                     std::to_string(config.topology.dp));
+    }
+  }
+  std::unique_ptr<Engine> engine(new Engine(config, std::move(options)));
+  if (engine->options_.dp_ranks.empty()) {
+    for (int64_t r = 0; r < config.topology.dp; ++r) engine->options_.dp_ranks.push_back(r);
+  }
+  if (engine->options_.state_json.empty()) {
+    engine->start_state_ = Planner::InitialState(config);
+  } else {
+    ARROW_ASSIGN_OR_RAISE(engine->start_state_,
+                          PlannerStateFromJson(engine->options_.state_json, config,
+                                               &engine->skip_first_));
+    if (engine->skip_first_ >= engine->local_micro_batches_per_step()) {
+      return ConfigError("state.consumed_micro_batches",
+                         "exceeds the micro-batches per step of this rank");
+    }
+  }
+  SourceLoader::Options loader_options;
+  loader_options.read_ahead_bytes = config.runtime.read_ahead_bytes;
+  std::vector<SampleStream*> streams;
+  for (size_t i = 0; i < config.sources.size(); ++i) {
+    ARROW_ASSIGN_OR_RAISE(auto loader,
+                          SourceLoader::Make(config, static_cast<int32_t>(i),
+                                             engine->start_state_.sources[i].next,
+                                             loader_options));
+    streams.push_back(loader.get());
+    engine->loaders_.push_back(std::move(loader));
+  }
+  ARROW_ASSIGN_OR_RAISE(engine->planner_,
+                        Planner::Make(config, streams, engine->start_state_));
+  engine->last_plan_ = nullptr;
+  engine->planner_thread_ = std::thread([e = engine.get()] { e->PlannerLoop(); });
+  engine->constructor_thread_ = std::thread([e = engine.get()] { e->ConstructorLoop(); });
+  return engine;
+}
+
+Engine::~Engine() { Stop(); }
+
+void Engine::Stop() {
+  plans_.Close();
+  batches_.Close();
+  for (auto& loader : loaders_) loader->Stop();
+  if (planner_thread_.joinable()) planner_thread_.join();
+  if (constructor_thread_.joinable()) constructor_thread_.join();
+}
+
+int64_t Engine::local_micro_batches_per_step() const {
+  return config_.micro_batches_per_rank() * static_cast<int64_t>(options_.dp_ranks.size());
+}
+
+void Engine::PlannerLoop() {
+  while (true) {
+    auto plan = planner_->PlanStep();
+    if (!plan.ok()) {
+      plans_.Push(PlanItem{plan.status(), nullptr});
+      return;
+    }
+    if (options_.on_plan) options_.on_plan(*plan);
+    auto shared = std::make_shared<const StepPlan>(std::move(*plan));
+    if (!plans_.Push(PlanItem{Status::OK(), std::move(shared)})) return;
+  }
+}
+
+void Engine::ConstructorLoop() {
+  bool first = true;
+  while (true) {
+    auto item = plans_.Pop();
+    if (!item) return;
+    if (!item->status.ok()) {
+      batches_.Push(BatchItem{item->status, nullptr, nullptr, 0});
+      return;
+    }
+    int64_t index = 0;
+    for (int64_t dp : options_.dp_ranks) {
+      const auto& rank = item->plan->ranks[size_t(dp)];
+      for (int64_t mb = 0; mb < static_cast<int64_t>(rank.micro_batches.size());
+           ++mb, ++index) {
+        if (first && index < skip_first_) continue;
+        auto batch = BuildMicroBatch(*item->plan, dp, mb);
+        if (!batch.ok()) {
+          batches_.Push(BatchItem{batch.status(), nullptr, nullptr, 0});
+          return;
+        }
+        if (!batches_.Push(BatchItem{Status::OK(), item->plan,
+                                     std::make_shared<const Batch>(std::move(*batch)),
+                                     index})) {
+          return;
+        }
+      }
+    }
+    first = false;
+  }
+}
+
+Result<std::shared_ptr<const Batch>> Engine::Next() {
+  if (!failed_.ok()) return failed_;
+  auto item = batches_.Pop();
+  if (!item) return Status::Cancelled("the engine was stopped");
+  if (!item->status.ok()) {
+    failed_ = item->status;
+    return failed_;
+  }
+  last_plan_ = item->plan;
+  last_index_ = item->local_index;
+  return item->batch;
+}
+
+std::string Engine::StateJson() const {
+  if (last_plan_ == nullptr) {
+    return PlannerStateToJson(start_state_, config_, skip_first_);
+  }
+  if (last_index_ + 1 >= local_micro_batches_per_step()) {
+    return PlannerStateToJson(last_plan_->state_after, config_, 0);
+  }
+  return PlannerStateToJson(last_plan_->state_before, config_, last_index_ + 1);
+}
+
+}  // namespace braid

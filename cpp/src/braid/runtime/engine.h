@@ -1,0 +1,92 @@
+// The embedded runtime: every role of a Braid job inside one process.
+//
+// An Engine owns one SourceLoader per source (each reads ahead on its own thread), one
+// Planner on a planner thread, and one constructor thread that builds the micro-batches of
+// the DP ranks this process serves. The threads hand work through bounded queues
+// (runtime.prefetch_steps plans; two steps of micro-batches), so memory stays bounded and
+// nothing busy-waits. The engine decides nothing itself: the planner plans, the
+// constructor executes.
+//
+// Micro-batches come out in (step, dp rank, micro-batch) order. Several processes that
+// each embed an Engine compute the same global plan (it is deterministic) and each builds
+// only its own ranks.
+//
+// Thread-compatible: call Next() and StateJson() from one thread; the destructor stops and
+// joins every thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/construct/batch.h"
+#include "braid/plan/planner.h"
+#include "braid/source/source_loader.h"
+#include "braid/status.h"
+#include "braid/util/bounded_queue_internal.h"
+
+namespace braid {
+
+class Engine {
+ public:
+  struct Options {
+    /// The DP ranks whose micro-batches this process builds; empty means all.
+    std::vector<int64_t> dp_ranks;
+    /// A state from StateJson() (or `braid plan --state-out`); empty starts fresh.
+    std::string state_json;
+    /// Called on the planner thread with every plan, before its batches are built.
+    std::function<void(const StepPlan&)> on_plan;
+  };
+
+  /// Opens every source and starts the threads. Fails on a bad state (key "state"), a bad
+  /// source (its file), or a dp rank outside the topology.
+  static Result<std::unique_ptr<Engine>> Make(const Config& config, Options options);
+  ~Engine();
+
+  /// The next micro-batch; blocks until it is built. Returns the first error any role hit.
+  Result<std::shared_ptr<const Batch>> Next();
+
+  /// The state right after the last micro-batch Next() returned: resuming from it
+  /// continues the stream exactly there.
+  std::string StateJson() const;
+
+  /// Micro-batches per step that this process receives.
+  int64_t local_micro_batches_per_step() const;
+
+ private:
+  struct PlanItem {
+    Status status;
+    std::shared_ptr<const StepPlan> plan;
+  };
+  struct BatchItem {
+    Status status;
+    std::shared_ptr<const StepPlan> plan;
+    std::shared_ptr<const Batch> batch;
+    int64_t local_index = 0;  // among this process's micro-batches of the step
+  };
+
+  Engine(const Config& config, Options options);
+  void PlannerLoop();
+  void ConstructorLoop();
+  void Stop();
+
+  const Config config_;
+  Options options_;
+  PlannerState start_state_;
+  int64_t skip_first_ = 0;  // micro-batches of the first step already consumed
+  std::vector<std::unique_ptr<SourceLoader>> loaders_;
+  std::unique_ptr<Planner> planner_;
+  internal::BoundedQueue<PlanItem> plans_;
+  internal::BoundedQueue<BatchItem> batches_;
+  std::thread planner_thread_, constructor_thread_;
+  // What the client has received, for StateJson().
+  std::shared_ptr<const StepPlan> last_plan_;
+  int64_t last_index_ = -1;
+  Status failed_;
+};
+
+}  // namespace braid

@@ -1,0 +1,123 @@
+#include "braid/runtime/job.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+
+#include "braid/plan/planner.h"
+#include "braid/runtime/engine.h"
+#include "braid/source/source_loader.h"
+
+namespace braid {
+
+int64_t PeakRssBytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+Result<std::string> RunPlanJob(const Config& config, int64_t steps,
+                               const std::string& state_in,
+                               const std::function<Status(const std::string&)>& on_line) {
+  if (steps < 0) return ConfigError("--steps", "must be >= 0");
+  PlannerState state = Planner::InitialState(config);
+  if (!state_in.empty()) {
+    int64_t consumed = 0;
+    ARROW_ASSIGN_OR_RAISE(state, PlannerStateFromJson(state_in, config, &consumed));
+    if (consumed != 0) {
+      return ConfigError("state.consumed_micro_batches",
+                         "the state is inside a step; plan resumes at step boundaries");
+    }
+  }
+  SourceLoader::Options options;
+  options.read_payloads = false;
+  options.read_ahead_bytes = config.runtime.read_ahead_bytes;
+  std::vector<std::unique_ptr<SourceLoader>> loaders;
+  std::vector<SampleStream*> streams;
+  for (size_t i = 0; i < config.sources.size(); ++i) {
+    ARROW_ASSIGN_OR_RAISE(auto loader, SourceLoader::Make(config, static_cast<int32_t>(i),
+                                                          state.sources[i].next, options));
+    streams.push_back(loader.get());
+    loaders.push_back(std::move(loader));
+  }
+  ARROW_ASSIGN_OR_RAISE(auto planner, Planner::Make(config, streams, state));
+  for (int64_t s = 0; s < steps; ++s) {
+    ARROW_ASSIGN_OR_RAISE(StepPlan plan, planner->PlanStep());
+    ARROW_RETURN_NOT_OK(on_line(StepPlanToJson(plan, config)));
+  }
+  return PlannerStateToJson(planner->state(), config);
+}
+
+Result<RunSummary> RunJob(const Config& config, int64_t steps,
+                          const std::function<void(const RunSummary&)>& progress) {
+  if (steps <= 0) return ConfigError("--steps", "must be > 0");
+  const size_t n = config.sources.size();
+  RunSummary summary;
+  for (const auto& s : config.sources) summary.source_names.push_back(s.name);
+  summary.source_tokens.assign(n, 0);
+  summary.target_share.assign(n, 0.0);
+  summary.skipped.assign(n, 0);
+
+  // The planner thread reports each plan; the receiving loop below reads them per step.
+  std::mutex mu;
+  std::vector<double> imbalance;                      // GUARDED_BY(mu)
+  std::vector<std::vector<int64_t>> tokens_by_step;   // GUARDED_BY(mu)
+  std::vector<std::vector<int64_t>> skipped_by_step;  // GUARDED_BY(mu)
+  Engine::Options options;
+  options.on_plan = [&](const StepPlan& plan) {
+    std::lock_guard<std::mutex> lock(mu);
+    imbalance.push_back(plan.imbalance);
+    tokens_by_step.push_back(plan.source_tokens);
+    std::vector<int64_t> skipped;
+    for (const auto& c : plan.state_after.sources) skipped.push_back(c.skipped);
+    skipped_by_step.push_back(std::move(skipped));
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  ARROW_ASSIGN_OR_RAISE(auto engine, Engine::Make(config, std::move(options)));
+  const int64_t per_step = engine->local_micro_batches_per_step();
+  auto last = t0;
+  for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t k = 0; k < per_step; ++k) {
+      ARROW_ASSIGN_OR_RAISE(auto batch, engine->Next());
+      summary.tokens += batch->Find("input_ids")->num_elements();
+      ++summary.micro_batches;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    summary.step_seconds.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+    summary.steps = step + 1;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      summary.step_imbalance.push_back(imbalance[size_t(step)]);
+      double total_weight = 0;
+      for (const auto& s : config.sources) total_weight += s.weight.At(step);
+      for (size_t i = 0; i < n; ++i) {
+        summary.source_tokens[i] += tokens_by_step[size_t(step)][i];
+        summary.target_share[i] += config.sources[i].weight.At(step) / total_weight;
+      }
+      summary.skipped = skipped_by_step[size_t(step)];
+    }
+    summary.seconds = std::chrono::duration<double>(now - t0).count();
+    summary.tokens_per_s = summary.tokens / std::max(summary.seconds, 1e-9);
+    if (progress) progress(summary);
+  }
+  double sum = 0;
+  summary.imbalance_max = 0;
+  for (double x : summary.step_imbalance) {
+    sum += x;
+    summary.imbalance_max = std::max(summary.imbalance_max, x);
+  }
+  summary.imbalance_mean = sum / static_cast<double>(summary.steps);
+  summary.source_share.assign(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    summary.source_share[i] =
+        static_cast<double>(summary.source_tokens[i]) / static_cast<double>(summary.tokens);
+    summary.target_share[i] /= static_cast<double>(summary.steps);
+  }
+  summary.peak_rss_bytes = PeakRssBytes();
+  return summary;
+}
+
+}  // namespace braid

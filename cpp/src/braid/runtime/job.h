@@ -1,0 +1,50 @@
+// Whole jobs on the embedded runtime, as the CLI runs them: `plan` and `run`.
+//
+// Thread-compatible: each call owns its engine and loaders.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/status.h"
+
+namespace braid {
+
+/// Plans `steps` steps from metadata alone (no payloads are read) and passes each step's
+/// JSON line to `on_line`. Starts from `state_in` (empty: fresh). Returns the state
+/// after the last step, as JSON.
+Result<std::string> RunPlanJob(const Config& config, int64_t steps,
+                               const std::string& state_in,
+                               const std::function<Status(const std::string&)>& on_line);
+
+struct RunSummary {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  int64_t micro_batches = 0;
+  double seconds = 0;
+  double tokens_per_s = 0;
+  double imbalance_mean = 0;
+  double imbalance_max = 0;
+  int64_t peak_rss_bytes = 0;
+  std::vector<std::string> source_names;
+  std::vector<int64_t> source_tokens;
+  std::vector<double> source_share;  ///< achieved share of tokens
+  std::vector<double> target_share;  ///< mean normalized weight over the steps
+  std::vector<int64_t> skipped;      ///< samples skipped per source, whole run
+  std::vector<double> step_imbalance;
+  std::vector<double> step_seconds;  ///< wall time to receive each step's micro-batches
+};
+
+/// Runs the whole pipeline for `steps` steps with every DP rank simulated in this process:
+/// receives every micro-batch of every rank, as trainer ranks would, and measures.
+/// `progress` (may be empty) is called after each step with the summary so far.
+Result<RunSummary> RunJob(const Config& config, int64_t steps,
+                          const std::function<void(const RunSummary&)>& progress);
+
+/// Peak resident set size of this process, bytes.
+int64_t PeakRssBytes();
+
+}  // namespace braid

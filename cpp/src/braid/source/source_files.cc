@@ -1,0 +1,196 @@
+#include "braid/source/source_files.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+
+#include <arrow/api.h>
+#include <arrow/filesystem/api.h>
+#include <arrow/io/api.h>
+#include <arrow/type.h>
+#include <parquet/arrow/reader.h>
+#include <parquet/exception.h>
+#include <parquet/file_reader.h>
+
+namespace braid {
+namespace {
+
+bool HasGlob(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+bool IsParquetName(const std::string& p) {
+  return p.size() > 8 && p.compare(p.size() - 8, 8, ".parquet") == 0;
+}
+
+bool IsIntegerList(const arrow::DataType& type) {
+  if (type.id() != arrow::Type::LIST && type.id() != arrow::Type::LARGE_LIST) {
+    return false;
+  }
+  const auto value_id = type.field(0)->type()->id();
+  return value_id == arrow::Type::INT32 || value_id == arrow::Type::INT64;
+}
+
+}  // namespace
+
+Status ResolveFiles(const std::string& path, const std::string& key_path,
+                    std::shared_ptr<arrow::fs::FileSystem>* fs,
+                    std::vector<std::string>* files) {
+  const std::string where = key_path + ".path '" + path + "'";
+  files->clear();
+  if (!HasGlob(path)) {
+    std::string internal;
+    auto fs_result = arrow::fs::FileSystemFromUriOrPath(path, &internal);
+    if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
+    *fs = *fs_result;
+    auto info = (*fs)->GetFileInfo(internal);
+    if (!info.ok()) return StorageError(path, where + ": " + info.status().message());
+    if (info->type() == arrow::fs::FileType::NotFound) {
+      return DataError(path, where + ": no such file or directory");
+    }
+    if (info->type() == arrow::fs::FileType::File) {
+      files->push_back(internal);
+      return Status::OK();
+    }
+    arrow::fs::FileSelector sel;
+    sel.base_dir = internal;
+    sel.recursive = true;
+    auto listing = (*fs)->GetFileInfo(sel);
+    if (!listing.ok()) return StorageError(path, where + ": " + listing.status().message());
+    for (const auto& f : *listing) {
+      if (f.IsFile() && IsParquetName(f.path())) files->push_back(f.path());
+    }
+    std::sort(files->begin(), files->end());
+    if (files->empty()) return DataError(path, where + ": directory holds no .parquet files");
+    return Status::OK();
+  }
+  // A glob: list below the longest folder prefix without glob characters.
+  const size_t first_glob = path.find_first_of("*?[");
+  const size_t slash = path.rfind('/', first_glob);
+  const std::string base = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string rest = slash == std::string::npos ? path : path.substr(slash + 1);
+  std::string base_internal;
+  auto fs_result = arrow::fs::FileSystemFromUriOrPath(base.empty() ? "/" : base,
+                                                      &base_internal);
+  if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
+  *fs = *fs_result;
+  arrow::fs::FileSelector sel;
+  sel.base_dir = base_internal;
+  sel.recursive = rest.find('/') != std::string::npos;
+  sel.allow_not_found = true;
+  auto listing = (*fs)->GetFileInfo(sel);
+  if (!listing.ok()) return StorageError(path, where + ": " + listing.status().message());
+  const std::string pattern =
+      (base_internal.empty() || base_internal.back() == '/' ? base_internal
+                                                             : base_internal + "/") +
+      rest;
+  for (const auto& f : *listing) {
+    if (f.IsFile() && fnmatch(pattern.c_str(), f.path().c_str(), FNM_PATHNAME) == 0) {
+      files->push_back(f.path());
+    }
+  }
+  std::sort(files->begin(), files->end());
+  if (files->empty()) return DataError(path, where + ": the pattern matches no files");
+  return Status::OK();
+}
+
+SourceFiles::~SourceFiles() = default;
+
+Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
+                                                       const std::string& key_path) {
+  std::unique_ptr<SourceFiles> out(new SourceFiles());
+  out->column_name_ = source.tokens_column;
+  std::vector<std::string> paths;
+  ARROW_RETURN_NOT_OK(ResolveFiles(source.path, key_path, &out->fs_, &paths));
+  for (const auto& path : paths) {
+    File file;
+    file.path = path;
+    auto input = out->fs_->OpenInputFile(path);
+    if (!input.ok()) return StorageError(path, input.status().message());
+    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
+    if (!reader.ok()) {
+      return DataError(path, "not a readable Parquet file: " + reader.status().message());
+    }
+    std::shared_ptr<arrow::Schema> schema;
+    const Status schema_st = (*reader)->GetSchema(&schema);
+    if (!schema_st.ok()) {
+      return DataError(path, "cannot read the schema: " + schema_st.message());
+    }
+    file.column = schema->GetFieldIndex(source.tokens_column);
+    if (file.column < 0) {
+      return DataError(path, "no column '" + source.tokens_column + "' (" + key_path +
+                                 ".tokens_column); columns: " +
+                                 [&] {
+                                   std::string s;
+                                   for (const auto& f : schema->fields()) {
+                                     s += (s.empty() ? "" : ", ") + f->name();
+                                   }
+                                   return s;
+                                 }());
+    }
+    const auto& type = *schema->field(file.column)->type();
+    if (!IsIntegerList(type)) {
+      return DataError(path, "column '" + source.tokens_column + "' (" + key_path +
+                                 ".tokens_column) has type " + type.ToString() +
+                                 ", expected list<int32> or list<int64>");
+    }
+    const auto metadata = (*reader)->parquet_reader()->metadata();
+    int64_t first = 0;
+    for (int rg = 0; rg < metadata->num_row_groups(); ++rg) {
+      const int64_t rows = metadata->RowGroup(rg)->num_rows();
+      file.row_group_rows.push_back(rows);
+      file.row_group_first_row.push_back(first);
+      first += rows;
+    }
+    file.num_rows = first;
+    out->total_rows_ += first;
+    out->files_.push_back(std::move(file));
+  }
+  if (out->total_rows_ == 0) {
+    return DataError(source.path, key_path + ": the source has no rows");
+  }
+  return out;
+}
+
+Result<std::shared_ptr<arrow::Array>> SourceFiles::ReadTokens(int file, int row_group) {
+  const File& f = files_[static_cast<size_t>(file)];
+  const std::string where = DataLocation(f.path, row_group, -1);
+  if (open_file_ != file) {
+    open_reader_.reset();
+    open_file_ = -1;
+    auto input = fs_->OpenInputFile(f.path);
+    if (!input.ok()) return StorageError(f.path, input.status().message());
+    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
+    if (!reader.ok()) {
+      return DataError(f.path, "not a readable Parquet file: " + reader.status().message());
+    }
+    open_reader_ = std::move(*reader);
+    open_file_ = file;
+  }
+  std::shared_ptr<arrow::ChunkedArray> chunked;
+  Status st;
+  try {
+    st = open_reader_->RowGroup(row_group)->Column(f.column)->Read(&chunked);
+  } catch (const std::exception& e) {
+    st = Status::IOError(e.what());
+  }
+  if (!st.ok()) {
+    open_reader_.reset();
+    open_file_ = -1;
+    return DataError(where, "cannot read column '" + column_name_ + "': " + st.message());
+  }
+  if (chunked->length() != f.row_group_rows[static_cast<size_t>(row_group)]) {
+    return DataError(where, "column '" + column_name_ + "' has " +
+                                std::to_string(chunked->length()) + " rows, footer says " +
+                                std::to_string(f.row_group_rows[row_group]));
+  }
+  if (chunked->num_chunks() == 0) {
+    auto empty = arrow::MakeEmptyArray(chunked->type());
+    if (!empty.ok()) return DataError(where, empty.status().message());
+    return *empty;
+  }
+  if (chunked->num_chunks() == 1) return chunked->chunk(0);
+  auto combined = arrow::Concatenate(chunked->chunks());
+  if (!combined.ok()) return DataError(where, combined.status().message());
+  return *combined;
+}
+
+}  // namespace braid

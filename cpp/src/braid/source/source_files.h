@@ -1,0 +1,71 @@
+// The files of one source: path resolution, footers, and row-group reads.
+//
+// SourceFiles resolves a source's `path` (a file, a directory of Parquet files, or a glob;
+// local or any URI Arrow's filesystems accept) to a sorted list of files, reads every
+// footer once, checks the token column's type in each file, and reads one row group's
+// token column on request. Errors name the file (and row group) and the config key.
+//
+// Thread-compatible: concurrent ReadTokens calls need external synchronization; the
+// source loader calls it from its one reader thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <arrow/array.h>
+#include <arrow/filesystem/filesystem.h>
+
+#include "braid/config/config.h"
+#include "braid/status.h"
+
+namespace parquet::arrow {
+class FileReader;
+}
+
+namespace braid {
+
+/// Resolves `path` to a filesystem and the sorted list of file paths it names.
+/// Fails (data error naming `key_path` and the path) when nothing matches.
+Status ResolveFiles(const std::string& path, const std::string& key_path,
+                    std::shared_ptr<arrow::fs::FileSystem>* fs,
+                    std::vector<std::string>* files);
+
+class SourceFiles {
+ public:
+  struct File {
+    std::string path;
+    std::vector<int64_t> row_group_rows;
+    std::vector<int64_t> row_group_first_row;  ///< row index of each row group's first row
+    int column = -1;                           ///< field index of the token column
+    int64_t num_rows = 0;
+  };
+
+  /// Resolves and opens every file of `source`; `key_path` is its config path
+  /// ("sources[2]"). Fails if no file matches, a footer is unreadable, the token column is
+  /// missing or not a list of integers, or the source has no rows.
+  static Result<std::unique_ptr<SourceFiles>> Open(const SourceConfig& source,
+                                                   const std::string& key_path);
+  ~SourceFiles();
+
+  const std::vector<File>& files() const { return files_; }
+  int64_t total_rows() const { return total_rows_; }
+
+  /// The token column of one row group, as a list array (list or large_list of int32 or
+  /// int64), one chunk.
+  Result<std::shared_ptr<arrow::Array>> ReadTokens(int file, int row_group);
+
+ private:
+  SourceFiles() = default;
+
+  std::shared_ptr<arrow::fs::FileSystem> fs_;
+  std::string column_name_;
+  std::vector<File> files_;
+  int64_t total_rows_ = 0;
+  // The reader of the file read last; row groups of one file are often read in a row.
+  int open_file_ = -1;
+  std::unique_ptr<parquet::arrow::FileReader> open_reader_;
+};
+
+}  // namespace braid

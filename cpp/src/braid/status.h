@@ -1,0 +1,62 @@
+// Error detail for Braid's arrow::Status values.
+//
+// Braid reports every failure as an arrow::Status (see STYLE: no new codes). The code says
+// what the caller should do (Invalid: fix the config or the data; IOError: storage), and an
+// ErrorDetail says which side is at fault and where: a config key path ("sources[1].weight")
+// or a data location (file, row group, row). The Python binding maps the kind to the CLI's
+// exit code (2 for config, 3 for data) and to the exception type.
+//
+// Thread-safe: all functions are pure.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <arrow/result.h>
+#include <arrow/status.h>
+
+namespace braid {
+
+using arrow::Status;
+template <typename T>
+using Result = arrow::Result<T>;
+
+/// Which side of the job an error blames.
+enum class ErrorKind : int {
+  kConfig = 0,  ///< the config or the command line: `where` is a key path
+  kData = 1,    ///< a data file or sample: `where` is a file path (plus row group/row)
+};
+
+/// Structured location attached to a Status with Status::WithDetail.
+class ErrorDetail : public arrow::StatusDetail {
+ public:
+  ErrorDetail(ErrorKind kind, std::string where) : kind_(kind), where_(std::move(where)) {}
+
+  const char* type_id() const override { return "braid::ErrorDetail"; }
+  std::string ToString() const override { return where_; }
+
+  ErrorKind kind() const { return kind_; }
+  const std::string& where() const { return where_; }
+
+ private:
+  ErrorKind kind_;
+  std::string where_;
+};
+
+/// Invalid status for a bad config value: message "KEY_PATH: what".
+Status ConfigError(const std::string& key_path, const std::string& what);
+
+/// Invalid status for bad data: message "FILE: what".
+Status DataError(const std::string& file, const std::string& what);
+
+/// IOError status for an unreadable file: message "FILE: what".
+Status StorageError(const std::string& file, const std::string& what);
+
+/// The ErrorDetail of `st`, or nullptr.
+const ErrorDetail* GetErrorDetail(const Status& st);
+
+/// Where in a Parquet file: "FILE (row group G, row R)"; omitted parts are -1.
+std::string DataLocation(const std::string& file, int64_t row_group, int64_t row);
+
+}  // namespace braid

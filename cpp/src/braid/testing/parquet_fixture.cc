@@ -1,0 +1,129 @@
+#include "braid/testing/parquet_fixture.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <arrow/api.h>
+#include <arrow/io/file.h>
+#include <parquet/arrow/writer.h>
+
+#include "braid/util/rng_internal.h"
+
+namespace braid::testing {
+
+namespace {
+
+template <typename ValueBuilder>
+Result<std::shared_ptr<arrow::Array>> BuildList(
+    const std::vector<std::vector<int32_t>>& docs, const std::vector<int64_t>& null_rows) {
+  auto values = std::make_shared<ValueBuilder>();
+  arrow::ListBuilder list(arrow::default_memory_pool(), values);
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (std::find(null_rows.begin(), null_rows.end(), int64_t(i)) != null_rows.end()) {
+      ARROW_RETURN_NOT_OK(list.AppendNull());
+      continue;
+    }
+    ARROW_RETURN_NOT_OK(list.Append());
+    for (int32_t t : docs[i]) ARROW_RETURN_NOT_OK(values->Append(t));
+  }
+  return list.Finish();
+}
+
+}  // namespace
+
+Status WriteTokenFile(const std::string& path, const std::vector<std::vector<int32_t>>& docs,
+                      const TokenFileOptions& options) {
+  std::shared_ptr<arrow::Array> array;
+  if (options.int64_values) {
+    ARROW_ASSIGN_OR_RAISE(array, BuildList<arrow::Int64Builder>(docs, options.null_rows));
+  } else {
+    ARROW_ASSIGN_OR_RAISE(array, BuildList<arrow::Int32Builder>(docs, options.null_rows));
+  }
+  auto schema = arrow::schema({arrow::field(options.column, array->type())});
+  auto table = arrow::Table::Make(schema, {array});
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
+  ARROW_RETURN_NOT_OK(parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
+                                                 options.row_group_rows));
+  return out->Close();
+}
+
+std::vector<std::vector<int32_t>> RandomDocs(int64_t count, const LengthSpec& spec,
+                                             uint64_t seed, int32_t vocab) {
+  internal::Rng rng(seed);
+  std::vector<std::vector<int32_t>> docs(static_cast<size_t>(count));
+  for (auto& doc : docs) {
+    int64_t len;
+    if (spec.near_tokens > 0 && rng.Uniform() < spec.near_fraction) {
+      len = static_cast<int64_t>(spec.near_tokens * (0.9 + 0.2 * rng.Uniform()));
+    } else {
+      // Box-Muller normal, then lognormal around the median.
+      const double u1 = std::max(rng.Uniform(), 1e-12), u2 = rng.Uniform();
+      const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
+      len = static_cast<int64_t>(std::llround(spec.median_tokens * std::exp(spec.sigma * z)));
+    }
+    len = std::clamp<int64_t>(len, 1, spec.max_tokens);
+    doc.resize(static_cast<size_t>(len));
+    for (auto& t : doc) t = static_cast<int32_t>(rng.Below(uint64_t(vocab)));
+  }
+  return docs;
+}
+
+Result<DemoDataset> MakeDemoDataset(const std::string& dir, uint64_t seed, int64_t seq_len,
+                                    int64_t dp, int64_t micro_batches, double scale) {
+  struct Spec {
+    const char* name;
+    double weight;
+    int64_t docs;
+    int files;
+    LengthSpec lengths;
+  };
+  const int64_t max_len = 4 * seq_len;
+  const Spec specs[] = {
+      {"web", 0.6, 6000, 4, {600, 1.2, max_len, 0.01, seq_len}},
+      {"code", 0.3, 2500, 3, {1400, 1.0, max_len, 0.03, seq_len}},
+      {"math", 0.1, 3000, 2, {350, 0.8, max_len, 0.0, 0}},
+  };
+  DemoDataset out;
+  std::string sources_yaml;
+  for (size_t s = 0; s < std::size(specs); ++s) {
+    const Spec& spec = specs[s];
+    const int64_t docs_total = std::max<int64_t>(
+        spec.files, static_cast<int64_t>(std::llround(spec.docs * scale)));
+    for (int f = 0; f < spec.files; ++f) {
+      const int64_t count = docs_total / spec.files + (f < docs_total % spec.files ? 1 : 0);
+      const auto docs = RandomDocs(count, spec.lengths,
+                                   internal::DeriveSeed({seed, uint64_t(s), uint64_t(f)}));
+      for (const auto& d : docs) out.tokens += static_cast<int64_t>(d.size());
+      out.docs += count;
+      char name[64];
+      std::snprintf(name, sizeof(name), "train-%05d-of-%05d.parquet", f, spec.files);
+      TokenFileOptions options;
+      options.row_group_rows = 256;
+      ARROW_RETURN_NOT_OK(WriteTokenFile(
+          (std::filesystem::path(dir) / spec.name / name).string(), docs, options));
+    }
+    out.source_names.push_back(spec.name);
+    sources_yaml += std::string("  - name: ") + spec.name + "\n    path: " + spec.name +
+                    "/*.parquet\n    tokens_column: input_ids\n    weight: " +
+                    std::to_string(spec.weight) + "\n";
+  }
+  out.config_path = (std::filesystem::path(dir) / "demo.yaml").string();
+  std::ofstream config(out.config_path);
+  config << "# Written by `braid demo`: three sources with long-tail document lengths.\n"
+         << "seed: " << seed << "\n"
+         << "topology: {dp: " << dp << ", tp: 1, pp: 1, cp: 1}\n"
+         << "batch: {global_tokens: " << dp * micro_batches * seq_len
+         << ", seq_len: " << seq_len << ", micro_batch_size: 1, packing: true}\n"
+         << "balance: {cost: {attn: 1.0, linear: " << seq_len
+         << "}, algorithm: karmarkar_karp}\n"
+         << "sources:\n"
+         << sources_yaml << "runtime: {kind: local}\n";
+  if (!config) return Status::IOError(out.config_path, ": cannot write");
+  return out;
+}
+
+}  // namespace braid::testing

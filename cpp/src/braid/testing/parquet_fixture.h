@@ -1,0 +1,52 @@
+// Small Parquet token files for tests, benchmarks and `braid demo`.
+//
+// Thread-safe: pure functions of their arguments (they write the files they are given).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "braid/status.h"
+
+namespace braid::testing {
+
+struct TokenFileOptions {
+  std::string column = "input_ids";
+  int64_t row_group_rows = 1024;
+  bool int64_values = false;  ///< write list<int64> instead of list<int32>
+  std::vector<int64_t> null_rows;  ///< rows written as null
+};
+
+/// Writes `docs` as a Parquet file with one list<int32> (or list<int64>) column.
+Status WriteTokenFile(const std::string& path, const std::vector<std::vector<int32_t>>& docs,
+                      const TokenFileOptions& options = {});
+
+/// Documents with seeded lognormal lengths (median `median_tokens`, shape `sigma`),
+/// clipped to [1, max_tokens], and token ids in [0, vocab). A `near_fraction` of them get
+/// a length near `near_tokens` instead (0.9x to 1.1x) when near_tokens > 0.
+struct LengthSpec {
+  double median_tokens = 500;
+  double sigma = 1.0;
+  int64_t max_tokens = 16384;
+  double near_fraction = 0;
+  int64_t near_tokens = 0;
+};
+std::vector<std::vector<int32_t>> RandomDocs(int64_t count, const LengthSpec& lengths,
+                                             uint64_t seed, int32_t vocab = 32000);
+
+struct DemoDataset {
+  std::string config_path;
+  std::vector<std::string> source_names;
+  int64_t docs = 0;
+  int64_t tokens = 0;
+};
+
+/// Writes the demo: three sources (web, code, math) with long-tail document lengths, a few
+/// near `seq_len` and some longer, in several files and row groups each, under `dir`, and
+/// `dir/demo.yaml` running them with `dp` DP ranks and `micro_batches` per rank.
+Result<DemoDataset> MakeDemoDataset(const std::string& dir, uint64_t seed,
+                                    int64_t seq_len = 4096, int64_t dp = 8,
+                                    int64_t micro_batches = 4, double scale = 1.0);
+
+}  // namespace braid::testing
