@@ -1,0 +1,37 @@
+// braid._core: the extension module. It converts types, releases the GIL around blocking
+// calls, and maps Status to exceptions; it decides nothing.
+#include <nanobind/nanobind.h>
+
+#include "status_caster.h"
+
+namespace nb = nanobind;
+
+namespace braid::python {
+
+[[noreturn]] void ThrowStatus(const Status& st) {
+  const std::string message = st.message();
+  const ErrorDetail* detail = GetErrorDetail(st);
+  if (st.IsIOError()) throw StorageErrorException(message);
+  if (st.IsInvalid() && detail != nullptr) {
+    if (detail->kind() == ErrorKind::kConfig) throw ConfigErrorException(message);
+    throw DataErrorException(message);
+  }
+  if (st.IsInvalid()) throw std::invalid_argument(message);
+  throw std::runtime_error(st.ToString());
+}
+
+void RegisterExceptions(nb::module_& m) {
+  nb::exception<ConfigErrorException>(m, "ConfigError", PyExc_ValueError);
+  nb::exception<DataErrorException>(m, "DataError", PyExc_ValueError);
+  nb::exception<StorageErrorException>(m, "StorageError", PyExc_OSError);
+}
+
+}  // namespace braid::python
+
+NB_MODULE(_core, m) {
+  m.doc() = "Braid's C++ core: config, planner, source loaders, constructors, runtime.";
+  braid::python::RegisterExceptions(m);
+  braid::python::RegisterConfig(m);
+  braid::python::RegisterRuntime(m);
+  braid::python::RegisterTesting(m);
+}

@@ -1,0 +1,167 @@
+// The embedded runtime: engines that yield micro-batches, and the CLI's whole jobs.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "braid/plan/step_plan.h"
+#include "braid/runtime/engine.h"
+#include "braid/runtime/job.h"
+#include "status_caster.h"
+
+namespace nb = nanobind;
+
+namespace braid::python {
+namespace {
+
+using Storage = std::shared_ptr<std::vector<uint8_t>>;
+
+// A NumPy array over the tensor's storage; the capsule keeps the storage alive.
+nb::object ToNumpy(const Tensor& t) {
+  auto* keep = new Storage(t.storage);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Storage*>(p); });
+  std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+  switch (t.dtype) {
+    case DType::kInt32:
+      return nb::ndarray<nb::numpy, int32_t>(t.storage->data(), shape.size(), shape.data(),
+                                             owner)
+          .cast();
+    case DType::kInt64:
+      return nb::ndarray<nb::numpy, int64_t>(t.storage->data(), shape.size(), shape.data(),
+                                             owner)
+          .cast();
+    case DType::kFloat32:
+      return nb::ndarray<nb::numpy, float>(t.storage->data(), shape.size(), shape.data(),
+                                           owner)
+          .cast();
+  }
+  throw std::runtime_error("unknown dtype");
+}
+
+nb::dict SummaryToDict(const RunSummary& s) {
+  nb::dict d;
+  d["steps"] = s.steps;
+  d["tokens"] = s.tokens;
+  d["micro_batches"] = s.micro_batches;
+  d["seconds"] = s.seconds;
+  d["tokens_per_s"] = s.tokens_per_s;
+  d["imbalance_mean"] = s.imbalance_mean;
+  d["imbalance_max"] = s.imbalance_max;
+  d["loader_peak_rss_bytes"] = s.peak_rss_bytes;
+  nb::dict tokens, share, target, skipped;
+  for (size_t i = 0; i < s.source_names.size(); ++i) {
+    const char* name = s.source_names[i].c_str();
+    tokens[name] = s.source_tokens[i];
+    if (i < s.source_share.size()) share[name] = s.source_share[i];
+    target[name] = s.target_share[i];
+    skipped[name] = s.skipped[i];
+  }
+  d["source_tokens"] = tokens;
+  d["source_share"] = share;
+  d["target_share"] = target;
+  d["skipped"] = skipped;
+  d["step_imbalance"] = s.step_imbalance;
+  d["step_seconds"] = s.step_seconds;
+  return d;
+}
+
+}  // namespace
+
+void RegisterRuntime(nb::module_& m) {
+  nb::class_<Engine>(m, "Engine",
+                     "The embedded runtime for the DP ranks of this process. Yields "
+                     "micro-batches as dicts of NumPy arrays (no copy).")
+      .def("next",
+           [](Engine& e) {
+             std::shared_ptr<const Batch> batch;
+             {
+               nb::gil_scoped_release release;
+               auto result = e.Next();
+               if (!result.ok()) {
+                 nb::gil_scoped_acquire acquire;
+                 ThrowStatus(result.status());
+               }
+               batch = *result;
+             }
+             nb::dict d;
+             for (const Tensor& t : batch->tensors) d[t.name.c_str()] = ToNumpy(t);
+             return d;
+           },
+           "The next micro-batch (blocks until built).")
+      .def("state_json", &Engine::StateJson,
+           "The state right after the last micro-batch returned, as JSON.")
+      .def_prop_ro("local_micro_batches_per_step", &Engine::local_micro_batches_per_step);
+
+  m.def("make_engine",
+        [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json) {
+          Engine::Options options;
+          options.dp_ranks = std::move(dp_ranks);
+          options.state_json = std::move(state_json);
+          Result<std::unique_ptr<Engine>> engine;
+          {
+            nb::gil_scoped_release release;
+            engine = Engine::Make(config, std::move(options));
+          }
+          return ValueOrThrow(std::move(engine));
+        },
+        nb::arg("config"), nb::arg("dp_ranks"), nb::arg("state_json") = "");
+
+  m.def("check_state",
+        [](const Config& config, const std::string& state_json) {
+          int64_t consumed = 0;
+          auto state = PlannerStateFromJson(state_json, config, &consumed);
+          ThrowIfError(state.status());
+          return state->step;
+        },
+        nb::arg("config"), nb::arg("state_json"),
+        "Validates a state against a config; returns its step.");
+
+  m.def("initial_state_json",
+        [](const Config& config) {
+          return PlannerStateToJson(Planner::InitialState(config), config);
+        },
+        nb::arg("config"));
+
+  m.def("plan_job",
+        [](const Config& config, int64_t steps, const std::string& state_in,
+           const std::function<void(const std::string&)>& on_line) {
+          Result<std::string> result;
+          {
+            nb::gil_scoped_release release;
+            result = RunPlanJob(config, steps, state_in, [&](const std::string& line) {
+              nb::gil_scoped_acquire acquire;
+              try {
+                on_line(line);
+              } catch (nb::python_error& e) {
+                return Status::Cancelled("output failed: ", e.what());
+              }
+              return Status::OK();
+            });
+          }
+          return ValueOrThrow(std::move(result));
+        },
+        nb::arg("config"), nb::arg("steps"), nb::arg("state_in"), nb::arg("on_line"),
+        "Plans `steps` steps from metadata; calls on_line(json) per step; returns the "
+        "final state JSON.");
+
+  m.def("run_job",
+        [](const Config& config, int64_t steps,
+           const std::function<void(nb::dict)>& progress) {
+          Result<RunSummary> result;
+          {
+            nb::gil_scoped_release release;
+            result = RunJob(config, steps, [&](const RunSummary& s) {
+              if (!progress) return;
+              nb::gil_scoped_acquire acquire;
+              progress(SummaryToDict(s));
+            });
+          }
+          return SummaryToDict(ValueOrThrow(std::move(result)));
+        },
+        nb::arg("config"), nb::arg("steps"), nb::arg("progress").none() = nb::none(),
+        "Runs the whole pipeline with every DP rank simulated; returns the summary.");
+}
+
+}  // namespace braid::python

@@ -1,0 +1,48 @@
+// The one table from braid::Status to Python exceptions.
+//
+//   Invalid, config detail  -> braid.ConfigError (a ValueError)
+//   Invalid, data detail    -> braid.DataError   (a ValueError)
+//   IOError                 -> braid.StorageError (an OSError)
+//   Invalid without detail  -> ValueError
+//   Cancelled               -> RuntimeError
+//   anything else           -> RuntimeError
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "braid/status.h"
+
+namespace braid::python {
+
+struct ConfigErrorException : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct DataErrorException : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct StorageErrorException : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Throws the C++ exception that nanobind translates per the table above.
+[[noreturn]] void ThrowStatus(const Status& st);
+
+inline void ThrowIfError(const Status& st) {
+  if (!st.ok()) ThrowStatus(st);
+}
+
+template <typename T>
+T ValueOrThrow(Result<T> result) {
+  if (!result.ok()) ThrowStatus(result.status());
+  return std::move(result).ValueUnsafe();
+}
+
+void RegisterExceptions(nanobind::module_& m);
+void RegisterConfig(nanobind::module_& m);
+void RegisterRuntime(nanobind::module_& m);
+void RegisterTesting(nanobind::module_& m);
+
+}  // namespace braid::python

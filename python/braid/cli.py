@@ -1,0 +1,162 @@
+"""The ``braid`` command line: plan, run, demo.
+
+Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad data
+(stderr names the file). Bad input never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, List, Optional
+
+from braid import _core
+from braid.config import load_config
+
+EXIT_USAGE = 2
+EXIT_DATA = 3
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.dp is not None:
+        config = config.with_dp(args.dp)
+    state_in = ""
+    if args.state_in:
+        try:
+            with open(args.state_in, encoding="utf-8") as f:
+                state_in = f.read()
+        except OSError as e:
+            raise _core.ConfigError(f"--state-in: cannot read {args.state_in}: {e.strerror}")
+    out = sys.stdout
+
+    def emit(line: str) -> None:
+        out.write(line)
+        out.write("\n")
+
+    state = _core.plan_job(config, args.steps, state_in, emit)
+    out.flush()
+    if args.state_out:
+        with open(args.state_out, "w", encoding="utf-8") as f:
+            f.write(state)
+            f.write("\n")
+    return 0
+
+
+def _print_summary(summary: dict, out=sys.stdout) -> None:
+    print("summary:", file=out)
+    print(f"  steps            {summary['steps']}", file=out)
+    print(f"  tokens           {summary['tokens']:,}", file=out)
+    print(f"  tokens/s         {summary['tokens_per_s']:,.0f}", file=out)
+    print(f"  imbalance        mean {summary['imbalance_mean']:.4f}  "
+          f"max {summary['imbalance_max']:.4f}  (max rank cost / mean rank cost)", file=out)
+    print(f"  peak memory      {_fmt_bytes(summary['loader_peak_rss_bytes'])} (process RSS)",
+          file=out)
+    print("  source share     achieved / target", file=out)
+    for name, share in summary["source_share"].items():
+        print(f"    {name:<14} {share:.4f} / {summary['target_share'][name]:.4f}"
+              f"   skipped {summary['skipped'][name]}", file=out)
+
+
+def _run(config, steps: int, report: Optional[str]) -> dict:
+    every = max(1, steps // 10)
+
+    def progress(s: dict) -> None:
+        if s["steps"] % every == 0 or s["steps"] == steps:
+            print(f"step {s['steps']:>6}/{steps}  {s['tokens_per_s']:>12,.0f} tok/s  "
+                  f"imbalance {s['step_imbalance'][-1]:.4f}", flush=True)
+
+    summary = _core.run_job(config, steps, progress)
+    _print_summary(summary)
+    if report:
+        from braid.report import write_report
+
+        paths = write_report(summary, report)
+        print(f"report: {', '.join(paths)}")
+    return summary
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.dp is not None:
+        config = config.with_dp(args.dp)
+    _run(config, args.steps, args.report)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    data_dir = os.path.abspath(args.dir)
+    demo = _core.make_demo_dataset(data_dir, seed=args.seed, seq_len=args.seq_len,
+                                   dp=args.dp, micro_batches=args.micro_batches)
+    print(f"demo data: {demo['docs']:,} documents, {demo['tokens']:,} tokens in "
+          f"{len(demo['source_names'])} sources ({', '.join(demo['source_names'])}) "
+          f"under {data_dir}")
+    print(f"config: {demo['config_path']}  ({args.dp} simulated DP ranks, "
+          f"{args.micro_batches} micro-batches of {args.seq_len} tokens per rank per step)")
+    config = load_config(demo["config_path"])
+    report = args.report or os.path.join(data_dir, "report")
+    _run(config, args.steps, report)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="braid", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    plan = sub.add_parser("plan", help="planner only: one JSON line per step on stdout")
+    plan.add_argument("config")
+    plan.add_argument("--steps", type=int, required=True)
+    plan.add_argument("--dp", type=int, help="override topology.dp")
+    plan.add_argument("--state-in", help="resume from a state written by --state-out")
+    plan.add_argument("--state-out", help="write the state after the last step")
+    plan.set_defaults(func=_cmd_plan)
+
+    run = sub.add_parser("run", help="the whole pipeline with simulated trainer ranks")
+    run.add_argument("config")
+    run.add_argument("--steps", type=int, default=100)
+    run.add_argument("--dp", type=int, help="override topology.dp")
+    run.add_argument("--report", help="write report.json and plots to this folder")
+    run.set_defaults(func=_cmd_run)
+
+    demo = sub.add_parser("demo", help="make a small multi-source dataset and run it")
+    demo.add_argument("--dir", default=os.path.join("out", "demo"))
+    demo.add_argument("--steps", type=int, default=60)
+    demo.add_argument("--seed", type=int, default=1234)
+    demo.add_argument("--seq-len", type=int, default=4096)
+    demo.add_argument("--dp", type=int, default=8)
+    demo.add_argument("--micro-batches", type=int, default=4)
+    demo.add_argument("--report", help="report folder (default: DIR/report)")
+    demo.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (_core.DataError, _core.StorageError) as e:
+        print(f"braid: error: {e}", file=sys.stderr)
+        return EXIT_DATA
+    except (_core.ConfigError, ValueError) as e:
+        print(f"braid: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:
+        print(f"braid: error: {e}", file=sys.stderr)
+        return EXIT_DATA
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

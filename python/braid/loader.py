@@ -1,0 +1,79 @@
+"""The PyTorch face of Braid: an iterable of micro-batches for one trainer rank."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterator, Optional
+
+import torch
+
+from braid import _core
+from braid.config import ConfigLike, load_config
+
+
+class Loader:
+    """Micro-batches for one trainer rank, as dicts of ``torch.Tensor``.
+
+    ``Loader(config, rank=None, world_size=None)``: ``config`` is a YAML/JSON path or a
+    dict; ``rank`` and ``world_size`` default to the ``RANK`` and ``WORLD_SIZE``
+    environment variables (torchrun sets them), else rank 0 of the whole topology.
+    ``world_size`` must equal ``dp * tp * pp * cp``. Ranks of one DP group (same dp
+    coordinate) receive the same micro-batches.
+
+    Each item holds ``input_ids``, ``labels`` (``-100`` where there is no target),
+    ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the tensors share
+    memory with the C++ buffers (no copy). Iteration never ends by itself: stop after
+    the steps you train. The C++ engine starts on the first ``iter()``, not in the
+    constructor, so a Loader can be created before a ``fork``.
+
+    ``state_dict()`` / ``load_state_dict()`` follow PyTorch's convention; the state is
+    plain JSON-able values and resumes the stream exactly after the last micro-batch
+    received.
+    """
+
+    def __init__(self, config: ConfigLike, rank: Optional[int] = None,
+                 world_size: Optional[int] = None) -> None:
+        self._config = load_config(config)
+        topo = self._config.topology
+        if rank is None:
+            rank = int(os.environ.get("RANK", "0"))
+        if world_size is None:
+            env = os.environ.get("WORLD_SIZE")
+            world_size = int(env) if env is not None else (
+                topo["dp"] * topo["tp"] * topo["pp"] * topo["cp"])
+        self.rank = rank
+        self.world_size = world_size
+        self.dp_rank, self.tp_rank, self.pp_rank, self.cp_rank = _core.rank_coords(
+            self._config, rank, world_size)
+        self._engine: Optional[_core.Engine] = None
+        self._state_json = _core.initial_state_json(self._config)
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Micro-batches this rank receives per global step."""
+        return self._config.micro_batches_per_rank
+
+    def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
+        self._engine = _core.make_engine(self._config, [self.dp_rank], self._state_json)
+        engine = self._engine
+        while True:
+            arrays = engine.next()
+            yield {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position right after the last micro-batch this Loader yielded."""
+        if self._engine is not None:
+            self._state_json = self._engine.state_json()
+        return json.loads(self._state_json)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes from ``state_dict()`` output; the next ``iter()`` continues there.
+
+        Raises ``braid.ConfigError`` if the state belongs to another config (seed,
+        sources or batch shape).
+        """
+        text = json.dumps(state)
+        _core.check_state(self._config, text)
+        self._engine = None
+        self._state_json = text

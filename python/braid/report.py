@@ -1,0 +1,71 @@
+"""``braid run --report DIR``: report.json and PNG plots from a run summary."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import List
+
+
+def write_report(summary: dict, directory: str) -> List[str]:
+    """Writes DIR/report.json and the plots; returns the paths written."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    report_path = os.path.join(directory, "report.json")
+    with open(report_path, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+        f.write("\n")
+    paths.append(report_path)
+    paths.extend(_plots(summary, directory))
+    return paths
+
+
+def _plots(summary: dict, directory: str) -> List[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    steps = list(range(len(summary["step_imbalance"])))
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps, summary["step_imbalance"], lw=1)
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("max / mean rank cost")
+    ax.set_title("Imbalance across DP ranks per step")
+    fig.tight_layout()
+    path = os.path.join(directory, "imbalance.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+
+    names = list(summary["source_share"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [summary["target_share"][n] for n in names], 0.4,
+           label="target")
+    ax.bar([x + 0.2 for x in xs], [summary["source_share"][n] for n in names], 0.4,
+           label="achieved")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("share of tokens")
+    ax.set_title("Mix: target vs achieved token share")
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(directory, "source_share.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps, [s * 1000 for s in summary["step_seconds"]], lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms to deliver the step")
+    ax.set_title("Loader time per step (all simulated ranks)")
+    fig.tight_layout()
+    path = os.path.join(directory, "step_time.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+    return paths
