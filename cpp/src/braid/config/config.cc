@@ -108,8 +108,13 @@ Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& pa
 std::string ResolvePath(const std::string& path, const std::string& base_dir) {
   if (path.find("://") != std::string::npos) return path;
   std::filesystem::path p(path);
-  if (p.is_absolute() || base_dir.empty()) return p.lexically_normal().string();
-  return (std::filesystem::path(base_dir) / p).lexically_normal().string();
+  if (!p.is_absolute()) {
+    std::error_code ec;
+    const auto base = std::filesystem::absolute(
+        base_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(base_dir), ec);
+    p = (ec ? std::filesystem::path(base_dir) : base) / p;
+  }
+  return p.lexically_normal().string();
 }
 
 Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path,

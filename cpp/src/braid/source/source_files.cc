@@ -34,7 +34,7 @@ bool IsIntegerList(const arrow::DataType& type) {
 Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
                     std::vector<std::string>* files) {
-  const std::string where = key_path + ".path '" + path + "'";
+  const std::string where = key_path + ".path";
   files->clear();
   if (!HasGlob(path)) {
     std::string internal;

@@ -1,0 +1,75 @@
+"""Shared fixtures: small Parquet token datasets written with pyarrow, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def doc_tokens(source: int, doc: int, length: int) -> List[int]:
+    """Tokens that say where they came from: source, document and offset."""
+    base = source * 10_000_000 + doc * 1000
+    return [base + k for k in range(length)]
+
+
+def write_docs(path: Path, docs: List[List[int]], row_group_size: int = 8,
+               column: str = "input_ids", value_type=pa.int32()) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({column: pa.array(docs, type=pa.list_(value_type))})
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+def make_source(root: Path, name: str, source_index: int, lengths: List[int],
+                files: int = 2, row_group_size: int = 8) -> Dict[int, List[int]]:
+    """Writes a source as `files` Parquet files; returns {doc id: tokens}."""
+    docs = {i: doc_tokens(source_index, i, n) for i, n in enumerate(lengths)}
+    ids = sorted(docs)
+    per_file = (len(ids) + files - 1) // files
+    for f in range(files):
+        chunk = ids[f * per_file:(f + 1) * per_file]
+        write_docs(root / name / f"part-{f:03d}.parquet", [docs[i] for i in chunk],
+                   row_group_size=row_group_size)
+    return docs
+
+
+@pytest.fixture
+def small_dataset(tmp_path: Path):
+    """Two sources with seeded lengths (some longer than seq_len=32) and a config dict."""
+    rng = np.random.default_rng(7)
+    web = make_source(tmp_path, "web", 0, [int(x) for x in rng.integers(1, 80, size=60)])
+    code = make_source(tmp_path, "code", 1, [int(x) for x in rng.integers(1, 40, size=40)])
+    config = {
+        "seed": 11,
+        "topology": {"dp": 2, "tp": 1, "pp": 1, "cp": 1},
+        "batch": {"global_tokens": 2 * 2 * 32, "seq_len": 32, "micro_batch_size": 1},
+        "balance": {"cost": {"attn": 1.0, "linear": 32}, "algorithm": "karmarkar_karp"},
+        "sources": [
+            {"name": "web", "path": str(tmp_path / "web" / "*.parquet"),
+             "tokens_column": "input_ids", "weight": 0.7, "shuffle_window": 16},
+            {"name": "code", "path": str(tmp_path / "code"),
+             "tokens_column": "input_ids", "weight": 0.3, "shuffle_window": 16},
+        ],
+    }
+    return {"root": tmp_path, "config": config, "docs": {0: web, 1: code}}
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+def braid_cli(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """Runs the `braid` command as a user would, capturing its output."""
+    return subprocess.run([sys.executable, "-m", "braid.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})

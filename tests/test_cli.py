@@ -1,0 +1,191 @@
+"""The `braid` command line: DESIGN.md's contracts for plan, run and demo."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from conftest import braid_cli, write_config
+
+
+@pytest.fixture
+def config_path(small_dataset, tmp_path):
+    return write_config(tmp_path / "job.yaml", small_dataset["config"])
+
+
+def plan_lines(*args):
+    result = braid_cli("plan", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_plan_prints_one_json_object_per_step(config_path, small_dataset):
+    lines = plan_lines(config_path, "--steps", 5)
+    assert len(lines) == 5
+    for i, line in enumerate(lines):
+        step = json.loads(line)
+        assert step["step"] == i and step["seq_len"] == 32
+        assert step["imbalance"] >= 1.0
+        assert sum(step["source_tokens"].values()) == 128
+        assert [r["dp"] for r in step["ranks"]] == [0, 1]
+        for rank in step["ranks"]:
+            assert len(rank["micro_batches"]) == 2
+            assert rank["tokens"] == sum(m["tokens"] for m in rank["micro_batches"])
+            for mb in rank["micro_batches"]:
+                assert mb["tokens"] == 32 == sum(d["len"] for d in mb["docs"])
+                for d in mb["docs"]:
+                    assert set(d) == {"src", "file", "row", "epoch", "start", "len"}
+                    tokens = small_dataset["docs"][0 if d["src"] == "web" else 1]
+                    assert d["start"] + d["len"] <= 80
+
+
+def test_plan_is_deterministic_byte_for_byte(config_path):
+    a = braid_cli("plan", config_path, "--steps", 12)
+    b = braid_cli("plan", config_path, "--steps", 12)
+    assert a.returncode == 0 and a.stdout == b.stdout and a.stdout
+
+
+def test_plan_resumes_exactly_from_state_out(config_path, tmp_path):
+    whole = plan_lines(config_path, "--steps", 30)
+    state = tmp_path / "s.json"
+    first = plan_lines(config_path, "--steps", 20, "--state-out", state)
+    rest = plan_lines(config_path, "--steps", 10, "--state-in", state)
+    assert first + rest == whole
+    assert json.loads(state.read_text())["step"] == 20
+
+
+def test_documents_of_a_step_do_not_depend_on_dp(config_path):
+    def docs_per_step(dp):
+        out = []
+        for line in plan_lines(config_path, "--steps", 8, "--dp", dp):
+            step = json.loads(line)
+            assert len(step["ranks"]) == dp
+            out.append(Counter(
+                (d["src"], d["file"], d["row"], d["epoch"], d["start"], d["len"])
+                for r in step["ranks"] for m in r["micro_batches"] for d in m["docs"]))
+        return out
+
+    assert docs_per_step(1) == docs_per_step(2) == docs_per_step(4)
+
+
+def test_run_writes_the_report(config_path, tmp_path):
+    report = tmp_path / "report"
+    result = braid_cli("run", config_path, "--steps", 6, "--report", report)
+    assert result.returncode == 0, result.stderr
+    assert "tokens/s" in result.stdout and "imbalance" in result.stdout
+    data = json.loads((report / "report.json").read_text())
+    for key in ("steps", "tokens", "tokens_per_s", "imbalance_mean", "imbalance_max",
+                "loader_peak_rss_bytes", "source_tokens", "source_share", "target_share",
+                "skipped"):
+        assert key in data, key
+    assert data["steps"] == 6 and data["tokens"] == 6 * 128
+    assert data["target_share"] == pytest.approx({"web": 0.7, "code": 0.3})
+    assert data["source_share"]["web"] == pytest.approx(0.7, abs=0.01)
+    assert data["loader_peak_rss_bytes"] > 0
+    assert (report / "imbalance.png").stat().st_size > 0
+
+
+def test_demo_runs_and_prints_its_summary(tmp_path):
+    result = braid_cli("demo", "--dir", tmp_path / "demo", "--steps", 3, "--seq-len", 1024)
+    assert result.returncode == 0, result.stderr
+    assert "summary:" in result.stdout
+    assert "tokens/s" in result.stdout and "peak memory" in result.stdout
+    assert (tmp_path / "demo" / "report" / "report.json").exists()
+
+
+# --- bad input: one line naming the file or key, exit 2 (config) or 3 (data) -----------
+
+def check_error(result, code, *needles):
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def with_source(config, **changes):
+    sources = [dict(s) for s in config["sources"]]
+    sources[0].update(changes)
+    return dict(config, sources=sources)
+
+
+def test_missing_path(small_dataset, tmp_path):
+    missing = str(tmp_path / "nowhere" / "x.parquet")
+    path = write_config(tmp_path / "c.yaml", with_source(small_dataset["config"], path=missing))
+    check_error(braid_cli("plan", path, "--steps", 1), 3, "sources[0].path", missing)
+
+
+def test_empty_glob(small_dataset, tmp_path):
+    pattern = str(tmp_path / "web" / "*.nothing")
+    path = write_config(tmp_path / "c.yaml", with_source(small_dataset["config"], path=pattern))
+    check_error(braid_cli("plan", path, "--steps", 1), 3, "sources[0].path", "matches no files")
+
+
+def test_missing_column(small_dataset, tmp_path):
+    path = write_config(tmp_path / "c.yaml",
+                        with_source(small_dataset["config"], tokens_column="ids"))
+    check_error(braid_cli("plan", path, "--steps", 1), 3, "part-000.parquet", "'ids'")
+
+
+def test_wrong_column_type(small_dataset, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad" / "strings.parquet"
+    bad.parent.mkdir()
+    pq.write_table(pa.table({"input_ids": ["a", "b"]}), bad)
+    path = write_config(tmp_path / "c.yaml", with_source(small_dataset["config"], path=str(bad)))
+    check_error(braid_cli("plan", path, "--steps", 1), 3, str(bad), "string")
+
+
+def test_corrupt_file(small_dataset, tmp_path):
+    bad = tmp_path / "bad" / "corrupt.parquet"
+    bad.parent.mkdir()
+    bad.write_bytes(b"PAR1 this is not parquet at all PAR1")
+    path = write_config(tmp_path / "c.yaml", with_source(small_dataset["config"], path=str(bad)))
+    check_error(braid_cli("plan", path, "--steps", 1), 3, str(bad))
+
+
+def test_negative_weight(small_dataset, tmp_path):
+    path = write_config(tmp_path / "c.yaml", with_source(small_dataset["config"], weight=-1))
+    check_error(braid_cli("plan", path, "--steps", 1), 2, "sources[0].weight")
+
+
+def test_unknown_key(small_dataset, tmp_path):
+    config = dict(small_dataset["config"])
+    config["batch"] = dict(config["batch"], seqlen=4)
+    path = write_config(tmp_path / "c.yaml", config)
+    check_error(braid_cli("plan", path, "--steps", 1), 2, "batch.seqlen", "unknown key")
+
+
+def test_bad_dp_override(config_path):
+    check_error(braid_cli("plan", config_path, "--steps", 1, "--dp", 3), 2,
+                "batch.global_tokens")
+
+
+def test_missing_config_file(tmp_path):
+    check_error(braid_cli("plan", tmp_path / "none.yaml", "--steps", 1), 2, "none.yaml")
+
+
+def test_state_from_another_config(config_path, small_dataset, tmp_path):
+    state = tmp_path / "s.json"
+    plan_lines(config_path, "--steps", 2, "--state-out", state)
+    other = write_config(tmp_path / "other.yaml", dict(small_dataset["config"], seed=99))
+    check_error(braid_cli("plan", other, "--steps", 1, "--state-in", state), 2,
+                "state.fingerprint")
+
+
+def test_relative_source_paths_resolve_against_the_config_folder(small_dataset, tmp_path):
+    config = small_dataset["config"]
+    sources = [dict(config["sources"][0], path="web/*.parquet"),
+               dict(config["sources"][1], path="code")]
+    write_config(small_dataset["root"] / "rel.yaml", dict(config, sources=sources))
+    absolute = plan_lines(write_config(tmp_path / "abs.yaml", config), "--steps", 3)
+    # Run from elsewhere, naming the config by a relative path.
+    result = braid_cli("plan", "rel.yaml", "--steps", 3, cwd=small_dataset["root"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == absolute

@@ -1,0 +1,143 @@
+"""braid.Loader: tensors, exact delivery, TP copies, resume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+
+import pytest
+import torch
+
+import braid
+from conftest import write_config
+
+
+def take(loader, n):
+    return list(itertools.islice(iter(loader), n))
+
+
+def decode(token: int):
+    """(source, doc, offset) encoded by conftest.doc_tokens."""
+    source, rest = divmod(token, 10_000_000)
+    doc, offset = divmod(rest, 1000)
+    return source, doc, offset
+
+
+def test_batches_have_the_documented_tensors(small_dataset):
+    loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    batch = take(loader, 1)[0]
+    assert set(batch) == {"input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                          "source_ids"}
+    for name in ("input_ids", "labels", "position_ids"):
+        assert batch[name].dtype == torch.int64 and batch[name].shape == (1, 32)
+    assert batch["loss_mask"].dtype == torch.float32
+    assert batch["source_ids"].dtype == torch.int32
+    assert batch["cu_seqlens"].dtype == torch.int32
+    assert batch["cu_seqlens"][0] == 0 and batch["cu_seqlens"][-1] == 32
+
+
+def test_tokens_labels_positions_follow_the_documents(small_dataset):
+    docs = small_dataset["docs"]
+    loader = braid.Loader(small_dataset["config"], rank=1, world_size=2)
+    for batch in take(loader, 12):
+        ids = batch["input_ids"][0].tolist()
+        labels = batch["labels"][0].tolist()
+        pos = batch["position_ids"][0].tolist()
+        mask = batch["loss_mask"][0].tolist()
+        src = batch["source_ids"][0].tolist()
+        cu = batch["cu_seqlens"].tolist()
+        for a, b in zip(cu, cu[1:]):
+            assert b > a
+            source, doc, first = decode(ids[a])
+            tokens = docs[source][doc]
+            for k in range(a, b):
+                assert decode(ids[k]) == (source, doc, first + k - a)
+                assert pos[k] == k - a
+                assert src[k] == source
+                offset = first + k - a
+                if offset + 1 < len(tokens):
+                    assert labels[k] == tokens[offset + 1] and mask[k] == 1.0
+                else:
+                    assert labels[k] == -100 and mask[k] == 0.0
+
+
+def test_every_token_arrives_once_over_the_dp_ranks(small_dataset):
+    docs = small_dataset["docs"]
+    # 15 steps of 128 tokens stay inside the first epoch of both sources.
+    steps = 15
+    for source, weight in ((0, 0.7), (1, 0.3)):
+        assert sum(len(t) for t in docs[source].values()) > steps * 128 * weight + 1
+    seen = defaultdict(int)
+    for rank in (0, 1):
+        loader = braid.Loader(small_dataset["config"], rank=rank, world_size=2)
+        for batch in take(loader, steps * loader.micro_batches_per_step):
+            for token in batch["input_ids"][0].tolist():
+                seen[decode(token)] += 1
+    assert sum(seen.values()) == steps * 2 * 2 * 32
+    assert set(seen.values()) == {1}, "a token was delivered twice"
+    # Documents are consumed in order: each is complete, except at most one per source
+    # (the one the last step cut), which is a prefix.
+    offsets = defaultdict(set)
+    for source, doc, offset in seen:
+        offsets[(source, doc)].add(offset)
+    partial = defaultdict(int)
+    for (source, doc), got in offsets.items():
+        n = len(docs[source][doc])
+        assert got == set(range(len(got))), (source, doc)
+        if len(got) < n:
+            partial[source] += 1
+    assert all(v <= 1 for v in partial.values()), partial
+
+
+def test_tp_ranks_of_one_dp_group_get_the_same_batches(small_dataset):
+    config = dict(small_dataset["config"], topology={"dp": 2, "tp": 2, "pp": 1, "cp": 1})
+    a = take(braid.Loader(config, rank=2, world_size=4), 4)  # dp 1, tp 0
+    b = take(braid.Loader(config, rank=3, world_size=4), 4)  # dp 1, tp 1
+    c = take(braid.Loader(config, rank=0, world_size=4), 4)  # dp 0
+    for x, y in zip(a, b):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    assert not all(torch.equal(x["input_ids"], z["input_ids"]) for x, z in zip(a, c))
+
+
+@pytest.mark.parametrize("consumed", [1, 2, 5, 8])
+def test_resume_continues_exactly(small_dataset, consumed):
+    config = small_dataset["config"]
+    reference = take(braid.Loader(config, rank=0, world_size=2), consumed + 6)
+
+    first = braid.Loader(config, rank=0, world_size=2)
+    it = iter(first)
+    for _ in range(consumed):
+        next(it)
+    state = json.loads(json.dumps(first.state_dict()))  # plain JSON-able values
+
+    resumed = braid.Loader(config, rank=0, world_size=2)
+    resumed.load_state_dict(state)
+    rest = take(resumed, 6)
+    for want, got in zip(reference[consumed:], rest):
+        for name in want:
+            assert torch.equal(want[name], got[name]), name
+
+
+def test_config_file_path_and_dict_give_the_same_stream(small_dataset, tmp_path):
+    path = write_config(tmp_path / "job.json", small_dataset["config"])
+    a = take(braid.Loader(str(path), rank=0, world_size=2), 3)
+    b = take(braid.Loader(small_dataset["config"], rank=0, world_size=2), 3)
+    for x, y in zip(a, b):
+        assert torch.equal(x["input_ids"], y["input_ids"])
+
+
+def test_state_of_another_config_is_refused(small_dataset):
+    loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    take(loader, 2)
+    state = loader.state_dict()
+    other = dict(small_dataset["config"], seed=12)
+    with pytest.raises(braid.ConfigError, match="state.fingerprint"):
+        braid.Loader(other, rank=0, world_size=2).load_state_dict(state)
+
+
+def test_wrong_world_size_names_the_topology(small_dataset):
+    with pytest.raises(braid.ConfigError, match="world_size"):
+        braid.Loader(small_dataset["config"], rank=0, world_size=3)
+    with pytest.raises(braid.ConfigError, match="rank"):
+        braid.Loader(small_dataset["config"], rank=2, world_size=2)
