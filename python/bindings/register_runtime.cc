@@ -49,6 +49,7 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["tokens_per_s"] = s.tokens_per_s;
   d["imbalance_mean"] = s.imbalance_mean;
   d["imbalance_max"] = s.imbalance_max;
+  d["sequential_imbalance_mean"] = s.sequential_imbalance_mean;
   d["loader_peak_rss_bytes"] = s.peak_rss_bytes;
   nb::dict tokens, share, target, skipped;
   for (size_t i = 0; i < s.source_names.size(); ++i) {

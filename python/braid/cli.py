@@ -59,6 +59,8 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
     print(f"  tokens/s         {summary['tokens_per_s']:,.0f}", file=out)
     print(f"  imbalance        mean {summary['imbalance_mean']:.4f}  "
           f"max {summary['imbalance_max']:.4f}  (max rank cost / mean rank cost)", file=out)
+    print(f"                   mean {summary['sequential_imbalance_mean']:.4f} for the same "
+          f"sequences assigned in order, as per-rank loaders do", file=out)
     print(f"  peak memory      {_fmt_bytes(summary['loader_peak_rss_bytes'])} (process RSS)",
           file=out)
     print("  source share     achieved / target", file=out)

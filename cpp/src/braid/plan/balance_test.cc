@@ -1,14 +1,14 @@
 #include "braid/plan/balance.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
 #include <numeric>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "braid/util/rng_internal.h"
 
@@ -35,8 +35,8 @@ std::vector<double> LongTailCosts(int64_t n, uint64_t seed) {
 }
 
 // Costs of S packed sequences, as the planner balances them: lognormal document lengths
-// (median 600, sigma 1.2, at most 4*L) packed in order into sequences of exactly L tokens;
-// a sequence costs sum(attn*len^2 + linear*len) over its pieces.
+// (median 600, sigma 1.2, at most 4*L) packed in order into sequences of exactly L
+// tokens; a sequence costs sum(attn*len^2 + linear*len) over its pieces.
 std::vector<double> PackedSequenceCosts(int64_t n, uint64_t seed, double linear,
                                         int64_t seq_len = 4096) {
   internal::Rng rng(seed);
@@ -46,7 +46,8 @@ std::vector<double> PackedSequenceCosts(int64_t n, uint64_t seed, double linear,
   while (int64_t(costs.size()) < n) {
     const double u1 = std::max(rng.Uniform(), 1e-12), u2 = rng.Uniform();
     const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
-    int64_t len = std::clamp<int64_t>(std::llround(600.0 * std::exp(1.2 * z)), 1, 4 * seq_len);
+    int64_t len =
+        std::clamp<int64_t>(std::llround(600.0 * std::exp(1.2 * z)), 1, 4 * seq_len);
     while (len > 0 && int64_t(costs.size()) < n) {
       const int64_t take = std::min(len, seq_len - filled);
       cost += double(take) * double(take) + linear * double(take);
@@ -124,54 +125,124 @@ void ExpectEqualCountPartition(const std::vector<std::vector<int32_t>>& bins, si
       ++seen[size_t(i)];
     }
   }
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(seen[i], 1) << ToString(algorithm) << " item " << i;
+  for (size_t i = 0; i < n; ++i)
+    EXPECT_EQ(seen[i], 1) << ToString(algorithm) << " item " << i;
 }
 
 // ---------------------------------------------------------------------------
 // Small instances: Karmarkar-Karp against the brute-force optimum.
 
+enum class Shape { kPackedAttn, kPackedAttnLinear, kUniformInt, kDominantTail };
+
+const char* ShapeName(Shape s) {
+  switch (s) {
+    case Shape::kPackedAttn:
+      return "packed_attn";
+    case Shape::kPackedAttnLinear:
+      return "packed_attn_linear";
+    case Shape::kUniformInt:
+      return "uniform_int";
+    case Shape::kDominantTail:
+      return "dominant_tail";
+  }
+  return "?";
+}
+
+std::vector<double> CostsOf(Shape s, int64_t n, uint64_t seed) {
+  switch (s) {
+    case Shape::kPackedAttn:
+      return PackedSequenceCosts(n, seed, /*linear=*/0);
+    case Shape::kPackedAttnLinear:
+      return PackedSequenceCosts(n, seed, /*linear=*/4096);
+    case Shape::kUniformInt:
+      return UniformCosts(n, seed);
+    case Shape::kDominantTail:
+      return LongTailCosts(n, seed);
+  }
+  return {};
+}
+
+// Bounds measured over the instances below (see the printed figures), with margin.
+// Equal-count KK (balanced largest differencing) is a heuristic: on packed sequences,
+// whose costs lie within a factor ~2 of each other, it stays within a few percent of the
+// optimum; on unbounded costs where one item dominates it can be 20%+ off.
+struct ShapeBounds {
+  double max_ratio;       // every instance: KK max bin <= max_ratio * optimum
+  double max_mean_ratio;  // mean of KK / optimum over the instances
+};
+
+ShapeBounds BoundsOf(Shape s) {
+  switch (s) {
+    case Shape::kPackedAttn:
+      return {1.20, 1.04};  // measured 1.131, 1.028
+    case Shape::kPackedAttnLinear:
+      return {1.05, 1.02};  // measured 1.036, 1.011
+    case Shape::kUniformInt:
+      return {1.20, 1.03};  // measured 1.120, 1.018
+    case Shape::kDominantTail:
+      return {1.40, 1.12};  // measured 1.270, 1.077
+  }
+  return {1.0, 1.0};
+}
+
 struct SmallCase {
+  Shape shape;
   int64_t items;
   int64_t bins;
 };
 
 class KarmarkarKarpVsOptimumTest : public ::testing::TestWithParam<SmallCase> {};
 
-TEST_P(KarmarkarKarpVsOptimumTest, CloseToOptimalOnSmallInstances) {
-  const auto [n, m] = GetParam();
+TEST_P(KarmarkarKarpVsOptimumTest, WithinBoundOfBruteForceOptimum) {
+  const auto [shape, n, m] = GetParam();
+  const ShapeBounds bounds = BoundsOf(shape);
   constexpr int kInstances = 60;
   int optimal = 0;
   double worst_ratio = 1.0, sum_ratio = 0;
   for (int k = 0; k < kInstances; ++k) {
-    const uint64_t seed = internal::DeriveSeed({uint64_t(n), uint64_t(m), uint64_t(k)});
-    // Alternate the two cost shapes: uniform integers and long-tail attention costs.
-    const auto costs = k % 2 == 0 ? UniformCosts(n, seed) : LongTailCosts(n, seed);
+    const auto costs = CostsOf(
+        shape, n,
+        internal::DeriveSeed({uint64_t(shape), uint64_t(n), uint64_t(m), uint64_t(k)}));
     const auto bins = PartitionEqualCount(costs, m, BalanceAlgorithm::kKarmarkarKarp);
     ExpectEqualCountPartition(bins, size_t(n), m, BalanceAlgorithm::kKarmarkarKarp);
     const double kk = MaxBinSum(costs, bins);
     const double opt = BruteForceOptimum(costs, m);
     ASSERT_GE(kk, opt * (1 - 1e-12)) << "brute force missed a better partition";
     const double ratio = kk / opt;
-    EXPECT_LE(ratio, 1.05) << "n=" << n << " m=" << m << " instance " << k;
+    EXPECT_LE(ratio, bounds.max_ratio) << "instance " << k;
     worst_ratio = std::max(worst_ratio, ratio);
     sum_ratio += ratio;
     if (ratio <= 1 + 1e-12) ++optimal;
+    if (n == 2 * m) {
+      // Two items per bin: pairing the largest with the smallest is optimal.
+      EXPECT_DOUBLE_EQ(kk, opt) << "instance " << k;
+    }
   }
-  const double fraction = static_cast<double>(optimal) / kInstances;
-  std::printf("[ KK vs brute force ] n=%lld m=%lld: optimal on %d/%d (%.0f%%), "
-              "mean ratio %.4f, worst %.4f\n",
-              static_cast<long long>(n), static_cast<long long>(m), optimal, kInstances,
-              100 * fraction, sum_ratio / kInstances, worst_ratio);
-  EXPECT_GE(fraction, 0.5) << "KK should find the optimum on most small instances";
+  const double mean_ratio = sum_ratio / kInstances;
+  std::printf(
+      "[ KK vs brute force ] %-18s n=%-2lld m=%lld: optimal on %2d/%d, "
+      "mean KK/opt %.4f, worst %.4f\n",
+      ShapeName(shape), static_cast<long long>(n), static_cast<long long>(m), optimal,
+      kInstances, mean_ratio, worst_ratio);
+  EXPECT_LE(mean_ratio, bounds.max_mean_ratio);
+}
+
+std::vector<SmallCase> AllSmallCases() {
+  std::vector<SmallCase> out;
+  for (Shape shape : {Shape::kPackedAttn, Shape::kPackedAttnLinear, Shape::kUniformInt,
+                      Shape::kDominantTail}) {
+    for (auto [n, m] : std::vector<std::pair<int64_t, int64_t>>{
+             {8, 2}, {10, 2}, {12, 2}, {9, 3}, {12, 3}, {8, 4}, {12, 4}}) {
+      out.push_back({shape, n, m});
+    }
+  }
+  return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, KarmarkarKarpVsOptimumTest,
-                         ::testing::Values(SmallCase{8, 2}, SmallCase{10, 2},
-                                           SmallCase{12, 2}, SmallCase{9, 3},
-                                           SmallCase{12, 3}, SmallCase{8, 4},
-                                           SmallCase{12, 4}),
-                         [](const auto& info) {
-                           return "n" + std::to_string(info.param.items) + "_m" +
+                         ::testing::ValuesIn(AllSmallCases()), [](const auto& info) {
+                           return std::string(ShapeName(info.param.shape)) + "_n" +
+                                  std::to_string(info.param.items) + "_m" +
                                   std::to_string(info.param.bins);
                          });
 
@@ -180,34 +251,111 @@ INSTANTIATE_TEST_SUITE_P(Sizes, KarmarkarKarpVsOptimumTest,
 
 class BalanceByBinsTest : public ::testing::TestWithParam<int64_t> {};
 
-TEST_P(BalanceByBinsTest, KarmarkarKarpBeatsGreedyOnLongTailCosts) {
+class KarmarkarKarpVsGreedyTest : public ::testing::TestWithParam<int64_t> {};
+
+// A direct transcription of equal-count largest differencing (balanced LDM): items sorted
+// descending form tuples of m; the two partial partitions with the largest spread merge,
+// heaviest bin with lightest bin. Linear scans instead of a heap; no tie handling, so it
+// is compared on costs without ties only.
+double ReferenceBalancedLdmMax(const std::vector<double>& costs, int64_t m) {
+  std::vector<double> sorted = costs;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  std::vector<std::vector<double>> partials;  // each sorted descending
+  for (size_t i = 0; i < sorted.size(); i += size_t(m)) {
+    partials.emplace_back(sorted.begin() + long(i), sorted.begin() + long(i) + m);
+  }
+  auto spread = [](const std::vector<double>& p) { return p.front() - p.back(); };
+  while (partials.size() > 1) {
+    std::stable_sort(partials.begin(), partials.end(),
+                     [&](const auto& a, const auto& b) { return spread(a) > spread(b); });
+    std::vector<double> merged(static_cast<size_t>(m), 0.0);
+    for (int64_t j = 0; j < m; ++j) {
+      merged[size_t(j)] = partials[0][size_t(j)] + partials[1][size_t(m - 1 - j)];
+    }
+    std::sort(merged.begin(), merged.end(), std::greater<>());
+    partials.erase(partials.begin(), partials.begin() + 2);
+    partials.push_back(std::move(merged));
+  }
+  return partials.front().front();
+}
+
+TEST_P(KarmarkarKarpVsGreedyTest, KarmarkarKarpIsBalancedLargestDifferencing) {
   const int64_t m = GetParam();
-  constexpr int kInstances = 200;
-  const int64_t n = 8 * m;  // 8 sequences per rank, as with 8 micro-batches of one
-  double kk_sum = 0, lpt_sum = 0, none_sum = 0;
-  int kk_better_or_equal = 0;
-  for (int k = 0; k < kInstances; ++k) {
-    const auto costs = LongTailCosts(n, internal::DeriveSeed({0xb41, uint64_t(m), uint64_t(k)}));
+  for (int k = 0; k < 50; ++k) {
+    for (Shape shape : {Shape::kPackedAttn, Shape::kUniformInt, Shape::kDominantTail}) {
+      const int64_t n = m * (1 + k % 9);
+      auto costs =
+          CostsOf(shape, n, internal::DeriveSeed({0x4ef, uint64_t(m), uint64_t(k)}));
+      // Break ties so the reference's order is unambiguous.
+      for (size_t i = 0; i < costs.size(); ++i) costs[i] += 1e-6 * double(i + 1);
+      const auto bins = PartitionEqualCount(costs, m, BalanceAlgorithm::kKarmarkarKarp);
+      EXPECT_NEAR(MaxBinSum(costs, bins), ReferenceBalancedLdmMax(costs, m),
+                  1e-9 * MaxBinSum(costs, bins))
+          << ShapeName(shape) << " n=" << n << " k=" << k;
+    }
+  }
+}
+
+// KK against greedy LPT on many planner-shaped instances: 8 packed sequences per bin
+// (8 micro-batches per rank), long-tail document lengths.
+struct Means {
+  double kk = 0, lpt = 0, none = 0;
+  int kk_wins_or_ties = 0;
+};
+
+Means CompareOn(int64_t m, int instances, Shape shape) {
+  Means out;
+  const int64_t n = 8 * m;
+  for (int k = 0; k < instances; ++k) {
+    const auto costs =
+        CostsOf(shape, n,
+                internal::DeriveSeed({0xb41, uint64_t(shape), uint64_t(m), uint64_t(k)}));
     const double kk =
         Imbalance(costs, PartitionEqualCount(costs, m, BalanceAlgorithm::kKarmarkarKarp));
     const double lpt =
         Imbalance(costs, PartitionEqualCount(costs, m, BalanceAlgorithm::kGreedy));
-    const double none =
-        Imbalance(costs, PartitionEqualCount(costs, m, BalanceAlgorithm::kNone));
-    kk_sum += kk;
-    lpt_sum += lpt;
-    none_sum += none;
-    if (kk <= lpt + 1e-12) ++kk_better_or_equal;
+    out.kk += kk / instances;
+    out.lpt += lpt / instances;
+    out.none += Imbalance(costs, PartitionEqualCount(costs, m, BalanceAlgorithm::kNone)) /
+                instances;
+    if (kk <= lpt + 1e-12) ++out.kk_wins_or_ties;
   }
-  const double kk_mean = kk_sum / kInstances, lpt_mean = lpt_sum / kInstances,
-               none_mean = none_sum / kInstances;
-  std::printf("[ KK vs LPT ] m=%lld n=%lld over %d instances: mean max/mean  KK %.4f  "
-              "LPT %.4f  none %.4f; KK <= LPT on %d\n",
-              static_cast<long long>(m), static_cast<long long>(n), kInstances, kk_mean,
-              lpt_mean, none_mean, kk_better_or_equal);
-  EXPECT_LE(kk_mean, lpt_mean);
-  EXPECT_LT(kk_mean, none_mean);
+  std::printf(
+      "[ KK vs LPT ] %-18s m=%-2lld n=%-3lld %d instances: mean max/mean  KK %.4f  "
+      "LPT %.4f  none %.4f; KK <= LPT on %d\n",
+      ShapeName(shape), static_cast<long long>(m), static_cast<long long>(n), instances,
+      out.kk, out.lpt, out.none, out.kk_wins_or_ties);
+  return out;
 }
+
+TEST_P(KarmarkarKarpVsGreedyTest, KarmarkarKarpBeatsGreedyOnPackedLongTailSequences) {
+  const int64_t m = GetParam();
+  constexpr int kInstances = 250;
+  for (Shape shape : {Shape::kPackedAttn, Shape::kPackedAttnLinear}) {
+    SCOPED_TRACE(ShapeName(shape));
+    const Means means = CompareOn(m, kInstances, shape);
+    EXPECT_LE(means.kk, means.lpt);
+    EXPECT_LT(means.kk, means.none);
+    // KK is at least as good as LPT on most single instances too.
+    EXPECT_GE(means.kk_wins_or_ties, kInstances * 7 / 10);
+  }
+}
+
+TEST_P(KarmarkarKarpVsGreedyTest, BothBeatNoBalancingWhenOneItemDominates) {
+  // Unbounded costs where a single item can exceed a bin's fair share (not what packing
+  // produces). Here LPT, which leaves the dominant item's bin the globally lightest
+  // items, beats KK, which gives it the lightest item of each m-tuple; both beat no
+  // balancing.
+  const int64_t m = GetParam();
+  const Means means = CompareOn(m, 200, Shape::kDominantTail);
+  EXPECT_LT(means.kk, means.none);
+  EXPECT_LT(means.lpt, means.none);
+}
+
+INSTANTIATE_TEST_SUITE_P(Bins, KarmarkarKarpVsGreedyTest,
+                         ::testing::Values(2, 3, 4, 8, 16), [](const auto& info) {
+                           return "m" + std::to_string(info.param);
+                         });
 
 TEST_P(BalanceByBinsTest, EveryItemOnceWithEqualCounts) {
   const int64_t m = GetParam();
@@ -269,14 +417,17 @@ TEST_P(BalanceByBinsTest, DeterministicForEqualInputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Bins, BalanceByBinsTest, ::testing::Values(1, 2, 3, 4, 8, 16),
-                         [](const auto& info) { return "m" + std::to_string(info.param); });
+                         [](const auto& info) {
+                           return "m" + std::to_string(info.param);
+                         });
 
 // ---------------------------------------------------------------------------
 
 TEST(BalanceTest, OneBinHoldsEverything) {
   const std::vector<double> costs{5, 1, 3};
   for (BalanceAlgorithm algorithm : kAllAlgorithms) {
-    EXPECT_THAT(PartitionEqualCount(costs, 1, algorithm), ElementsAre(ElementsAre(0, 1, 2)))
+    EXPECT_THAT(PartitionEqualCount(costs, 1, algorithm),
+                ElementsAre(ElementsAre(0, 1, 2)))
         << ToString(algorithm);
   }
 }

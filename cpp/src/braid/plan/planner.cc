@@ -125,6 +125,19 @@ Status Planner::Draw(int32_t source, int64_t quota, std::vector<DocPiece>* piece
     const int64_t doc_tokens = src.oversize == Oversize::kTruncate
                                    ? std::min(head.meta.tokens, seq_len)
                                    : head.meta.tokens;
+    // A resumed state names a document by its position only; if the document found there
+    // is not longer than the consumed part, the state does not belong to this data (files
+    // changed, or a hand-edited state). Planning on would draw more tokens than the step
+    // holds.
+    if (cursor.head_start >= doc_tokens) {
+      return ConfigError("state.sources[" + std::to_string(source) + "].head_start",
+                         std::to_string(cursor.head_start) +
+                             " tokens consumed, but the document at the cursor (" +
+                             src.path + ", file " + std::to_string(head.meta.file) +
+                             ", row " + std::to_string(head.meta.row) + ") has " +
+                             std::to_string(doc_tokens) +
+                             "; the source's files changed since the state was saved");
+    }
     const int64_t take = std::min(need, doc_tokens - cursor.head_start);
     DocPiece piece;
     piece.source = source;
@@ -190,6 +203,8 @@ Result<StepPlan> Planner::PlanStep() {
   const int64_t dp = config_.topology.dp;
   const auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
   plan.imbalance = Imbalance(costs, rank_bins);
+  plan.sequential_imbalance =
+      Imbalance(costs, PartitionEqualCount(costs, dp, BalanceAlgorithm::kNone));
   const int64_t mbs = config_.batch.micro_batch_size;
   const int64_t n_micro = config_.micro_batches_per_rank();
   plan.ranks.resize(static_cast<size_t>(dp));

@@ -66,6 +66,9 @@ struct StepPlan {
   int64_t step = 0;
   int64_t seq_len = 0;
   double imbalance = 1.0;
+  /// The imbalance the same sequences would have if assigned in order (what per-rank
+  /// loaders get); for reports, not part of the plan.
+  double sequential_imbalance = 1.0;
   std::vector<int64_t> source_tokens;  ///< per source, tokens in this step
   std::vector<RankPlan> ranks;
   PlannerState state_before;

@@ -63,12 +63,14 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
   // The planner thread reports each plan; the receiving loop below reads them per step.
   std::mutex mu;
   std::vector<double> imbalance;                      // GUARDED_BY(mu)
+  std::vector<double> sequential;                     // GUARDED_BY(mu)
   std::vector<std::vector<int64_t>> tokens_by_step;   // GUARDED_BY(mu)
   std::vector<std::vector<int64_t>> skipped_by_step;  // GUARDED_BY(mu)
   Engine::Options options;
   options.on_plan = [&](const StepPlan& plan) {
     std::lock_guard<std::mutex> lock(mu);
     imbalance.push_back(plan.imbalance);
+    sequential.push_back(plan.sequential_imbalance);
     tokens_by_step.push_back(plan.source_tokens);
     std::vector<int64_t> skipped;
     for (const auto& c : plan.state_after.sources) skipped.push_back(c.skipped);
@@ -78,6 +80,8 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
   ARROW_ASSIGN_OR_RAISE(auto engine, Engine::Make(config, std::move(options)));
   const int64_t per_step = engine->local_micro_batches_per_step();
   auto last = t0;
+  double imbalance_sum = 0, sequential_sum = 0;
+  std::vector<double> target_sum(n, 0.0);
   for (int64_t step = 0; step < steps; ++step) {
     for (int64_t k = 0; k < per_step; ++k) {
       ARROW_ASSIGN_OR_RAISE(auto batch, engine->Next());
@@ -91,30 +95,28 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     {
       std::lock_guard<std::mutex> lock(mu);
       summary.step_imbalance.push_back(imbalance[size_t(step)]);
+      sequential_sum += sequential[size_t(step)];
+      imbalance_sum += imbalance[size_t(step)];
+      summary.imbalance_max = std::max(summary.imbalance_max, imbalance[size_t(step)]);
       double total_weight = 0;
       for (const auto& s : config.sources) total_weight += s.weight.At(step);
       for (size_t i = 0; i < n; ++i) {
         summary.source_tokens[i] += tokens_by_step[size_t(step)][i];
-        summary.target_share[i] += config.sources[i].weight.At(step) / total_weight;
+        target_sum[i] += config.sources[i].weight.At(step) / total_weight;
       }
       summary.skipped = skipped_by_step[size_t(step)];
     }
+    summary.imbalance_mean = imbalance_sum / static_cast<double>(summary.steps);
+    summary.sequential_imbalance_mean = sequential_sum / static_cast<double>(summary.steps);
     summary.seconds = std::chrono::duration<double>(now - t0).count();
     summary.tokens_per_s = summary.tokens / std::max(summary.seconds, 1e-9);
+    summary.source_share.assign(n, 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      summary.source_share[i] = static_cast<double>(summary.source_tokens[i]) /
+                                static_cast<double>(summary.tokens);
+      summary.target_share[i] = target_sum[i] / static_cast<double>(summary.steps);
+    }
     if (progress) progress(summary);
-  }
-  double sum = 0;
-  summary.imbalance_max = 0;
-  for (double x : summary.step_imbalance) {
-    sum += x;
-    summary.imbalance_max = std::max(summary.imbalance_max, x);
-  }
-  summary.imbalance_mean = sum / static_cast<double>(summary.steps);
-  summary.source_share.assign(n, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    summary.source_share[i] =
-        static_cast<double>(summary.source_tokens[i]) / static_cast<double>(summary.tokens);
-    summary.target_share[i] /= static_cast<double>(summary.steps);
   }
   summary.peak_rss_bytes = PeakRssBytes();
   return summary;

@@ -28,6 +28,7 @@ struct RunSummary {
   double tokens_per_s = 0;
   double imbalance_mean = 0;
   double imbalance_max = 0;
+  double sequential_imbalance_mean = 0;  ///< same sequences assigned in order
   int64_t peak_rss_bytes = 0;
   std::vector<std::string> source_names;
   std::vector<int64_t> source_tokens;

@@ -182,7 +182,9 @@ void SourceLoader::Stop() {
 
 Result<Sample> SourceLoader::Next() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!started_) {
+  // Never start the reader once stopping: Stop() reads reader_ outside mu_ after setting
+  // stopping_, so a thread started here afterwards would race with it (and outlive it).
+  if (!started_ && !stopping_) {
     started_ = true;
     reader_ = std::thread([this] { ReaderLoop(); });
   }

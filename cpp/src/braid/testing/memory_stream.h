@@ -4,11 +4,11 @@
 // SourceLoader's: each epoch permutes all rows, consecutive runs of `window_rows` rows of
 // that permutation form the windows, and every sample carries its StreamPos
 // (epoch, window, offset). A stream made at a StreamPos starts there, with the same
-// normalization as SourceLoader::Make (an offset one past a window's end means the start of
-// the next window), so a planner can be resumed on it exactly as on real files.
+// normalization as SourceLoader::Make (an offset one past a window's end means the start
+// of the next window), so a planner can be resumed on it exactly as on real files.
 //
-// Thread-compatible. The documents are shared, immutable; each row's payload is built once
-// so two streams over the same documents hand out equal tokens.
+// Thread-compatible. The documents are shared, immutable; each row's payload is built
+// once so two streams over the same documents hand out equal tokens.
 #pragma once
 
 #include <cstdint>
@@ -23,11 +23,13 @@ namespace braid::testing {
 class MemoryStream : public SampleStream {
  public:
   struct Options {
-    int32_t source = 0;          ///< SampleMeta::source of every sample
-    uint64_t seed = 0;           ///< seeds the per-epoch row order
-    int64_t window_rows = 64;    ///< rows per window (the last one of an epoch may be short)
-    int64_t rows_per_file = 1000;  ///< global row r is (file r / rows_per_file, row r % ..)
-    bool payloads = true;        ///< false: metadata only, payload null
+    int32_t source = 0;  ///< SampleMeta::source of every sample
+    uint64_t seed = 0;   ///< seeds the per-epoch row order
+    int64_t window_rows =
+        64;  ///< rows per window (the last one of an epoch may be short)
+    int64_t rows_per_file =
+        1000;              ///< global row r is (file r / rows_per_file, row r % ..)
+    bool payloads = true;  ///< false: metadata only, payload null
     std::vector<int64_t> null_rows;  ///< global rows flagged SkipReason::kNull
   };
 

@@ -1,0 +1,379 @@
+#include "braid/config/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// DESIGN.md's sketch, less what this version does not support (tokenizer, phases,
+// text_column / image_column sources).
+constexpr const char* kSketch = R"(
+seed: 1234
+topology: {dp: 8, tp: 2, pp: 1, cp: 1}
+batch: {global_tokens: 262144, seq_len: 8192, micro_batch_size: 1, packing: true}
+# micro-batches per DP rank = global_tokens / (dp * micro_batch_size * seq_len) = 4 here
+balance: {cost: {attn: 1.0, linear: 4096}, algorithm: karmarkar_karp}
+sources:
+  - name: web
+    path: data/web/*.parquet
+    tokens_column: input_ids
+    weight: 0.6
+    oversize: split
+    on_error: fail
+  - name: code
+    path: data/code/*.parquet
+    tokens_column: input_ids
+    weight: {schedule: [[0, 0.1], [1000, 0.3]]}
+  - name: captions
+    path: /abs/captions
+    tokens_column: tokens
+    weight: 0.1
+    oversize: truncate
+    on_error: skip
+    shuffle_window: 128
+runtime: {kind: local, read_ahead_bytes: 1048576, prefetch_steps: 3}
+)";
+
+// A minimal valid config with `extra` YAML appended under the root.
+std::string Minimal(const std::string& batch = "{global_tokens: 4096, seq_len: 1024}",
+                    const std::string& source_extra = "") {
+  return "batch: " + batch +
+         "\nsources:\n  - {name: a, path: a.parquet, tokens_column: ids" + source_extra +
+         "}\n  - {name: b, path: b.parquet, tokens_column: ids}\n";
+}
+
+// Parses and expects a config error whose message starts with `key` + ":".
+void ExpectConfigError(const std::string& text, const std::string& key,
+                       const std::string& what = "") {
+  auto c = ParseConfig(text, "/base");
+  ASSERT_FALSE(c.ok()) << "expected an error at " << key << " for:\n" << text;
+  const Status& st = c.status();
+  EXPECT_TRUE(st.IsInvalid()) << st.ToString();
+  EXPECT_THAT(st.message(), StartsWith(key + ":")) << text;
+  if (!what.empty()) {
+    EXPECT_THAT(st.message(), HasSubstr(what));
+  }
+  const auto* detail = GetErrorDetail(st);
+  ASSERT_NE(detail, nullptr);
+  EXPECT_EQ(detail->kind(), ErrorKind::kConfig);
+  EXPECT_EQ(detail->where(), key);
+}
+
+TEST(ConfigTest, ParsesTheDesignSketch) {
+  auto parsed = ParseConfig(kSketch, "/jobs/run1");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const Config& c = *parsed;
+  EXPECT_EQ(c.seed, 1234u);
+  EXPECT_EQ(c.topology.dp, 8);
+  EXPECT_EQ(c.topology.tp, 2);
+  EXPECT_EQ(c.topology.pp, 1);
+  EXPECT_EQ(c.topology.cp, 1);
+  EXPECT_EQ(c.topology.world_size(), 16);
+  EXPECT_EQ(c.batch.global_tokens, 262144);
+  EXPECT_EQ(c.batch.seq_len, 8192);
+  EXPECT_EQ(c.batch.micro_batch_size, 1);
+  EXPECT_TRUE(c.batch.packing);
+  EXPECT_EQ(c.sequences_per_step(), 32);
+  EXPECT_EQ(c.micro_batches_per_rank(), 4);
+  EXPECT_DOUBLE_EQ(c.balance.attn, 1.0);
+  EXPECT_DOUBLE_EQ(c.balance.linear, 4096);
+  EXPECT_EQ(c.balance.algorithm, BalanceAlgorithm::kKarmarkarKarp);
+  EXPECT_EQ(c.runtime.read_ahead_bytes, 1048576);
+  EXPECT_EQ(c.runtime.prefetch_steps, 3);
+  EXPECT_EQ(c.base_dir, "/jobs/run1");
+  ASSERT_EQ(c.sources.size(), 3u);
+
+  const SourceConfig& web = c.sources[0];
+  EXPECT_EQ(web.name, "web");
+  EXPECT_EQ(web.path, "/jobs/run1/data/web/*.parquet");  // relative: against base_dir
+  EXPECT_EQ(web.tokens_column, "input_ids");
+  EXPECT_DOUBLE_EQ(web.weight.At(0), 0.6);
+  EXPECT_DOUBLE_EQ(web.weight.At(123456), 0.6);
+  EXPECT_EQ(web.oversize, Oversize::kSplit);
+  EXPECT_EQ(web.on_error, OnError::kFail);
+  EXPECT_EQ(web.shuffle_window_rows, 4096);  // default
+
+  const SourceConfig& code = c.sources[1];
+  ASSERT_EQ(code.weight.points.size(), 2u);
+  EXPECT_EQ(code.weight.points[0], (std::pair<int64_t, double>{0, 0.1}));
+  EXPECT_EQ(code.weight.points[1], (std::pair<int64_t, double>{1000, 0.3}));
+  EXPECT_DOUBLE_EQ(code.weight.At(500), 0.2);
+
+  const SourceConfig& captions = c.sources[2];
+  EXPECT_EQ(captions.path, "/abs/captions");  // absolute: as written
+  EXPECT_EQ(captions.tokens_column, "tokens");
+  EXPECT_EQ(captions.oversize, Oversize::kTruncate);
+  EXPECT_EQ(captions.on_error, OnError::kSkip);
+  EXPECT_EQ(captions.shuffle_window_rows, 128);
+}
+
+TEST(ConfigTest, DefaultsOfAMinimalConfig) {
+  auto c = ParseConfig(Minimal(), "");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->seed, 0u);
+  EXPECT_EQ(c->topology.dp, 1);
+  EXPECT_EQ(c->batch.micro_batch_size, 1);
+  EXPECT_EQ(c->balance.algorithm, BalanceAlgorithm::kKarmarkarKarp);
+  EXPECT_DOUBLE_EQ(c->balance.attn, 1.0);
+  EXPECT_DOUBLE_EQ(c->balance.linear, 0.0);
+  EXPECT_EQ(c->runtime.read_ahead_bytes, int64_t{64} << 20);
+  EXPECT_DOUBLE_EQ(c->sources[0].weight.At(0), 1.0);
+  // No base dir: relative to the working directory, made absolute.
+  EXPECT_EQ(c->sources[0].path,
+            (std::filesystem::current_path() / "a.parquet").lexically_normal().string());
+  EXPECT_EQ(c->micro_batches_per_rank(), 4);
+}
+
+TEST(ConfigTest, JsonIsAccepted) {
+  auto c = ParseConfig(
+      R"({"seed": 3, "batch": {"global_tokens": 2048, "seq_len": 512},
+          "balance": {"algorithm": "greedy"},
+          "sources": [{"name": "x", "path": "s3://bucket/x/", "tokens_column": "t",
+                       "weight": {"schedule": [[0, 1], [10, 0.5]]}}]})",
+      "/base");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->seed, 3u);
+  EXPECT_EQ(c->balance.algorithm, BalanceAlgorithm::kGreedy);
+  EXPECT_EQ(c->sources[0].path, "s3://bucket/x/");  // URIs are not resolved
+  EXPECT_DOUBLE_EQ(c->sources[0].weight.At(5), 0.75);
+}
+
+TEST(ConfigTest, UnknownKeysNameTheirPath) {
+  ExpectConfigError("foo: 1\n" + Minimal(), "foo", "unknown key");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, foo: 2}"), "batch.foo",
+                    "unknown key");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", bar: 1"),
+                    "sources[0].bar");
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n"
+      "  - {name: a, path: a, tokens_column: t}\n  - {name: b, path: b, tokens_column: "
+      "t, "
+      "bar: 1}\n",
+      "sources[1].bar", "unknown key");
+  ExpectConfigError("topology: {dp: 1, ep: 2}\n" + Minimal(), "topology.ep");
+  ExpectConfigError("balance: {cost: {attn: 1, quadratic: 2}}\n" + Minimal(),
+                    "balance.cost.quadratic");
+  ExpectConfigError("runtime: {threads: 4}\n" + Minimal(), "runtime.threads");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                            ", weight: {schedule: [[0, 1]], ramp: 2}"),
+                    "sources[0].weight.ramp");
+}
+
+TEST(ConfigTest, BadWeightsNameTheirPath) {
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", weight: -0.5"),
+                    "sources[0].weight", ">= 0");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", weight: heavy"),
+                    "sources[0].weight", "a number");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", weight: .inf"),
+                    "sources[0].weight");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                            ", weight: {schedule: [[0, 1], [10, -1]]}"),
+                    "sources[0].weight.schedule[1][1]");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                            ", weight: {schedule: [[10, 1], [10, 2]]}"),
+                    "sources[0].weight.schedule[1][0]", "strictly increasing");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                            ", weight: {schedule: [[0, 1, 2]]}"),
+                    "sources[0].weight.schedule[0]");
+  ExpectConfigError(
+      Minimal("{global_tokens: 4096, seq_len: 1024}", ", weight: {schedule: []}"),
+      "sources[0].weight.schedule");
+  // All weights 0 at some step.
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n"
+      "  - {name: a, path: a, tokens_column: t, weight: 0}\n"
+      "  - {name: b, path: b, tokens_column: t, weight: {schedule: [[0, 1], [5, 0]]}}\n",
+      "sources", "all weights are 0 at step 5");
+}
+
+TEST(ConfigTest, BatchShapeMustDivide) {
+  ExpectConfigError(Minimal("{global_tokens: 4000, seq_len: 1024}"),
+                    "batch.global_tokens", "multiple of batch.seq_len");
+  // 4 sequences do not split over dp=3.
+  ExpectConfigError("topology: {dp: 3}\n" + Minimal(), "batch.global_tokens",
+                    "topology.dp * batch.micro_batch_size");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, micro_batch_size: 3}"),
+                    "batch.global_tokens");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 0}"), "batch.seq_len", "> 0");
+  ExpectConfigError(Minimal("{global_tokens: many, seq_len: 1024}"),
+                    "batch.global_tokens");
+  ExpectConfigError(Minimal("{seq_len: 1024}"), "batch.global_tokens", "required");
+  ExpectConfigError("topology: {dp: 0}\n" + Minimal(), "topology.dp", "> 0");
+}
+
+TEST(ConfigTest, OtherBadValuesNameTheirPath) {
+  ExpectConfigError("sources: []\nbatch: {global_tokens: 1024, seq_len: 1024}\n",
+                    "sources");
+  ExpectConfigError("batch: {global_tokens: 1024, seq_len: 1024}\n", "sources",
+                    "required");
+  ExpectConfigError("sources: [{name: a, path: a, tokens_column: t}]\n", "batch",
+                    "required");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", oversize: wrap"),
+                    "sources[0].oversize", "split | truncate | skip");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", on_error: ignore"),
+                    "sources[0].on_error");
+  ExpectConfigError(
+      Minimal("{global_tokens: 4096, seq_len: 1024}", ", shuffle_window: 0"),
+      "sources[0].shuffle_window");
+  ExpectConfigError("balance: {algorithm: magic}\n" + Minimal(), "balance.algorithm");
+  ExpectConfigError("balance: {cost: {attn: -1}}\n" + Minimal(), "balance.cost.attn");
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n"
+      "  - {name: a, path: a, tokens_column: t}\n  - {name: a, path: b, tokens_column: "
+      "t}\n",
+      "sources[1].name", "duplicate");
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n  - {path: a, "
+      "tokens_column: t}\n",
+      "sources[0].name", "required");
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n  - {name: a, path: a}\n",
+      "sources[0].tokens_column", "required");
+  ExpectConfigError("seed: -3\n" + Minimal(), "seed");
+  ExpectConfigError("batch: [1, 2]\nsources: [{name: a, path: a, tokens_column: t}]\n",
+                    "batch", "mapping");
+  ExpectConfigError("- just\n- a list\n", "<root>", "mapping");
+  ExpectConfigError("batch: {global_tokens: [unclosed\n", "<config>", "YAML");
+}
+
+TEST(ConfigTest, UnsupportedFeaturesAreNamedErrors) {
+  ExpectConfigError("tokenizer: {type: sentencepiece, model: tok.model}\n" + Minimal(),
+                    "tokenizer", "not supported");
+  ExpectConfigError("phases: [{until_step: 500, seq_len: 2048}]\n" + Minimal(), "phases");
+  ExpectConfigError(
+      Minimal("{global_tokens: 4096, seq_len: 1024}", ", text_column: text"),
+      "sources[0].text_column");
+  ExpectConfigError(
+      Minimal("{global_tokens: 4096, seq_len: 1024}", ", image_column: img"),
+      "sources[0].image_column");
+  ExpectConfigError("topology: {cp: 2}\n" + Minimal(), "topology.cp");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, packing: false}"),
+                    "batch.packing");
+  ExpectConfigError("runtime: {kind: ray}\n" + Minimal(), "runtime.kind");
+  ExpectConfigError("runtime: {kind: slurm}\n" + Minimal(), "runtime.kind");
+}
+
+TEST(WeightScheduleTest, PiecewiseLinearBetweenPointsConstantOutside) {
+  WeightSchedule w{{{100, 0.0}, {200, 1.0}, {400, 0.5}}};
+  EXPECT_DOUBLE_EQ(w.At(0), 0.0);  // before the first point: its value
+  EXPECT_DOUBLE_EQ(w.At(100), 0.0);
+  EXPECT_DOUBLE_EQ(w.At(150), 0.5);
+  EXPECT_DOUBLE_EQ(w.At(175), 0.75);
+  EXPECT_DOUBLE_EQ(w.At(200), 1.0);
+  EXPECT_DOUBLE_EQ(w.At(300), 0.75);
+  EXPECT_DOUBLE_EQ(w.At(400), 0.5);
+  EXPECT_DOUBLE_EQ(w.At(1'000'000), 0.5);  // after the last: its value
+  WeightSchedule constant;
+  EXPECT_DOUBLE_EQ(constant.At(0), 1.0);
+  EXPECT_DOUBLE_EQ(constant.At(99), 1.0);
+  WeightSchedule one{{{0, 0.25}}};
+  EXPECT_DOUBLE_EQ(one.At(7), 0.25);
+}
+
+TEST(ConfigTest, SetDataParallelRechecksTheShape) {
+  auto c = ParseConfig(kSketch, "/x");
+  ASSERT_TRUE(c.ok());
+  Config config = *c;
+  ASSERT_TRUE(SetDataParallel(&config, 4).ok());
+  EXPECT_EQ(config.topology.dp, 4);
+  EXPECT_EQ(config.micro_batches_per_rank(), 8);
+  EXPECT_EQ(config.sequences_per_step(), 32);  // independent of dp
+  ASSERT_TRUE(SetDataParallel(&config, 32).ok());
+  EXPECT_EQ(config.micro_batches_per_rank(), 1);
+
+  Status st = SetDataParallel(&config, 3);  // 32 sequences over 3 ranks
+  EXPECT_TRUE(st.IsInvalid());
+  EXPECT_THAT(st.message(), StartsWith("batch.global_tokens:"));
+  st = SetDataParallel(&config, 64);
+  EXPECT_THAT(st.message(), StartsWith("batch.global_tokens:"));
+  st = SetDataParallel(&config, 0);
+  EXPECT_THAT(st.message(), StartsWith("--dp:"));
+  ASSERT_NE(GetErrorDetail(st), nullptr);
+  EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kConfig);
+}
+
+TEST(ConfigTest, FingerprintCoversTheStreamNotWeightsOrTopology) {
+  auto c = ParseConfig(kSketch, "/x");
+  ASSERT_TRUE(c.ok());
+  const Config base = *c;
+  const std::string fp = base.Fingerprint();
+  EXPECT_EQ(fp.size(), 16u);
+  EXPECT_EQ(fp, ParseConfig(kSketch, "/x")->Fingerprint());  // stable
+
+  Config changed = base;
+  changed.sources[0].weight = WeightSchedule{{{0, 0.9}}};
+  changed.sources[1].weight = WeightSchedule{{{0, 0.0}, {50, 2.0}}};
+  ASSERT_TRUE(SetDataParallel(&changed, 4).ok());
+  changed.topology.tp = 8;
+  changed.balance.algorithm = BalanceAlgorithm::kNone;
+  changed.runtime.prefetch_steps = 9;
+  EXPECT_EQ(changed.Fingerprint(), fp);
+
+  auto differs = [&](auto mutate) {
+    Config other = base;
+    mutate(&other);
+    return other.Fingerprint() != fp;
+  };
+  EXPECT_TRUE(differs([](Config* x) { x->seed = 1235; }));
+  EXPECT_TRUE(differs([](Config* x) { x->batch.seq_len = 4096; }));
+  EXPECT_TRUE(differs([](Config* x) { x->batch.global_tokens *= 2; }));
+  EXPECT_TRUE(differs([](Config* x) { x->batch.micro_batch_size = 2; }));
+  EXPECT_TRUE(differs([](Config* x) { x->sources[0].path = "/elsewhere"; }));
+  EXPECT_TRUE(differs([](Config* x) { x->sources[2].name = "images"; }));
+  EXPECT_TRUE(differs([](Config* x) { x->sources[0].oversize = Oversize::kSkip; }));
+  EXPECT_TRUE(differs([](Config* x) { x->sources[1].shuffle_window_rows = 7; }));
+  EXPECT_TRUE(differs([](Config* x) { x->sources.pop_back(); }));
+}
+
+TEST(ConfigTest, LoadConfigFileResolvesAgainstItsFolderAndNamesIt) {
+  testing::ScopedTempDir dir("braid-config");
+  const std::string path = dir.Sub("jobs/run.yaml");
+  std::filesystem::create_directories(dir.Sub("jobs"));
+  std::ofstream(path) << Minimal();
+  auto c = LoadConfigFile(path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->sources[0].path, dir.Sub("jobs/a.parquet"));
+  EXPECT_EQ(c->base_dir, dir.Sub("jobs"));
+
+  const std::string bad = dir.Sub("jobs/bad.yaml");
+  std::ofstream(bad) << "bogus: 1\n" << Minimal();
+  auto st = LoadConfigFile(bad).status();
+  EXPECT_TRUE(st.IsInvalid());
+  EXPECT_THAT(st.message(), StartsWith(bad + ": bogus:"));
+  ASSERT_NE(GetErrorDetail(st), nullptr);
+  EXPECT_EQ(GetErrorDetail(st)->where(), "bogus");
+  EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kConfig);
+
+  st = LoadConfigFile(dir.Sub("missing.yaml")).status();
+  EXPECT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("missing.yaml"));
+}
+
+TEST(ConfigTest, EnumNamesRoundTrip) {
+  EXPECT_STREQ(ToString(Oversize::kSplit), "split");
+  EXPECT_STREQ(ToString(Oversize::kTruncate), "truncate");
+  EXPECT_STREQ(ToString(Oversize::kSkip), "skip");
+  EXPECT_STREQ(ToString(OnError::kFail), "fail");
+  EXPECT_STREQ(ToString(OnError::kSkip), "skip");
+  EXPECT_STREQ(ToString(BalanceAlgorithm::kKarmarkarKarp), "karmarkar_karp");
+  EXPECT_STREQ(ToString(BalanceAlgorithm::kGreedy), "greedy");
+  EXPECT_STREQ(ToString(BalanceAlgorithm::kNone), "none");
+  for (const char* name : {"karmarkar_karp", "greedy", "none"}) {
+    auto c =
+        ParseConfig("balance: {algorithm: " + std::string(name) + "}\n" + Minimal(), "");
+    ASSERT_TRUE(c.ok());
+    EXPECT_STREQ(ToString(c->balance.algorithm), name);
+  }
+}
+
+}  // namespace
+}  // namespace braid

@@ -1,0 +1,991 @@
+#include "braid/plan/planner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
+
+#include "braid/source/source_loader.h"
+#include "braid/testing/memory_stream.h"
+#include "braid/testing/parquet_fixture.h"
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::braid::testing::MemoryStream;
+using ::testing::HasSubstr;
+
+using Docs = MemoryStream::Docs;
+constexpr int64_t kRowsPerFile =
+    100;  // MemoryStream: global row r is file r/100, row r%100
+
+// ---------------------------------------------------------------------------
+// Harness: config + one MemoryStream per source.
+
+struct MemorySource {
+  std::string name;
+  WeightSchedule weight;
+  std::shared_ptr<const Docs> docs;
+  Oversize oversize = Oversize::kSplit;
+  std::vector<int64_t> null_rows;
+  int64_t window_rows = 64;
+};
+
+MemorySource Src(std::string name, WeightSchedule weight,
+                 std::shared_ptr<const Docs> docs, Oversize oversize = Oversize::kSplit) {
+  MemorySource s;
+  s.name = std::move(name);
+  s.weight = std::move(weight);
+  s.docs = std::move(docs);
+  s.oversize = oversize;
+  return s;
+}
+
+std::shared_ptr<const Docs> LongTailDocs(int64_t count, uint64_t seed,
+                                         double median = 300, int64_t max_tokens = 4096,
+                                         double sigma = 1.0) {
+  testing::LengthSpec spec;
+  spec.median_tokens = median;
+  spec.sigma = sigma;
+  spec.max_tokens = max_tokens;
+  return std::make_shared<const Docs>(
+      testing::RandomDocs(count, spec, seed, /*vocab=*/50000));
+}
+
+WeightSchedule Constant(double w) { return WeightSchedule{{{0, w}}}; }
+
+struct Shape {
+  int64_t seq_len = 256;
+  int64_t sequences = 16;  // per step
+  int64_t dp = 2;
+  int64_t mbs = 1;
+  uint64_t seed = 7;
+  BalanceAlgorithm algorithm = BalanceAlgorithm::kKarmarkarKarp;
+  double linear = 0;
+};
+
+Config MakeConfig(const std::vector<MemorySource>& sources, const Shape& shape) {
+  Config c;
+  c.seed = shape.seed;
+  c.topology.dp = shape.dp;
+  c.batch.seq_len = shape.seq_len;
+  c.batch.global_tokens = shape.seq_len * shape.sequences;
+  c.batch.micro_batch_size = shape.mbs;
+  c.balance.algorithm = shape.algorithm;
+  c.balance.linear = shape.linear;
+  for (const auto& s : sources) {
+    SourceConfig sc;
+    sc.name = s.name;
+    sc.path = "memory://" + s.name;
+    sc.tokens_column = "input_ids";
+    sc.weight = s.weight;
+    sc.oversize = s.oversize;
+    sc.on_error = OnError::kSkip;
+    sc.shuffle_window_rows = s.window_rows;
+    c.sources.push_back(sc);
+  }
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  return c;
+}
+
+class MemoryJob {
+ public:
+  MemoryJob(const Config& config, std::vector<MemorySource> sources,
+            std::optional<PlannerState> state = std::nullopt)
+      : config_(config), sources_(std::move(sources)) {
+    const PlannerState start = state ? *state : Planner::InitialState(config);
+    std::vector<SampleStream*> raw;
+    for (size_t i = 0; i < sources_.size(); ++i) {
+      MemoryStream::Options o;
+      o.source = static_cast<int32_t>(i);
+      o.seed = config.seed;
+      o.window_rows = sources_[i].window_rows;
+      o.rows_per_file = kRowsPerFile;
+      o.null_rows = sources_[i].null_rows;
+      streams_.push_back(
+          std::make_unique<MemoryStream>(sources_[i].docs, o, start.sources[i].next));
+      raw.push_back(streams_.back().get());
+    }
+    auto planner = Planner::Make(config, raw, start);
+    EXPECT_TRUE(planner.ok()) << planner.status().ToString();
+    if (planner.ok()) planner_ = std::move(*planner);
+  }
+
+  std::vector<StepPlan> Plan(int64_t steps) {
+    std::vector<StepPlan> out;
+    for (int64_t s = 0; s < steps; ++s) {
+      auto plan = planner_->PlanStep();
+      EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+      if (!plan.ok()) break;
+      out.push_back(std::move(*plan));
+    }
+    return out;
+  }
+  std::vector<std::string> PlanJson(int64_t steps) {
+    std::vector<std::string> out;
+    for (const auto& p : Plan(steps)) out.push_back(StepPlanToJson(p, config_));
+    return out;
+  }
+
+  Planner& planner() { return *planner_; }
+  MemoryStream& stream(size_t i) { return *streams_[i]; }
+  const std::vector<int32_t>& Doc(int32_t source, int32_t file, int64_t row) const {
+    return streams_[size_t(source)]->Doc(file, row);
+  }
+
+ private:
+  Config config_;
+  std::vector<MemorySource> sources_;
+  std::vector<std::unique_ptr<MemoryStream>> streams_;
+  std::unique_ptr<Planner> planner_;
+};
+
+std::vector<MemorySource> ThreeSources(double w0 = 0.6, double w1 = 0.3,
+                                       double w2 = 0.1) {
+  return {
+      Src("web", Constant(w0), LongTailDocs(600, 11, 300, 2048, 1.2)),
+      Src("code", Constant(w1), LongTailDocs(300, 12, 700, 2048, 1.0)),
+      Src("math", Constant(w2), LongTailDocs(400, 13, 150, 1024, 0.8)),
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Invariant checks shared by the memory and Parquet tests.
+
+using DocKey = std::tuple<int32_t, int32_t, int64_t, int64_t>;  // src, file, row, epoch
+using DocLookup = std::function<const std::vector<int32_t>&(int32_t, int32_t, int64_t)>;
+
+// Every sequence holds exactly seq_len tokens, pieces lie within their documents and
+// carry their tokens, costs and token sums add up, every rank has micro_batches_per_rank
+// micro-batches of micro_batch_size sequences, and per-source tokens match the quotas.
+void CheckStepShape(const StepPlan& plan, const Config& config, const DocLookup& doc) {
+  const int64_t L = config.batch.seq_len;
+  ASSERT_EQ(plan.seq_len, L);
+  ASSERT_EQ(plan.ranks.size(), size_t(config.topology.dp));
+  int64_t step_tokens = 0;
+  std::vector<int64_t> by_source(config.sources.size(), 0);
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    const RankPlan& rank = plan.ranks[r];
+    EXPECT_EQ(rank.dp, int64_t(r));
+    ASSERT_EQ(int64_t(rank.micro_batches.size()), config.micro_batches_per_rank());
+    int64_t rank_tokens = 0;
+    double rank_cost = 0;
+    for (const MicroBatch& mb : rank.micro_batches) {
+      ASSERT_EQ(int64_t(mb.sequences.size()), config.batch.micro_batch_size);
+      int64_t mb_tokens = 0;
+      double mb_cost = 0;
+      for (const Sequence& seq : mb.sequences) {
+        int64_t tokens = 0;
+        double cost = 0;
+        for (const DocPiece& d : seq.docs) {
+          const auto& src = config.sources[size_t(d.source)];
+          EXPECT_GT(d.len, 0);
+          EXPECT_GE(d.start, 0);
+          EXPECT_LE(d.start + d.len, d.doc_tokens);
+          const auto& full = doc(d.source, d.file, d.row);
+          const int64_t expect_doc_tokens = src.oversize == Oversize::kTruncate
+                                                ? std::min<int64_t>(full.size(), L)
+                                                : int64_t(full.size());
+          EXPECT_EQ(d.doc_tokens, expect_doc_tokens);
+          if (src.oversize == Oversize::kSkip) {
+            EXPECT_LE(d.doc_tokens, L);
+          }
+          if (d.payload) {
+            EXPECT_EQ(*d.payload, full);
+          }
+          tokens += d.len;
+          cost += PieceCost(config.balance, d.len);
+          by_source[size_t(d.source)] += d.len;
+        }
+        EXPECT_EQ(tokens, L);
+        EXPECT_EQ(seq.tokens, L);
+        EXPECT_NEAR(seq.cost, cost, 1e-9 * std::max(1.0, cost));
+        mb_tokens += seq.tokens;
+        mb_cost += seq.cost;
+      }
+      EXPECT_EQ(mb.tokens, mb_tokens);
+      EXPECT_NEAR(mb.cost, mb_cost, 1e-9 * std::max(1.0, mb_cost));
+      rank_tokens += mb.tokens;
+      rank_cost += mb.cost;
+    }
+    EXPECT_EQ(rank.tokens, rank_tokens);
+    EXPECT_NEAR(rank.cost, rank_cost, 1e-9 * std::max(1.0, rank_cost));
+    step_tokens += rank.tokens;
+  }
+  EXPECT_EQ(step_tokens, config.batch.global_tokens);
+  EXPECT_EQ(by_source, plan.source_tokens);
+  int64_t quota_sum = 0;
+  for (int64_t t : plan.source_tokens) quota_sum += t;
+  EXPECT_EQ(quota_sum, config.batch.global_tokens);
+  EXPECT_EQ(plan.state_after.step, plan.step + 1);
+  EXPECT_EQ(plan.state_before.step, plan.step);
+}
+
+// Over consecutive plans from a fresh start: the pieces of every document tile
+// [0, doc_tokens) exactly once, in order of `start`; the only incomplete document of a
+// source is the one its final cursor is inside of, covered up to head_start.
+// Returns the planned documents per source.
+std::vector<std::set<DocKey>> CheckCoverage(const std::vector<StepPlan>& plans,
+                                            const Config& config) {
+  std::map<DocKey, std::vector<std::pair<int64_t, int64_t>>> pieces;  // start, len
+  std::map<DocKey, int64_t> doc_tokens;
+  for (const StepPlan& plan : plans) {
+    for (const RankPlan& rank : plan.ranks) {
+      for (const MicroBatch& mb : rank.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          for (const DocPiece& d : seq.docs) {
+            const DocKey key{d.source, d.file, d.row, d.epoch};
+            pieces[key].emplace_back(d.start, d.len);
+            doc_tokens[key] = d.doc_tokens;
+          }
+        }
+      }
+    }
+  }
+  std::vector<int> incomplete(config.sources.size(), 0);
+  std::vector<std::set<DocKey>> planned(config.sources.size());
+  for (auto& [key, list] : pieces) {
+    std::sort(list.begin(), list.end());
+    int64_t next = 0;
+    for (const auto& [start, len] : list) {
+      EXPECT_EQ(start, next) << "gap or overlap in doc src=" << std::get<0>(key)
+                             << " file=" << std::get<1>(key)
+                             << " row=" << std::get<2>(key)
+                             << " epoch=" << std::get<3>(key);
+      next = start + len;
+    }
+    const size_t src = size_t(std::get<0>(key));
+    planned[src].insert(key);
+    if (next != doc_tokens[key]) {
+      ++incomplete[src];
+      const SourceCursor& cursor = plans.back().state_after.sources[src];
+      EXPECT_EQ(next, cursor.head_start)
+          << "only the document at the cursor may be partial";
+    }
+  }
+  for (size_t s = 0; s < config.sources.size(); ++s) {
+    EXPECT_LE(incomplete[s], 1) << "source " << s;
+    const SourceCursor& cursor = plans.back().state_after.sources[s];
+    EXPECT_EQ(incomplete[s], cursor.head_start > 0 ? 1 : 0) << "source " << s;
+  }
+  return planned;
+}
+
+// The documents a source's stream yielded up to `cursor`, minus those the planner skips.
+std::set<DocKey> StreamPrefix(const MemoryStream& stream, int32_t source,
+                              int64_t window_rows, const SourceCursor& cursor,
+                              const std::function<bool(int64_t)>& is_skipped,
+                              int64_t* skipped) {
+  std::set<DocKey> out;
+  *skipped = 0;
+  for (int64_t epoch = 0; epoch <= cursor.next.epoch; ++epoch) {
+    const auto order = stream.EpochOrder(epoch);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const StreamPos pos{epoch, int64_t(i) / window_rows, int64_t(i) % window_rows};
+      const bool before =
+          std::tie(pos.epoch, pos.window, pos.offset) <
+          std::tie(cursor.next.epoch, cursor.next.window, cursor.next.offset);
+      const bool at_partial = pos == cursor.next && cursor.head_start > 0;
+      if (!before && !at_partial) continue;
+      if (is_skipped(order[i])) {
+        ++*skipped;
+        continue;
+      }
+      out.insert(DocKey{source, int32_t(order[i] / kRowsPerFile), order[i] % kRowsPerFile,
+                        epoch});
+    }
+  }
+  return out;
+}
+
+std::multiset<std::tuple<int32_t, int32_t, int64_t, int64_t, int64_t, int64_t>> PieceSet(
+    const StepPlan& plan) {
+  std::multiset<std::tuple<int32_t, int32_t, int64_t, int64_t, int64_t, int64_t>> out;
+  for (const RankPlan& rank : plan.ranks) {
+    for (const MicroBatch& mb : rank.micro_batches) {
+      for (const Sequence& seq : mb.sequences) {
+        for (const DocPiece& d : seq.docs) {
+          out.emplace(d.source, d.file, d.row, d.epoch, d.start, d.len);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+double MeanImbalance(const std::vector<StepPlan>& plans) {
+  double sum = 0;
+  for (const auto& p : plans) sum += p.imbalance;
+  return sum / double(plans.size());
+}
+
+// ---------------------------------------------------------------------------
+// Packing invariants, swept over DP size and micro-batch size.
+
+struct PackCase {
+  int64_t dp;
+  int64_t mbs;
+};
+
+class PackingInvariantsTest : public ::testing::TestWithParam<PackCase> {};
+
+TEST_P(PackingInvariantsTest, EveryTokenOfEveryPlannedDocumentOnce) {
+  const auto [dp, mbs] = GetParam();
+  Shape shape;
+  shape.dp = dp;
+  shape.mbs = mbs;
+  shape.sequences = 16;
+  shape.seq_len = 512;
+  auto sources = ThreeSources(0.4, 0.3, 0.3);
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(60);
+  ASSERT_EQ(plans.size(), 60u);
+  const DocLookup lookup = [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+    return job.Doc(s, f, r);
+  };
+  for (const auto& plan : plans) {
+    SCOPED_TRACE("step " + std::to_string(plan.step));
+    CheckStepShape(plan, config, lookup);
+  }
+  const auto planned = CheckCoverage(plans, config);
+  // Nothing dropped: the planned documents are exactly the stream's order up to the
+  // cursor.
+  for (int32_t s = 0; s < 3; ++s) {
+    int64_t skipped = 0;
+    const auto prefix = StreamPrefix(
+        job.stream(size_t(s)), s, sources[size_t(s)].window_rows,
+        plans.back().state_after.sources[size_t(s)], [](int64_t) { return false; },
+        &skipped);
+    EXPECT_EQ(planned[size_t(s)], prefix) << "source " << s;
+    EXPECT_EQ(plans.back().state_after.sources[size_t(s)].skipped, 0);
+  }
+  // "math" (400 docs, ~82K tokens) gets 60 * 8192 * 0.3 = 147K tokens: it wraps.
+  EXPECT_GE(plans.back().state_after.sources[2].next.epoch, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PackingInvariantsTest,
+                         ::testing::Values(PackCase{1, 1}, PackCase{2, 1}, PackCase{4, 2},
+                                           PackCase{8, 1}, PackCase{2, 4}),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(info.param.dp) + "_mbs" +
+                                  std::to_string(info.param.mbs);
+                         });
+
+TEST(PlannerTest, StatesChainFromStepToStep) {
+  auto sources = ThreeSources();
+  const Config config = MakeConfig(sources, Shape{});
+  MemoryJob job(config, sources);
+  EXPECT_EQ(job.planner().state(), Planner::InitialState(config));
+  const auto plans = job.Plan(10);
+  for (size_t i = 1; i < plans.size(); ++i) {
+    EXPECT_EQ(plans[i].state_before, plans[i - 1].state_after);
+  }
+  EXPECT_EQ(job.planner().state(), plans.back().state_after);
+  EXPECT_EQ(job.planner().state().step, 10);
+}
+
+// ---------------------------------------------------------------------------
+// Mix fidelity.
+
+TEST(PlannerTest, AchievedTokenShareMatchesWeights) {
+  Shape shape;
+  shape.seq_len = 512;
+  shape.sequences = 16;
+  auto sources = ThreeSources(0.6, 0.3, 0.1);
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  constexpr int kSteps = 200;
+  const auto plans = job.Plan(kSteps);
+  ASSERT_EQ(plans.size(), size_t(kSteps));
+  std::vector<int64_t> total(3, 0);
+  int64_t all = 0;
+  const double weights[] = {0.6, 0.3, 0.1};
+  for (const auto& plan : plans) {
+    int64_t step_total = 0;
+    for (size_t s = 0; s < 3; ++s) {
+      total[s] += plan.source_tokens[s];
+      step_total += plan.source_tokens[s];
+      // Each step's quota is within one token of its ideal share, carry included.
+      EXPECT_NEAR(double(plan.source_tokens[s]), weights[s] * config.batch.global_tokens,
+                  1.0)
+          << "step " << plan.step << " source " << s;
+    }
+    EXPECT_EQ(step_total, config.batch.global_tokens);
+    all += step_total;
+    // The delivered tokens per source equal the quotas.
+    std::vector<int64_t> delivered(3, 0);
+    for (const auto& piece : PieceSet(plan)) {
+      delivered[size_t(std::get<0>(piece))] += std::get<5>(piece);
+    }
+    EXPECT_EQ(delivered, plan.source_tokens);
+  }
+  for (size_t s = 0; s < 3; ++s) {
+    const double share = double(total[s]) / double(all);
+    std::printf("[ mix ] %s target %.3f achieved %.5f\n", config.sources[s].name.c_str(),
+                weights[s], share);
+    EXPECT_NEAR(share, weights[s], 0.01);
+    // Largest remainder with carry: cumulative tokens within a token of the ideal.
+    EXPECT_NEAR(double(total[s]), weights[s] * double(all), 1.0);
+  }
+}
+
+TEST(PlannerTest, WeightScheduleChangesSharesPiecewiseLinearly) {
+  Shape shape;
+  shape.seq_len = 256;
+  shape.sequences = 16;
+  auto sources = ThreeSources();
+  sources[0].weight = WeightSchedule{{{0, 0.8}, {50, 0.2}}};   // falls
+  sources[1].weight = WeightSchedule{{{10, 0.1}, {40, 0.7}}};  // rises
+  sources[2].weight = Constant(0.1);
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(60);
+  const double capacity = double(config.batch.global_tokens);
+  for (const auto& plan : plans) {
+    double total_w = 0;
+    for (const auto& s : config.sources) total_w += s.weight.At(plan.step);
+    for (size_t s = 0; s < 3; ++s) {
+      const double ideal = config.sources[s].weight.At(plan.step) / total_w * capacity;
+      // The carry moves at most a token or two between steps as the weights change.
+      EXPECT_NEAR(double(plan.source_tokens[s]), ideal, 2.0)
+          << "step " << plan.step << " source " << s;
+    }
+  }
+  const auto share = [&](int64_t step, size_t s) {
+    return double(plans[size_t(step)].source_tokens[s]) / capacity;
+  };
+  EXPECT_NEAR(share(0, 0), 0.8 / 1.0, 0.01);
+  EXPECT_NEAR(share(59, 0), 0.2 / 1.0, 0.01);
+  EXPECT_NEAR(share(25, 1), 0.4 / (0.5 + 0.4 + 0.1), 0.01);  // midpoints of both ramps
+  EXPECT_GT(share(45, 1), share(5, 1) + 0.4);
+}
+
+// ---------------------------------------------------------------------------
+// Determinism, DP independence, resume.
+
+TEST(PlannerTest, SameSeedSamePlansDifferentSeedDifferentPlans) {
+  auto sources = ThreeSources();
+  Shape shape;
+  const Config config = MakeConfig(sources, shape);
+  const auto a = MemoryJob(config, sources).PlanJson(20);
+  const auto b = MemoryJob(config, sources).PlanJson(20);
+  ASSERT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, b);
+  shape.seed = 8;
+  const auto c = MemoryJob(MakeConfig(sources, shape), sources).PlanJson(20);
+  ASSERT_EQ(c.size(), 20u);
+  int differing = 0;
+  for (size_t i = 0; i < a.size(); ++i) differing += a[i] != c[i];
+  EXPECT_EQ(differing, 20);
+}
+
+TEST(PlannerTest, InterleaveOrderDependsOnSeedEvenForTheSameStreams) {
+  // Same streams (stream seed fixed), planner seed differs: same documents, other
+  // packing.
+  auto sources = ThreeSources();
+  Shape shape;
+  Config a_config = MakeConfig(sources, shape);
+  Config b_config = a_config;
+  b_config.seed = a_config.seed + 1;
+  std::vector<std::unique_ptr<MemoryStream>> streams;
+  std::vector<SampleStream*> a_raw, b_raw;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (size_t i = 0; i < 3; ++i) {
+      MemoryStream::Options o;
+      o.source = int32_t(i);
+      o.seed = a_config.seed;
+      o.rows_per_file = kRowsPerFile;
+      streams.push_back(std::make_unique<MemoryStream>(sources[i].docs, o));
+      (copy == 0 ? a_raw : b_raw).push_back(streams.back().get());
+    }
+  }
+  auto a = Planner::Make(a_config, a_raw, Planner::InitialState(a_config));
+  auto b = Planner::Make(b_config, b_raw, Planner::InitialState(b_config));
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto pa = (*a)->PlanStep();
+  auto pb = (*b)->PlanStep();
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  EXPECT_EQ(PieceSet(*pa).size() > 0, true);
+  // Same documents drawn (streams and quotas agree) ...
+  std::set<DocKey> da, db;
+  for (const auto& p : PieceSet(*pa))
+    da.emplace(std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p));
+  for (const auto& p : PieceSet(*pb))
+    db.emplace(std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p));
+  EXPECT_EQ(da, db);
+  // ... packed in another order.
+  EXPECT_NE(StepPlanToJson(*pa, a_config), StepPlanToJson(*pb, a_config));
+}
+
+TEST(PlannerTest, DocumentsOfEachStepDoNotDependOnDp) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.sequences = 16;
+  std::vector<std::vector<StepPlan>> runs;
+  for (int64_t dp : {1, 2, 4, 8}) {
+    shape.dp = dp;
+    const Config config = MakeConfig(sources, shape);
+    runs.push_back(MemoryJob(config, sources).Plan(25));
+    ASSERT_EQ(runs.back().size(), 25u);
+    for (const auto& p : runs.back()) ASSERT_EQ(p.ranks.size(), size_t(dp));
+  }
+  for (size_t r = 1; r < runs.size(); ++r) {
+    for (size_t step = 0; step < 25; ++step) {
+      EXPECT_EQ(PieceSet(runs[r][step]), PieceSet(runs[0][step])) << "step " << step;
+      EXPECT_EQ(runs[r][step].source_tokens, runs[0][step].source_tokens);
+      EXPECT_EQ(runs[r][step].state_after, runs[0][step].state_after);
+    }
+  }
+}
+
+struct ResumeCase {
+  int64_t cut;
+  Oversize oversize;
+};
+
+class PlannerResumeTest : public ::testing::TestWithParam<ResumeCase> {};
+
+TEST_P(PlannerResumeTest, ResumeFromJsonStateContinuesExactly) {
+  const auto [cut, oversize] = GetParam();
+  auto sources = ThreeSources();
+  for (auto& s : sources) s.oversize = oversize;
+  sources[2].null_rows = {3, 50, 51, 399};  // skipped samples are part of the state too
+  Shape shape;
+  shape.seq_len = 256;  // many documents are longer: splits cross step boundaries
+  const Config config = MakeConfig(sources, shape);
+  const auto full = MemoryJob(config, sources).PlanJson(30);
+  ASSERT_EQ(full.size(), 30u);
+
+  MemoryJob first(config, sources);
+  auto head = first.PlanJson(cut);
+  const std::string saved = PlannerStateToJson(first.planner().state(), config);
+  int64_t consumed = -1;
+  auto restored = PlannerStateFromJson(saved, config, &consumed);
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(consumed, 0);
+  EXPECT_EQ(*restored, first.planner().state());
+  MemoryJob second(config, sources, *restored);
+  auto tail = second.PlanJson(30 - cut);
+  head.insert(head.end(), tail.begin(), tail.end());
+  ASSERT_EQ(head.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(head[i], full[i]) << "step " << i;
+}
+
+TEST(PlannerTest, SomeSavedStatesAreInsideADocument) {
+  // The resume cases above are only meaningful if states inside a document occur.
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  const Config config = MakeConfig(sources, shape);
+  int inside = 0;
+  for (const auto& plan : MemoryJob(config, sources).Plan(30)) {
+    for (const auto& c : plan.state_after.sources) inside += c.head_start > 0;
+    if (plan.step == 19) {
+      EXPECT_GT(inside, 0);
+    }
+  }
+  EXPECT_GT(inside, 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuts, PlannerResumeTest,
+                         ::testing::Values(ResumeCase{1, Oversize::kSplit},
+                                           ResumeCase{7, Oversize::kSplit},
+                                           ResumeCase{20, Oversize::kSplit},
+                                           ResumeCase{20, Oversize::kTruncate},
+                                           ResumeCase{13, Oversize::kSkip}),
+                         [](const auto& info) {
+                           return "cut" + std::to_string(info.param.cut) + "_" +
+                                  ToString(info.param.oversize);
+                         });
+
+// Regression: a resumed head_start at or beyond the length of the document found at the
+// cursor (the files changed, or the state was edited) made Draw take a negative piece and
+// the packing loop write past the step's sequences.
+TEST(PlannerTest, ResumeWithHeadStartBeyondItsDocumentIsAnErrorNotACrash) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  job.Plan(5);
+  PlannerState state = job.planner().state();
+  // The document at source 1's cursor, as a resumed stream will yield it.
+  MemoryStream probe(
+      sources[1].docs,
+      [] {
+        MemoryStream::Options o;
+        o.source = 1;
+        o.seed = 7;
+        o.rows_per_file = kRowsPerFile;
+        return o;
+      }(),
+      state.sources[1].next);
+  auto head = probe.Next();
+  ASSERT_TRUE(head.ok());
+  for (int64_t head_start :
+       {head->meta.tokens, head->meta.tokens + 1, int64_t{1} << 40}) {
+    PlannerState edited = state;
+    edited.sources[1].head_start = head_start;
+    auto restored = PlannerStateFromJson(PlannerStateToJson(edited, config), config);
+    ASSERT_TRUE(restored.ok());
+    MemoryJob resumed(config, sources, *restored);
+    auto plan = resumed.planner().PlanStep();
+    ASSERT_FALSE(plan.ok()) << "head_start " << head_start;
+    EXPECT_THAT(plan.status().message(),
+                ::testing::StartsWith("state.sources[1].head_start: "));
+    ASSERT_NE(GetErrorDetail(plan.status()), nullptr);
+    EXPECT_EQ(GetErrorDetail(plan.status())->kind(), ErrorKind::kConfig);
+  }
+  // One token short of the end is still a valid state.
+  PlannerState edge = state;
+  edge.sources[1].head_start = head->meta.tokens - 1;
+  MemoryJob ok(config, sources, edge);
+  EXPECT_EQ(ok.Plan(2).size(), 2u);
+}
+
+TEST(PlannerTest, StateJsonRejectsOtherConfigs) {
+  auto sources = ThreeSources();
+  const Config config = MakeConfig(sources, Shape{});
+  MemoryJob job(config, sources);
+  job.Plan(3);
+  const std::string saved = PlannerStateToJson(job.planner().state(), config, 2);
+  int64_t consumed = 0;
+  ASSERT_TRUE(PlannerStateFromJson(saved, config, &consumed).ok());
+  EXPECT_EQ(consumed, 2);
+
+  Config other_seed = config;
+  other_seed.seed += 1;
+  auto st = PlannerStateFromJson(saved, other_seed).status();
+  EXPECT_TRUE(st.IsInvalid());
+  EXPECT_THAT(st.message(), ::testing::StartsWith("state.fingerprint"));
+
+  Config renamed = config;
+  renamed.sources[1].name = "other";
+  st = PlannerStateFromJson(saved, renamed).status();
+  EXPECT_FALSE(st.ok());
+
+  Config new_weights = config;  // weights and dp may change on resume
+  new_weights.sources[0].weight = Constant(0.1);
+  new_weights.topology.dp = 1;
+  EXPECT_TRUE(PlannerStateFromJson(saved, new_weights).ok());
+
+  for (const std::string bad :
+       {"", "[]", "{\"version\": 2}", "{\"version\": 1}", "nope"}) {
+    st = PlannerStateFromJson(bad, config).status();
+    EXPECT_TRUE(st.IsInvalid()) << bad;
+    EXPECT_THAT(st.message(), ::testing::StartsWith("state")) << bad;
+    const auto* detail = GetErrorDetail(st);
+    ASSERT_NE(detail, nullptr) << bad;
+    EXPECT_EQ(detail->kind(), ErrorKind::kConfig);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Oversize documents.
+
+std::vector<MemorySource> OneLongSource(Oversize oversize, uint64_t seed = 21) {
+  // Half the documents exceed seq_len = 256.
+  return {Src("long", Constant(1.0), LongTailDocs(300, seed, 256, 1500, 1.0), oversize)};
+}
+
+TEST(PlannerOversizeTest, SplitSpreadsLongDocumentsOverSequences) {
+  auto sources = OneLongSource(Oversize::kSplit);
+  Shape shape;
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(20);
+  int long_docs = 0;
+  for (const auto& plan : plans) {
+    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+      return job.Doc(s, f, r);
+    });
+    for (const auto& p : PieceSet(plan)) {
+      long_docs += std::get<4>(p) >= shape.seq_len;  // a piece starting past seq_len
+    }
+  }
+  CheckCoverage(plans, config);
+  EXPECT_GT(long_docs, 0);
+}
+
+TEST(PlannerOversizeTest, TruncateKeepsOnlyTheFirstSeqLenTokens) {
+  auto sources = OneLongSource(Oversize::kTruncate);
+  Shape shape;
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(20);
+  int truncated = 0;
+  for (const auto& plan : plans) {
+    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+      return job.Doc(s, f, r);
+    });
+    for (const auto& rank : plan.ranks) {
+      for (const auto& mb : rank.micro_batches) {
+        for (const auto& seq : mb.sequences) {
+          for (const auto& d : seq.docs) {
+            EXPECT_LE(d.start + d.len, shape.seq_len);
+            EXPECT_LE(d.doc_tokens, shape.seq_len);
+            truncated += int64_t(job.Doc(d.source, d.file, d.row).size()) > shape.seq_len;
+          }
+        }
+      }
+    }
+  }
+  CheckCoverage(plans, config);  // each truncated document: [0, seq_len) once
+  EXPECT_GT(truncated, 0);
+  EXPECT_EQ(plans.back().state_after.sources[0].skipped, 0);
+}
+
+TEST(PlannerOversizeTest, SkipDropsLongDocumentsAndCountsThem) {
+  auto sources = OneLongSource(Oversize::kSkip);
+  sources[0].null_rows = {5, 6, 7};
+  Shape shape;
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(20);
+  for (const auto& plan : plans) {
+    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+      return job.Doc(s, f, r);
+    });
+  }
+  const auto planned = CheckCoverage(plans, config);
+  const SourceCursor& cursor = plans.back().state_after.sources[0];
+  int64_t expected_skipped = 0;
+  const auto& docs = *sources[0].docs;
+  const auto prefix = StreamPrefix(
+      job.stream(0), 0, sources[0].window_rows, cursor,
+      [&](int64_t row) {
+        return int64_t(docs[size_t(row)].size()) > shape.seq_len ||
+               std::count(sources[0].null_rows.begin(), sources[0].null_rows.end(), row);
+      },
+      &expected_skipped);
+  EXPECT_EQ(planned[0], prefix);
+  EXPECT_GT(expected_skipped, 50);
+  EXPECT_EQ(cursor.skipped, expected_skipped);
+}
+
+TEST(PlannerOversizeTest, EverySampleSkippedIsADataError) {
+  // Every document longer than seq_len, with skip: no progress is possible.
+  auto docs = std::make_shared<const Docs>(Docs(20, std::vector<int32_t>(300, 1)));
+  std::vector<MemorySource> sources{Src("long", Constant(1.0), docs, Oversize::kSkip)};
+  const Config config = MakeConfig(sources, Shape{});
+  MemoryJob job(config, sources);
+  auto plan = job.planner().PlanStep();
+  ASSERT_FALSE(plan.ok());
+  EXPECT_TRUE(plan.status().IsInvalid());
+  EXPECT_THAT(plan.status().message(), HasSubstr("every sample of an epoch was skipped"));
+  const auto* detail = GetErrorDetail(plan.status());
+  ASSERT_NE(detail, nullptr);
+  EXPECT_EQ(detail->kind(), ErrorKind::kData);
+}
+
+// ---------------------------------------------------------------------------
+// Weight 0, balance.
+
+TEST(PlannerTest, ZeroWeightSourceIsNeverRead) {
+  auto sources = ThreeSources(0.7, 0.0, 0.3);
+  sources[2].weight = WeightSchedule{{{0, 0.0}, {10, 0.0}, {11, 0.5}}};  // off, then on
+  const Config config = MakeConfig(sources, Shape{});
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(11);
+  EXPECT_EQ(job.stream(1).next_calls(), 0);
+  EXPECT_EQ(job.stream(2).next_calls(), 0);  // weight 0 through step 10
+  for (const auto& p : plans) {
+    EXPECT_EQ(p.source_tokens[1], 0);
+    EXPECT_EQ(p.source_tokens[2], 0);
+  }
+  job.Plan(1);  // step 11: weight 0.5
+  EXPECT_GT(job.stream(2).next_calls(), 0);
+  EXPECT_EQ(job.stream(1).next_calls(), 0);
+}
+
+TEST(PlannerTest, KarmarkarKarpBalancesBetterThanNoneAtDp8) {
+  // dp=8, 8 micro-batches of one sequence per rank; long-tail documents; linear term 0 so
+  // attention dominates as at long context.
+  Shape shape;
+  shape.dp = 8;
+  shape.sequences = 64;
+  shape.seq_len = 1024;
+  std::vector<MemorySource> sources{
+      Src("web", Constant(0.7), LongTailDocs(2000, 31, 400, 4096, 1.3)),
+      Src("code", Constant(0.3), LongTailDocs(1000, 32, 900, 4096, 1.1)),
+  };
+  std::map<BalanceAlgorithm, double> mean;
+  for (BalanceAlgorithm a : {BalanceAlgorithm::kKarmarkarKarp, BalanceAlgorithm::kGreedy,
+                             BalanceAlgorithm::kNone}) {
+    shape.algorithm = a;
+    const auto plans = MemoryJob(MakeConfig(sources, shape), sources).Plan(30);
+    ASSERT_EQ(plans.size(), 30u);
+    mean[a] = MeanImbalance(plans);
+    for (const auto& p : plans) {
+      // The reported imbalance is max rank cost / mean rank cost.
+      double max_cost = 0, sum = 0;
+      for (const auto& r : p.ranks) {
+        max_cost = std::max(max_cost, r.cost);
+        sum += r.cost;
+      }
+      EXPECT_NEAR(p.imbalance, max_cost / (sum / 8), 1e-9);
+    }
+  }
+  std::printf("[ planner imbalance dp=8 ] KK %.4f  LPT %.4f  none %.4f\n",
+              mean[BalanceAlgorithm::kKarmarkarKarp], mean[BalanceAlgorithm::kGreedy],
+              mean[BalanceAlgorithm::kNone]);
+  EXPECT_LE(mean[BalanceAlgorithm::kKarmarkarKarp], mean[BalanceAlgorithm::kNone]);
+  EXPECT_LE(mean[BalanceAlgorithm::kKarmarkarKarp], mean[BalanceAlgorithm::kGreedy]);
+  EXPECT_LT(mean[BalanceAlgorithm::kKarmarkarKarp], 1.05);
+  EXPECT_GT(mean[BalanceAlgorithm::kNone], 1.1);
+}
+
+TEST(PlannerTest, MakeRejectsMismatchedStreams) {
+  auto sources = ThreeSources();
+  const Config config = MakeConfig(sources, Shape{});
+  MemoryStream only(sources[0].docs, {});
+  auto planner = Planner::Make(config, {&only}, Planner::InitialState(config));
+  EXPECT_TRUE(planner.status().IsInvalid());
+  PlannerState short_state;
+  short_state.sources.resize(1);
+  std::vector<SampleStream*> three{&only, &only, &only};
+  EXPECT_TRUE(Planner::Make(config, three, short_state).status().IsInvalid());
+}
+
+// ---------------------------------------------------------------------------
+// Real Parquet files through SourceLoader.
+
+class PlannerParquetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* names[] = {"web", "code", "math"};
+    const double weights[] = {0.5, 0.2, 0.3};
+    const double medians[] = {300, 600, 120};
+    for (int s = 0; s < 3; ++s) {
+      SourceConfig sc;
+      sc.name = names[s];
+      sc.path = dir_.Sub(names[s]);
+      sc.tokens_column = "input_ids";
+      sc.weight = Constant(weights[s]);
+      sc.shuffle_window_rows = 50;
+      docs_.emplace_back();
+      for (int f = 0; f < 3; ++f) {
+        testing::LengthSpec spec;
+        spec.median_tokens = medians[s];
+        spec.max_tokens = 2048;
+        auto docs = testing::RandomDocs(120 + 10 * f, spec, uint64_t(100 * s + f));
+        testing::TokenFileOptions opts;
+        opts.row_group_rows = 32;
+        ASSERT_TRUE(testing::WriteTokenFile(dir_.Sub(std::string(names[s]) + "/part-" +
+                                                     std::to_string(f) + ".parquet"),
+                                            docs, opts)
+                        .ok());
+        docs_.back().push_back(std::move(docs));
+      }
+      config_.sources.push_back(sc);
+    }
+    config_.seed = 99;
+    config_.topology.dp = 4;
+    config_.batch.seq_len = 512;
+    config_.batch.global_tokens = 512 * 16;
+    ASSERT_TRUE(ValidateConfig(config_).ok());
+  }
+
+  std::vector<StepPlan> PlanParquet(const Config& config, const PlannerState& state,
+                                    int64_t steps, bool payloads) {
+    std::vector<std::unique_ptr<SourceLoader>> loaders;
+    std::vector<SampleStream*> raw;
+    SourceLoader::Options options;
+    options.read_payloads = payloads;
+    for (int32_t i = 0; i < 3; ++i) {
+      auto loader = SourceLoader::Make(config, i, state.sources[size_t(i)].next, options);
+      EXPECT_TRUE(loader.ok()) << loader.status().ToString();
+      if (!loader.ok()) return {};
+      raw.push_back(loader->get());
+      loaders.push_back(std::move(*loader));
+    }
+    auto planner = Planner::Make(config, raw, state);
+    EXPECT_TRUE(planner.ok());
+    std::vector<StepPlan> out;
+    for (int64_t s = 0; s < steps; ++s) {
+      auto plan = (*planner)->PlanStep();
+      EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+      if (!plan.ok()) break;
+      out.push_back(std::move(*plan));
+    }
+    return out;
+  }
+
+  testing::ScopedTempDir dir_{"braid-planner"};
+  Config config_;
+  std::vector<std::vector<Docs>> docs_;  // [source][file][row]
+};
+
+TEST_F(PlannerParquetTest, InvariantsHoldOnRealFiles) {
+  const auto plans = PlanParquet(config_, Planner::InitialState(config_), 40, true);
+  ASSERT_EQ(plans.size(), 40u);
+  const DocLookup lookup = [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+    return docs_[size_t(s)][size_t(f)][size_t(r)];
+  };
+  for (const auto& plan : plans) {
+    SCOPED_TRACE("step " + std::to_string(plan.step));
+    CheckStepShape(plan, config_, lookup);
+  }
+  const auto planned = CheckCoverage(plans, config_);
+  // "math" (390 docs, ~77K tokens) gets 40 * 8192 * 0.3 = 98K tokens: it wraps into
+  // epoch 1, and every row of epoch 0 was planned (exactly once, by CheckCoverage).
+  std::set<std::pair<int32_t, int64_t>> epoch0;
+  for (const auto& [s, f, r, e] : planned[2]) {
+    if (e == 0) epoch0.emplace(f, r);
+  }
+  EXPECT_EQ(epoch0.size(), 120u + 130u + 140u);
+  EXPECT_GE(plans.back().state_after.sources[2].next.epoch, 1);
+}
+
+TEST_F(PlannerParquetTest, MetadataOnlyPlansEqualPayloadPlans) {
+  const auto with = PlanParquet(config_, Planner::InitialState(config_), 10, true);
+  const auto without = PlanParquet(config_, Planner::InitialState(config_), 10, false);
+  ASSERT_EQ(with.size(), 10u);
+  ASSERT_EQ(without.size(), 10u);
+  for (size_t i = 0; i < with.size(); ++i) {
+    EXPECT_EQ(StepPlanToJson(with[i], config_), StepPlanToJson(without[i], config_));
+  }
+  EXPECT_EQ(without[0].ranks[0].micro_batches[0].sequences[0].docs[0].payload, nullptr);
+}
+
+TEST_F(PlannerParquetTest, ResumeOnRealFilesContinuesExactly) {
+  const auto full = PlanParquet(config_, Planner::InitialState(config_), 30, false);
+  ASSERT_EQ(full.size(), 30u);
+  const auto head = PlanParquet(config_, Planner::InitialState(config_), 20, false);
+  ASSERT_EQ(head.size(), 20u);
+  auto state =
+      PlannerStateFromJson(PlannerStateToJson(head.back().state_after, config_), config_);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  const auto tail = PlanParquet(config_, *state, 10, false);
+  ASSERT_EQ(tail.size(), 10u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(StepPlanToJson(head[i], config_), StepPlanToJson(full[i], config_));
+  }
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(StepPlanToJson(tail[i], config_), StepPlanToJson(full[20 + i], config_))
+        << "step " << 20 + i;
+  }
+}
+
+TEST_F(PlannerParquetTest, DpDoesNotChangeTheDocumentsOnRealFiles) {
+  Config dp1 = config_;
+  ASSERT_TRUE(SetDataParallel(&dp1, 1).ok());
+  Config dp8 = config_;
+  ASSERT_TRUE(SetDataParallel(&dp8, 8).ok());
+  const auto a = PlanParquet(dp1, Planner::InitialState(dp1), 8, false);
+  const auto b = PlanParquet(dp8, Planner::InitialState(dp8), 8, false);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(PieceSet(a[i]), PieceSet(b[i]));
+}
+
+}  // namespace
+}  // namespace braid

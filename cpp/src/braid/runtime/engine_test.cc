@@ -1,0 +1,514 @@
+#include "braid/runtime/engine.h"
+
+#include <arrow/api.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <mutex>
+
+#include "braid/construct/constructor.h"
+#include "braid/runtime/job.h"
+#include "braid/source/source_files.h"
+#include "braid/testing/parquet_fixture.h"
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::testing::HasSubstr;
+using Docs = std::vector<std::vector<int32_t>>;
+
+// Every document of a source, read back independently: [file][row].
+std::vector<Docs> ReadSourceDocs(const SourceConfig& source) {
+  std::vector<Docs> out;
+  auto files = SourceFiles::Open(source, "sources[?]");
+  EXPECT_TRUE(files.ok()) << files.status().ToString();
+  if (!files.ok()) return out;
+  for (size_t f = 0; f < (*files)->files().size(); ++f) {
+    Docs docs;
+    for (size_t rg = 0; rg < (*files)->files()[f].row_group_rows.size(); ++rg) {
+      auto array = (*files)->ReadTokens(int(f), int(rg));
+      EXPECT_TRUE(array.ok());
+      const auto& list = static_cast<const arrow::ListArray&>(**array);
+      const auto& values = static_cast<const arrow::Int32Array&>(*list.values());
+      for (int64_t i = 0; i < list.length(); ++i) {
+        docs.emplace_back(
+            values.raw_values() + list.value_offset(i),
+            values.raw_values() + list.value_offset(i) + list.value_length(i));
+      }
+    }
+    out.push_back(std::move(docs));
+  }
+  return out;
+}
+
+void ExpectSameBatch(const Batch& a, const Batch& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.dp, b.dp);
+  EXPECT_EQ(a.micro_batch, b.micro_batch);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const Tensor &x = a.tensors[i], &y = b.tensors[i];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.dtype, y.dtype);
+    EXPECT_EQ(x.shape, y.shape);
+    EXPECT_EQ(*x.storage, *y.storage)
+        << x.name << " of step " << a.step << " dp " << a.dp << " mb " << a.micro_batch;
+  }
+}
+
+std::vector<std::shared_ptr<const Batch>> Take(Engine* engine, int64_t n) {
+  std::vector<std::shared_ptr<const Batch>> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto b = engine->Next();
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok()) break;
+    out.push_back(*b);
+  }
+  return out;
+}
+
+std::unique_ptr<Engine> MakeEngine(const Config& config, Engine::Options options = {}) {
+  auto engine = Engine::Make(config, std::move(options));
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+// The demo dataset (three sources, long-tail lengths, several files and row groups),
+// small: seq_len 512, dp 4, 2 micro-batches per rank.
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::ScopedTempDir("braid-engine");
+    auto demo =
+        testing::MakeDemoDataset(dir_->path().string(), /*seed=*/3, /*seq_len=*/512,
+                                 /*dp=*/4, /*micro_batches=*/2, /*scale=*/0.05);
+    ASSERT_TRUE(demo.ok()) << demo.status().ToString();
+    auto config = LoadConfigFile(demo->config_path);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    config_ = new Config(*config);
+    docs_ = new std::vector<std::vector<Docs>>();
+    for (const auto& s : config_->sources) docs_->push_back(ReadSourceDocs(s));
+  }
+  static void TearDownTestSuite() {
+    delete docs_;
+    delete config_;
+    delete dir_;
+  }
+
+  static testing::ScopedTempDir* dir_;
+  static Config* config_;
+  static std::vector<std::vector<Docs>>* docs_;  // [source][file][row]
+};
+
+testing::ScopedTempDir* EngineTest::dir_ = nullptr;
+Config* EngineTest::config_ = nullptr;
+std::vector<std::vector<Docs>>* EngineTest::docs_ = nullptr;
+
+TEST_F(EngineTest, EveryMicroBatchArrivesInOrderWithThePlannedTokens) {
+  const Config& config = *config_;
+  ASSERT_EQ(config.sources.size(), 3u);
+  ASSERT_EQ(config.topology.dp, 4);
+  ASSERT_EQ(config.micro_batches_per_rank(), 2);
+  std::mutex mu;
+  std::vector<std::shared_ptr<const StepPlan>> plans;
+  Engine::Options options;
+  options.on_plan = [&](const StepPlan& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    plans.push_back(std::make_shared<const StepPlan>(p));
+  };
+  auto engine = MakeEngine(config, options);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->local_micro_batches_per_step(), 8);
+  constexpr int64_t kSteps = 8;
+  const auto batches = Take(engine.get(), kSteps * 8);
+  ASSERT_EQ(batches.size(), size_t(kSteps * 8));
+
+  // Independently: the same plans from RunPlanJob (metadata only).
+  std::vector<std::string> lines;
+  auto state = RunPlanJob(config, kSteps, "", [&](const std::string& line) {
+    lines.push_back(line);
+    return Status::OK();
+  });
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+
+  std::vector<int64_t> source_tokens(3, 0);
+  int64_t doc_tokens_checked = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const Batch& b = *batches[i];
+    ASSERT_EQ(b.step, int64_t(i) / 8);
+    ASSERT_EQ(b.dp, (int64_t(i) % 8) / 2);
+    ASSERT_EQ(b.micro_batch, int64_t(i) % 2);
+    std::shared_ptr<const StepPlan> plan;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ASSERT_GT(plans.size(), size_t(b.step));
+      plan = plans[size_t(b.step)];
+    }
+    ASSERT_EQ(plan->step, b.step);
+    EXPECT_EQ(StepPlanToJson(*plan, config), lines[size_t(b.step)]);
+    auto rebuilt = BuildMicroBatch(*plan, b.dp, b.micro_batch);
+    ASSERT_TRUE(rebuilt.ok());
+    ExpectSameBatch(b, *rebuilt);
+    // The tokens are the files' tokens at the planned offsets.
+    const auto* ids = b.Find("input_ids")->data<int64_t>();
+    const auto* src = b.Find("source_ids")->data<int32_t>();
+    int64_t t = 0;
+    for (const Sequence& seq :
+         plan->ranks[size_t(b.dp)].micro_batches[size_t(b.micro_batch)].sequences) {
+      for (const DocPiece& d : seq.docs) {
+        const auto& doc = (*docs_)[size_t(d.source)][size_t(d.file)][size_t(d.row)];
+        for (int64_t k = 0; k < d.len; ++k, ++t) {
+          ASSERT_EQ(ids[t], doc[size_t(d.start + k)]);
+          ASSERT_EQ(src[t], d.source);
+        }
+        doc_tokens_checked += d.len;
+      }
+    }
+    for (int64_t k = 0; k < b.Find("source_ids")->num_elements(); ++k)
+      ++source_tokens[size_t(src[k])];
+  }
+  EXPECT_EQ(doc_tokens_checked, kSteps * config.batch.global_tokens);
+  // The demo's 0.6 / 0.3 / 0.1 mix.
+  const double total = double(kSteps * config.batch.global_tokens);
+  EXPECT_NEAR(source_tokens[0] / total, 0.6, 0.001);
+  EXPECT_NEAR(source_tokens[1] / total, 0.3, 0.001);
+  EXPECT_NEAR(source_tokens[2] / total, 0.1, 0.001);
+}
+
+TEST_F(EngineTest, TwoEnginesWithOneRankEachEqualOneWithBoth) {
+  Config config = *config_;
+  ASSERT_TRUE(SetDataParallel(&config, 2).ok());  // 4 micro-batches per rank
+  auto both = MakeEngine(config);
+  Engine::Options o0, o1;
+  o0.dp_ranks = {0};
+  o1.dp_ranks = {1};
+  auto r0 = MakeEngine(config, o0);
+  auto r1 = MakeEngine(config, o1);
+  ASSERT_TRUE(both && r0 && r1);
+  EXPECT_EQ(r0->local_micro_batches_per_step(), 4);
+  EXPECT_EQ(both->local_micro_batches_per_step(), 8);
+  for (int step = 0; step < 5; ++step) {
+    const auto all = Take(both.get(), 8);
+    const auto a = Take(r0.get(), 4);
+    const auto b = Take(r1.get(), 4);
+    ASSERT_EQ(all.size(), 8u);
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (int k = 0; k < 4; ++k) {
+      EXPECT_EQ(a[size_t(k)]->dp, 0);
+      EXPECT_EQ(b[size_t(k)]->dp, 1);
+      ExpectSameBatch(*all[size_t(k)], *a[size_t(k)]);
+      ExpectSameBatch(*all[size_t(4 + k)], *b[size_t(k)]);
+    }
+  }
+}
+
+struct ResumeCase {
+  int64_t taken;  // micro-batches received before the state is saved
+  std::vector<int64_t> dp_ranks;
+};
+
+class EngineResumeTest : public EngineTest,
+                         public ::testing::WithParamInterface<ResumeCase> {};
+
+TEST_P(EngineResumeTest, ResumeFromStateJsonContinuesExactly) {
+  const auto& [taken, dp_ranks] = GetParam();
+  Engine::Options options;
+  options.dp_ranks = dp_ranks;
+  auto first = MakeEngine(*config_, options);
+  ASSERT_NE(first, nullptr);
+  ASSERT_EQ(Take(first.get(), taken).size(), size_t(taken));
+  const std::string state = first->StateJson();
+  const auto expected = Take(first.get(), 20);
+
+  options.state_json = state;
+  auto second = MakeEngine(*config_, options);
+  ASSERT_NE(second, nullptr);
+  const auto got = Take(second.get(), 20);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) ExpectSameBatch(*got[i], *expected[i]);
+  // Both report the same state at the same point.
+  EXPECT_EQ(second->StateJson(), first->StateJson());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Points, EngineResumeTest,
+    ::testing::Values(ResumeCase{0, {}},       // before anything
+                      ResumeCase{3, {}},       // mid-step
+                      ResumeCase{16, {}},      // at a step boundary (8 per step)
+                      ResumeCase{21, {}},      // mid-step, later
+                      ResumeCase{3, {2}},      // one rank: 2 per step, so mid-step 1
+                      ResumeCase{5, {1, 3}}),  // two ranks: 4 per step
+    [](const auto& info) {
+      std::string name = "taken" + std::to_string(info.param.taken) + "_ranks";
+      if (info.param.dp_ranks.empty()) name += "all";
+      for (int64_t r : info.param.dp_ranks) name += std::to_string(r);
+      return name;
+    });
+
+TEST_F(EngineTest, StateJsonAtBoundaryAndMidStep) {
+  auto engine = MakeEngine(*config_);
+  ASSERT_NE(engine, nullptr);
+  auto parse = [&](const std::string& json, int64_t* consumed) {
+    auto s = PlannerStateFromJson(json, *config_, consumed);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? s->step : -1;
+  };
+  int64_t consumed = -1;
+  EXPECT_EQ(parse(engine->StateJson(), &consumed), 0);
+  EXPECT_EQ(consumed, 0);
+  Take(engine.get(), 3);
+  EXPECT_EQ(parse(engine->StateJson(), &consumed), 0);
+  EXPECT_EQ(consumed, 3);
+  Take(engine.get(), 5);
+  EXPECT_EQ(parse(engine->StateJson(), &consumed), 1);
+  EXPECT_EQ(consumed, 0);
+}
+
+TEST_F(EngineTest, DestroyWhileThreadsAreBlockedDoesNotHang) {
+  Config config = *config_;
+  config.runtime.read_ahead_bytes = 1;  // loaders block almost at once
+  config.runtime.prefetch_steps = 1;
+  auto done = std::async(std::launch::async, [&] {
+    {
+      auto engine = MakeEngine(config);
+      if (engine) {
+        EXPECT_TRUE(engine->Next().ok());
+      }
+    }  // destroyed with the planner, constructor and loaders blocked on full queues
+    {
+      auto untouched = MakeEngine(config);  // destroyed without a single Next()
+    }
+    {
+      auto engine = MakeEngine(*config_);
+      Take(engine.get(), 9);
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));  // let queues fill
+    }
+  });
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    // The future's destructor would wait for the hung thread: fail the process instead.
+    std::fprintf(stderr, "FAILED: engine destruction hung\n");
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  done.get();
+}
+
+TEST_F(EngineTest, RunPlanJobLinesEqualAPlannersJson) {
+  const Config& config = *config_;
+  std::vector<std::string> lines;
+  auto state = RunPlanJob(config, 6, "", [&](const std::string& line) {
+    lines.push_back(line);
+    return Status::OK();
+  });
+  ASSERT_TRUE(state.ok());
+  ASSERT_EQ(lines.size(), 6u);
+
+  std::vector<std::unique_ptr<SourceLoader>> loaders;
+  std::vector<SampleStream*> streams;
+  for (int32_t i = 0; i < 3; ++i) {
+    auto l = SourceLoader::Make(config, i, {}, {});
+    ASSERT_TRUE(l.ok());
+    streams.push_back(l->get());
+    loaders.push_back(std::move(*l));
+  }
+  auto planner = Planner::Make(config, streams, Planner::InitialState(config));
+  ASSERT_TRUE(planner.ok());
+  for (size_t i = 0; i < 6; ++i) {
+    auto plan = (*planner)->PlanStep();
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(StepPlanToJson(*plan, config), lines[i]) << "step " << i;
+  }
+  EXPECT_EQ(*state, PlannerStateToJson((*planner)->state(), config));
+
+  // --state-out / --state-in: 4 + 2 steps equal 6 steps.
+  std::vector<std::string> split;
+  auto mid = RunPlanJob(config, 4, "", [&](const std::string& l) {
+    split.push_back(l);
+    return Status::OK();
+  });
+  ASSERT_TRUE(mid.ok());
+  auto end = RunPlanJob(config, 2, *mid, [&](const std::string& l) {
+    split.push_back(l);
+    return Status::OK();
+  });
+  ASSERT_TRUE(end.ok());
+  EXPECT_EQ(split, lines);
+  EXPECT_EQ(*end, *state);
+
+  // A state inside a step cannot seed `plan`; a callback's error stops the job.
+  auto inside =
+      RunPlanJob(config, 1, PlannerStateToJson(Planner::InitialState(config), config, 3),
+                 [](const std::string&) { return Status::OK(); });
+  EXPECT_THAT(inside.status().message(), HasSubstr("state.consumed_micro_batches"));
+  auto stopped = RunPlanJob(
+      config, 5, "", [](const std::string&) { return Status::IOError("stdout closed"); });
+  EXPECT_TRUE(stopped.status().IsIOError());
+}
+
+TEST_F(EngineTest, MakeRejectsBadRanksAndStates) {
+  Engine::Options bad_rank;
+  bad_rank.dp_ranks = {4};
+  auto e = Engine::Make(*config_, bad_rank);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), ::testing::StartsWith("rank:"));
+
+  Engine::Options bad_state;
+  bad_state.state_json = "{\"version\": 1}";
+  e = Engine::Make(*config_, bad_state);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), ::testing::StartsWith("state"));
+
+  Engine::Options too_far;
+  too_far.state_json = PlannerStateToJson(Planner::InitialState(*config_), *config_, 8);
+  e = Engine::Make(*config_, too_far);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(e.status().message(), HasSubstr("consumed_micro_batches"));
+}
+
+TEST_F(EngineTest, StateThatDoesNotMatchTheDataFailsNextAndPlanWithoutACrash) {
+  // A state whose head_start exceeds every document (as if the files changed).
+  PlannerState state = Planner::InitialState(*config_);
+  for (auto& c : state.sources) c.head_start = int64_t{1} << 40;
+  const std::string json = PlannerStateToJson(state, *config_);
+  Engine::Options options;
+  options.state_json = json;
+  auto engine = MakeEngine(*config_, options);
+  ASSERT_NE(engine, nullptr);
+  auto b = engine->Next();
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(b.status().message(),
+              ::testing::StartsWith("state.sources[0].head_start:"));
+  auto lines =
+      RunPlanJob(*config_, 2, json, [](const std::string&) { return Status::OK(); });
+  ASSERT_FALSE(lines.ok());
+  EXPECT_THAT(lines.status().message(), HasSubstr("head_start"));
+}
+
+TEST_F(EngineTest, RunJobSummarizesTheRun) {
+  auto summary = RunJob(*config_, 4, nullptr);
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->steps, 4);
+  EXPECT_EQ(summary->micro_batches, 4 * 8);
+  EXPECT_EQ(summary->tokens, 4 * config_->batch.global_tokens);
+  ASSERT_EQ(summary->source_share.size(), 3u);
+  EXPECT_NEAR(summary->source_share[0], 0.6, 0.001);
+  EXPECT_NEAR(summary->target_share[0], 0.6, 1e-9);
+  EXPECT_GE(summary->imbalance_max, summary->imbalance_mean);
+  EXPECT_GE(summary->imbalance_mean, 1.0);
+  EXPECT_EQ(summary->step_imbalance.size(), 4u);
+}
+
+// ---------------------------------------------------------------------------
+// Bad data surfaces from Next() as a Status.
+
+Config TwoSourceConfig(const std::string& good, const std::string& bad,
+                       OnError on_error) {
+  Config c;
+  c.seed = 1;
+  c.topology.dp = 2;
+  c.batch.seq_len = 64;
+  c.batch.global_tokens = 64 * 4;
+  for (const auto& [name, path] : {std::pair{"good", good}, std::pair{"bad", bad}}) {
+    SourceConfig s;
+    s.name = name;
+    s.path = path;
+    s.tokens_column = "input_ids";
+    s.shuffle_window_rows = 8;
+    s.on_error = on_error;
+    c.sources.push_back(s);
+  }
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  return c;
+}
+
+TEST(EngineErrorTest, NullRowFailsNextWithTheFileAndRow) {
+  testing::ScopedTempDir dir("braid-engine-bad");
+  ASSERT_TRUE(
+      testing::WriteTokenFile(dir.Sub("good.parquet"), testing::RandomDocs(100, {}, 1))
+          .ok());
+  testing::TokenFileOptions opts;
+  opts.row_group_rows = 10;
+  opts.null_rows = {35};
+  testing::LengthSpec spec;
+  spec.median_tokens = 30;
+  const std::string bad = dir.Sub("bad.parquet");
+  ASSERT_TRUE(testing::WriteTokenFile(bad, testing::RandomDocs(60, spec, 2), opts).ok());
+
+  auto engine = MakeEngine(TwoSourceConfig(dir.Sub("good.parquet"), bad, OnError::kFail));
+  ASSERT_NE(engine, nullptr);
+  Status st;
+  int64_t ok_batches = 0;
+  for (int i = 0; i < 10000 && st.ok(); ++i) {
+    auto b = engine->Next();
+    st = b.status();
+    if (b.ok()) ++ok_batches;
+  }
+  ASSERT_FALSE(st.ok()) << "the null row was never reached";
+  EXPECT_TRUE(st.IsInvalid()) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr(bad));
+  EXPECT_THAT(st.message(), HasSubstr("row 35"));
+  ASSERT_NE(GetErrorDetail(st), nullptr);
+  EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kData);
+  EXPECT_EQ(engine->Next().status().message(), st.message());  // sticky
+  engine.reset();  // clean shutdown after an error
+
+  // With on_error: skip the same data flows, and the skip is counted in the state.
+  auto skipping =
+      MakeEngine(TwoSourceConfig(dir.Sub("good.parquet"), bad, OnError::kSkip));
+  ASSERT_NE(skipping, nullptr);
+  Take(skipping.get(), ok_batches + 40);
+  auto state =
+      PlannerStateFromJson(skipping->StateJson(),
+                           TwoSourceConfig(dir.Sub("good.parquet"), bad, OnError::kSkip));
+  ASSERT_TRUE(state.ok());
+  EXPECT_GE(state->sources[1].skipped, 1);
+}
+
+TEST(EngineErrorTest, CorruptColumnChunkFailsNext) {
+  testing::ScopedTempDir dir("braid-engine-corrupt");
+  ASSERT_TRUE(
+      testing::WriteTokenFile(dir.Sub("good.parquet"), testing::RandomDocs(100, {}, 1))
+          .ok());
+  const std::string bad = dir.Sub("bad.parquet");
+  testing::TokenFileOptions opts;
+  opts.row_group_rows = 10;
+  ASSERT_TRUE(testing::WriteTokenFile(bad, testing::RandomDocs(60, {}, 2), opts).ok());
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4);
+    const std::string junk(2048, '\x5a');
+    f.write(junk.data(), std::streamsize(junk.size()));
+  }
+  auto engine =
+      Engine::Make(TwoSourceConfig(dir.Sub("good.parquet"), bad, OnError::kFail), {});
+  Status st = engine.status();
+  if (engine.ok()) {
+    for (int i = 0; i < 10000 && st.ok(); ++i) st = (*engine)->Next().status();
+  }
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr(bad));
+  ASSERT_NE(GetErrorDetail(st), nullptr);
+  EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kData);
+}
+
+TEST(EngineErrorTest, MissingSourceFailsMake) {
+  testing::ScopedTempDir dir("braid-engine-missing");
+  ASSERT_TRUE(
+      testing::WriteTokenFile(dir.Sub("good.parquet"), testing::RandomDocs(10, {}, 1))
+          .ok());
+  auto engine = Engine::Make(
+      TwoSourceConfig(dir.Sub("good.parquet"), dir.Sub("gone.parquet"), OnError::kFail),
+      {});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_THAT(engine.status().message(), HasSubstr("gone.parquet"));
+}
+
+}  // namespace
+}  // namespace braid

@@ -1,0 +1,655 @@
+#include "braid/source/source_loader.h"
+
+#include <arrow/api.h>
+#include <arrow/io/file.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <parquet/arrow/writer.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "braid/testing/parquet_fixture.h"
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+using Docs = std::vector<std::vector<int32_t>>;
+
+// Writes one column `name` holding `array` as a Parquet file.
+Status WriteArrayFile(const std::string& path, const std::string& name,
+                      const std::shared_ptr<arrow::Array>& array,
+                      int64_t row_group_rows = 64) {
+  auto table =
+      arrow::Table::Make(arrow::schema({arrow::field(name, array->type())}), {array});
+  ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
+  ARROW_RETURN_NOT_OK(parquet::arrow::WriteTable(*table, arrow::default_memory_pool(),
+                                                 out, row_group_rows));
+  return out->Close();
+}
+
+Config OneSourceConfig(const std::string& path, uint64_t seed = 5,
+                       int64_t window_rows = 40, OnError on_error = OnError::kFail,
+                       const std::string& column = "input_ids") {
+  Config c;
+  c.seed = seed;
+  c.batch.seq_len = 128;
+  c.batch.global_tokens = 128;
+  SourceConfig s;
+  s.name = "src";
+  s.path = path;
+  s.tokens_column = column;
+  s.shuffle_window_rows = window_rows;
+  s.on_error = on_error;
+  c.sources.push_back(s);
+  return c;
+}
+
+struct Read {
+  SampleMeta meta;
+  TokenPayload payload;
+};
+
+std::vector<Read> ReadN(SampleStream* stream, int64_t n) {
+  std::vector<Read> out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto s = stream->Next();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) break;
+    out.push_back({s->meta, s->payload});
+  }
+  return out;
+}
+
+std::unique_ptr<SourceLoader> MakeLoader(const Config& config, StreamPos start = {},
+                                         SourceLoader::Options options = {}) {
+  auto loader = SourceLoader::Make(config, 0, start, options);
+  EXPECT_TRUE(loader.ok()) << loader.status().ToString();
+  return loader.ok() ? std::move(*loader) : nullptr;
+}
+
+// A source of three files with 90, 100 and 110 rows in row groups of 17: 300 rows.
+class SourceLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::LengthSpec spec;
+    spec.median_tokens = 40;
+    spec.max_tokens = 400;
+    for (int f = 0; f < 3; ++f) {
+      docs_.push_back(testing::RandomDocs(90 + 10 * f, spec, uint64_t(f + 1)));
+      testing::TokenFileOptions opts;
+      opts.row_group_rows = 17;
+      ASSERT_TRUE(
+          testing::WriteTokenFile(dir_.Sub("src/part-" + std::to_string(f) + ".parquet"),
+                                  docs_.back(), opts)
+              .ok());
+    }
+  }
+  int64_t total_rows() const { return 300; }
+  std::string src() const { return dir_.Sub("src"); }
+
+  testing::ScopedTempDir dir_{"braid-loader"};
+  std::vector<Docs> docs_;
+};
+
+TEST_F(SourceLoaderTest, EveryRowOncePerEpoch) {
+  const Config config = OneSourceConfig(src(), /*seed=*/5, /*window_rows=*/40);
+  auto loader = MakeLoader(config);
+  ASSERT_NE(loader, nullptr);
+  EXPECT_EQ(loader->rows_per_epoch(), total_rows());
+  ASSERT_EQ(loader->files().files().size(), 3u);
+  const auto reads = ReadN(loader.get(), 2 * total_rows());
+  ASSERT_EQ(int64_t(reads.size()), 2 * total_rows());
+  std::map<int64_t, std::set<std::pair<int32_t, int64_t>>> by_epoch;
+  StreamPos prev{-1, 0, 0};
+  for (int64_t i = 0; i < int64_t(reads.size()); ++i) {
+    const auto& m = reads[size_t(i)].meta;
+    EXPECT_EQ(m.epoch, i / total_rows());
+    EXPECT_EQ(m.pos.epoch, m.epoch);
+    EXPECT_EQ(m.source, 0);
+    EXPECT_EQ(m.skip, SkipReason::kNone);
+    EXPECT_TRUE(by_epoch[m.epoch].emplace(m.file, m.row).second)
+        << "row delivered twice: file " << m.file << " row " << m.row;
+    // Positions advance by one within a window, or start the next window at 0.
+    if (prev.epoch == m.pos.epoch && prev.window == m.pos.window) {
+      EXPECT_EQ(m.pos.offset, prev.offset + 1);
+    } else {
+      EXPECT_EQ(m.pos.offset, 0);
+    }
+    prev = m.pos;
+    const auto& doc = docs_[size_t(m.file)][size_t(m.row)];
+    EXPECT_EQ(m.tokens, int64_t(doc.size()));
+    ASSERT_NE(reads[size_t(i)].payload, nullptr);
+    EXPECT_EQ(*reads[size_t(i)].payload, doc);
+  }
+  ASSERT_EQ(by_epoch.size(), 2u);
+  for (const auto& [epoch, rows] : by_epoch)
+    EXPECT_EQ(int64_t(rows.size()), total_rows());
+}
+
+TEST_F(SourceLoaderTest, EpochWindowsCoverEveryRowGroupOnce) {
+  auto files = SourceFiles::Open(OneSourceConfig(src()).sources[0], "sources[0]");
+  ASSERT_TRUE(files.ok());
+  for (int64_t window_rows : {1, 17, 40, 1000}) {
+    const auto windows = EpochWindows(**files, 5, 0, 0, window_rows);
+    std::set<std::pair<int32_t, int32_t>> seen;
+    int64_t rows = 0;
+    for (size_t w = 0; w < windows.size(); ++w) {
+      int64_t sum = 0;
+      for (const auto& [f, rg] : windows[w].row_groups) {
+        EXPECT_TRUE(seen.emplace(f, rg).second);
+        sum += (*files)->files()[size_t(f)].row_group_rows[size_t(rg)];
+      }
+      EXPECT_EQ(sum, windows[w].rows);
+      if (w + 1 < windows.size()) {
+        EXPECT_GE(windows[w].rows, window_rows);
+      }
+      rows += sum;
+    }
+    EXPECT_EQ(rows, total_rows());
+    size_t groups = 0;
+    for (const auto& f : (*files)->files()) groups += f.row_group_rows.size();
+    EXPECT_EQ(seen.size(), groups);
+  }
+}
+
+std::vector<std::pair<int32_t, int64_t>> Order(const std::vector<Read>& reads,
+                                               int64_t begin, int64_t end) {
+  std::vector<std::pair<int32_t, int64_t>> out;
+  for (int64_t i = begin; i < end; ++i) {
+    out.emplace_back(reads[size_t(i)].meta.file, reads[size_t(i)].meta.row);
+  }
+  return out;
+}
+
+TEST_F(SourceLoaderTest, OrderDependsOnSeedAndEpochOnly) {
+  const int64_t n = total_rows();
+  auto a = MakeLoader(OneSourceConfig(src(), 5));
+  auto b = MakeLoader(OneSourceConfig(src(), 5));
+  auto c = MakeLoader(OneSourceConfig(src(), 6));
+  ASSERT_TRUE(a && b && c);
+  const auto ra = ReadN(a.get(), 2 * n), rb = ReadN(b.get(), 2 * n),
+             rc = ReadN(c.get(), 2 * n);
+  ASSERT_EQ(int64_t(ra.size()), 2 * n);
+  ASSERT_EQ(int64_t(rc.size()), 2 * n);
+  EXPECT_EQ(Order(ra, 0, 2 * n), Order(rb, 0, 2 * n));
+  EXPECT_NE(Order(ra, 0, n), Order(ra, n, 2 * n)) << "epochs should differ";
+  EXPECT_NE(Order(ra, 0, n), Order(rc, 0, n)) << "seeds should differ";
+  // Not merely rotated: the first window's rows differ between the epochs.
+  auto first = Order(ra, 0, 40), second = Order(ra, n, n + 40);
+  std::sort(first.begin(), first.end());
+  std::sort(second.begin(), second.end());
+  EXPECT_NE(first, second);
+}
+
+TEST_F(SourceLoaderTest, WindowOfOneRowReadsFilesInRowGroupOrder) {
+  auto loader = MakeLoader(OneSourceConfig(src(), 5, /*window_rows=*/1));
+  ASSERT_NE(loader, nullptr);
+  const auto reads = ReadN(loader.get(), total_rows());
+  // Within a row group rows come in order (no row shuffle).
+  for (size_t i = 1; i < reads.size(); ++i) {
+    const auto& p = reads[i - 1].meta;
+    const auto& m = reads[i].meta;
+    if (p.file == m.file && m.row % 17 != 0) {
+      EXPECT_EQ(m.row, p.row + 1);
+    }
+  }
+}
+
+TEST_F(SourceLoaderTest, RestartAtAPositionContinuesIdentically) {
+  const Config config = OneSourceConfig(src(), 5, 40);
+  auto loader = MakeLoader(config);
+  ASSERT_NE(loader, nullptr);
+  const auto reads = ReadN(loader.get(), 850);
+  ASSERT_EQ(reads.size(), 850u);
+  // Mid-window, at a window start, and in the second epoch.
+  for (int64_t at : {int64_t{137}, int64_t{0}, int64_t{340}}) {
+    const StreamPos pos = reads[size_t(at)].meta.pos;
+    auto resumed = MakeLoader(config, pos);
+    ASSERT_NE(resumed, nullptr);
+    const auto more = ReadN(resumed.get(), 500);
+    ASSERT_EQ(more.size(), 500u);
+    for (size_t k = 0; k < more.size(); ++k) {
+      const auto& want = reads[size_t(at) + k];
+      const auto& got = more[k];
+      ASSERT_EQ(std::tie(got.meta.file, got.meta.row, got.meta.epoch),
+                std::tie(want.meta.file, want.meta.row, want.meta.epoch))
+          << "from " << at << " sample " << k;
+      EXPECT_EQ(got.meta.pos, want.meta.pos);
+      EXPECT_EQ(*got.payload, *want.payload);
+    }
+  }
+}
+
+TEST_F(SourceLoaderTest, PositionOnePastAWindowMeansTheNextWindow) {
+  const Config config = OneSourceConfig(src(), 5, 40);
+  auto loader = MakeLoader(config);
+  const auto reads = ReadN(loader.get(), total_rows() + 5);
+  ASSERT_EQ(int64_t(reads.size()), total_rows() + 5);
+  // The last sample of window 0, and the last of the epoch.
+  for (int64_t i : {int64_t{0}, total_rows() - 1}) {
+    size_t last = size_t(i);
+    while (last + 1 < reads.size() &&
+           reads[last + 1].meta.pos.window == reads[last].meta.pos.window &&
+           reads[last + 1].meta.epoch == reads[last].meta.epoch) {
+      ++last;
+    }
+    StreamPos past = reads[last].meta.pos;
+    ++past.offset;
+    auto resumed = MakeLoader(config, past);
+    ASSERT_NE(resumed, nullptr);
+    auto next = resumed->Next();
+    ASSERT_TRUE(next.ok());
+    EXPECT_EQ(next->meta.pos, reads[last + 1].meta.pos);
+    EXPECT_EQ(next->meta.row, reads[last + 1].meta.row);
+  }
+  // Beyond that, a position outside the order is an error.
+  auto bad = SourceLoader::Make(config, 0, StreamPos{0, 1000, 0}, {});
+  EXPECT_TRUE(bad.status().IsInvalid());
+  EXPECT_THAT(bad.status().message(), HasSubstr("outside the source"));
+  bad = SourceLoader::Make(config, 0, StreamPos{0, 0, -1}, {});
+  EXPECT_TRUE(bad.status().IsInvalid());
+}
+
+TEST_F(SourceLoaderTest, MetadataOnlyGivesCountsWithoutPayloads) {
+  SourceLoader::Options options;
+  options.read_payloads = false;
+  const Config config = OneSourceConfig(src());
+  auto meta = MakeLoader(config, {}, options);
+  auto full = MakeLoader(config);
+  const auto a = ReadN(meta.get(), total_rows()), b = ReadN(full.get(), total_rows());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].payload, nullptr);
+    EXPECT_EQ(a[i].meta.tokens, b[i].meta.tokens);
+    EXPECT_EQ(a[i].meta.row, b[i].meta.row);
+    EXPECT_GT(a[i].meta.tokens, 0);
+  }
+}
+
+TEST_F(SourceLoaderTest, TinyReadAheadStillDeliversTheSameStream) {
+  const Config config = OneSourceConfig(src());
+  SourceLoader::Options tiny;
+  tiny.read_ahead_bytes = 1;  // every sample waits for the previous one to be taken
+  auto slow = MakeLoader(config, {}, tiny);
+  auto fast = MakeLoader(config);
+  const auto a = ReadN(slow.get(), total_rows() + 50);
+  const auto b = ReadN(fast.get(), total_rows() + 50);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].meta.pos, b[i].meta.pos);
+    EXPECT_EQ(*a[i].payload, *b[i].payload);
+  }
+}
+
+TEST_F(SourceLoaderTest, DestroyWhileTheReaderIsBlockedOnAFullQueue) {
+  const Config config = OneSourceConfig(src());
+  SourceLoader::Options tiny;
+  tiny.read_ahead_bytes = 1;
+  auto loader = MakeLoader(config, {}, tiny);
+  ASSERT_TRUE(loader->Next().ok());
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(20));  // the reader blocks in Push
+  loader.reset();                      // must not hang
+  SUCCEED();
+}
+
+TEST_F(SourceLoaderTest, NextAfterStopIsCancelled) {
+  auto loader = MakeLoader(OneSourceConfig(src()));
+  ASSERT_TRUE(loader->Next().ok());
+  loader->Stop();
+  // Whatever was queued may still come out; then Cancelled, never a hang.
+  Status st;
+  for (int i = 0; i < 10000 && st.ok(); ++i) st = loader->Next().status();
+  EXPECT_TRUE(st.IsCancelled()) << st.ToString();
+}
+
+TEST_F(SourceLoaderTest, StopBeforeFirstNextStartsNoReader) {
+  auto loader = MakeLoader(OneSourceConfig(src()));
+  loader->Stop();
+  auto s = loader->Next();
+  EXPECT_TRUE(s.status().IsCancelled()) << s.status().ToString();
+}
+
+// Regression: Next() used to start the reader thread even after Stop(), writing reader_
+// while Stop() read it unlocked (a data race ThreadSanitizer reports), as when an Engine
+// is destroyed while its planner makes the first Next() call to a source.
+TEST_F(SourceLoaderTest, StopRacingTheFirstNextNeverStartsAReaderAfterStop) {
+  const Config config = OneSourceConfig(src());
+  for (int round = 0; round < 30; ++round) {
+    auto loader = MakeLoader(config);
+    ASSERT_NE(loader, nullptr);
+    std::thread consumer([&] {
+      auto s = loader->Next();
+      EXPECT_TRUE(s.ok() || s.status().IsCancelled()) << s.status().ToString();
+    });
+    loader->Stop();
+    consumer.join();
+    // Whatever was queued before Stop may still come out; then Cancelled, never a hang.
+    Status st;
+    for (int i = 0; i < 10000 && st.ok(); ++i) st = loader->Next().status();
+    EXPECT_TRUE(st.IsCancelled()) << st.ToString();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Column types and layouts.
+
+TEST(SourceLoaderFormatTest, Int64TokensReadBackExactly) {
+  testing::ScopedTempDir dir("braid-loader-int64");
+  Docs docs{{1, 2, 3}, {2147483647, 0}, {7}};
+  testing::TokenFileOptions opts;
+  opts.int64_values = true;
+  ASSERT_TRUE(testing::WriteTokenFile(dir.Sub("a.parquet"), docs, opts).ok());
+  auto loader = MakeLoader(OneSourceConfig(dir.Sub("a.parquet"), 1, 1));
+  ASSERT_NE(loader, nullptr);
+  const auto reads = ReadN(loader.get(), 3);
+  ASSERT_EQ(reads.size(), 3u);
+  for (const auto& r : reads) EXPECT_EQ(*r.payload, docs[size_t(r.meta.row)]);
+}
+
+TEST(SourceLoaderFormatTest, Int64TokenOutOfInt32RangeIsADataError) {
+  testing::ScopedTempDir dir("braid-loader-int64-range");
+  auto values = std::make_shared<arrow::Int64Builder>();
+  arrow::ListBuilder list(arrow::default_memory_pool(), values);
+  ASSERT_TRUE(list.Append().ok());
+  ASSERT_TRUE(values->Append(int64_t{1} << 40).ok());
+  auto array = list.Finish();
+  ASSERT_TRUE(array.ok());
+  const std::string path = dir.Sub("big.parquet");
+  ASSERT_TRUE(WriteArrayFile(path, "input_ids", *array).ok());
+  auto loader = MakeLoader(OneSourceConfig(path, 1, 1));
+  auto s = loader->Next();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("does not fit int32")));
+}
+
+TEST(SourceLoaderFormatTest, GlobAndPublishedDatasetLayout) {
+  testing::ScopedTempDir dir("braid-loader-layout");
+  const auto docs0 = testing::RandomDocs(30, {}, 1),
+             docs1 = testing::RandomDocs(20, {}, 2);
+  ASSERT_TRUE(
+      testing::WriteTokenFile(dir.Sub("ds/data/train-00001-of-00002.parquet"), docs1)
+          .ok());
+  ASSERT_TRUE(
+      testing::WriteTokenFile(dir.Sub("ds/data/train-00000-of-00002.parquet"), docs0)
+          .ok());
+  {
+    std::ofstream readme(dir.Sub("ds/README.md"));
+    readme << "not parquet\n";
+  }
+  for (const std::string& path :
+       {dir.Sub("ds"), dir.Sub("ds/data/*.parquet"), dir.Sub("ds/*/train-*.parquet")}) {
+    SCOPED_TRACE(path);
+    auto loader = MakeLoader(OneSourceConfig(path, 3, 8));
+    ASSERT_NE(loader, nullptr);
+    const auto& files = loader->files().files();
+    ASSERT_EQ(files.size(), 2u);
+    EXPECT_THAT(files[0].path, HasSubstr("train-00000-of-00002.parquet"));
+    EXPECT_THAT(files[1].path, HasSubstr("train-00001-of-00002.parquet"));
+    EXPECT_EQ(loader->rows_per_epoch(), 50);
+    for (const auto& r : ReadN(loader.get(), 50)) {
+      EXPECT_EQ(*r.payload, (r.meta.file == 0 ? docs0 : docs1)[size_t(r.meta.row)]);
+    }
+  }
+}
+
+TEST(SourceLoaderFormatTest, EmptyAndNullRows) {
+  testing::ScopedTempDir dir("braid-loader-nulls");
+  Docs docs(40, std::vector<int32_t>{4, 5});
+  docs[3].clear();  // empty document
+  testing::TokenFileOptions opts;
+  opts.row_group_rows = 10;
+  opts.null_rows = {23};
+  const std::string path = dir.Sub("n.parquet");
+  ASSERT_TRUE(testing::WriteTokenFile(path, docs, opts).ok());
+
+  // on_error: fail -> the error names the file, the row group and the row, in stream
+  // order.
+  auto failing = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kFail));
+  int64_t before = 0;
+  Status st;
+  while (true) {
+    auto s = failing->Next();
+    if (!s.ok()) {
+      st = s.status();
+      break;
+    }
+    ++before;
+    ASSERT_LT(before, 40);
+  }
+  EXPECT_TRUE(st.IsInvalid());
+  EXPECT_THAT(st.message(), AllOf(HasSubstr(path), HasSubstr("row group 2"),
+                                  HasSubstr("row 23"), HasSubstr("null")));
+  const auto* detail = GetErrorDetail(st);
+  ASSERT_NE(detail, nullptr);
+  EXPECT_EQ(detail->kind(), ErrorKind::kData);
+  // With window_rows = 1 the row groups come whole: the null row's group holds rows
+  // 20-29.
+  EXPECT_GE(before, 3);
+  // The error is sticky.
+  EXPECT_EQ(failing->Next().status().message(), st.message());
+
+  // on_error: skip -> flagged, no tokens, no payload; everything else intact.
+  auto skipping = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kSkip));
+  int nulls = 0, empties = 0;
+  for (const auto& r : ReadN(skipping.get(), 80)) {
+    if (r.meta.row == 23) {
+      EXPECT_EQ(r.meta.skip, SkipReason::kNull);
+      ++nulls;
+    } else if (r.meta.row == 3) {
+      EXPECT_EQ(r.meta.skip, SkipReason::kEmpty);
+      ++empties;
+    } else {
+      EXPECT_EQ(r.meta.skip, SkipReason::kNone);
+      ASSERT_NE(r.payload, nullptr);
+      EXPECT_EQ(*r.payload, docs[size_t(r.meta.row)]);
+      continue;
+    }
+    EXPECT_EQ(r.meta.tokens, 0);
+    EXPECT_EQ(r.payload, nullptr);
+  }
+  EXPECT_EQ(nulls, 2);  // once per epoch
+  EXPECT_EQ(empties, 2);
+}
+
+TEST(SourceLoaderFormatTest, NullTokenInsideAListIsABadSample) {
+  testing::ScopedTempDir dir("braid-loader-null-token");
+  auto values = std::make_shared<arrow::Int32Builder>();
+  arrow::ListBuilder list(arrow::default_memory_pool(), values);
+  for (int row = 0; row < 5; ++row) {
+    ASSERT_TRUE(list.Append().ok());
+    ASSERT_TRUE(values->Append(row).ok());
+    if (row == 2) {
+      ASSERT_TRUE(values->AppendNull().ok());
+    }
+  }
+  auto array = list.Finish();
+  ASSERT_TRUE(array.ok());
+  const std::string path = dir.Sub("t.parquet");
+  ASSERT_TRUE(WriteArrayFile(path, "input_ids", *array).ok());
+  auto failing = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kFail));
+  Status st;
+  for (int i = 0; i < 10 && st.ok(); ++i) st = failing->Next().status();
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr(path), HasSubstr("row 2"), HasSubstr("null token")));
+  auto skipping = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kSkip));
+  for (const auto& r : ReadN(skipping.get(), 5)) {
+    EXPECT_EQ(r.meta.skip, r.meta.row == 2 ? SkipReason::kNull : SkipReason::kNone);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: every failure is a Status naming the file (or the path as configured).
+
+Status OpenStatus(const std::string& path, const std::string& column = "input_ids") {
+  auto loader =
+      SourceLoader::Make(OneSourceConfig(path, 1, 4, OnError::kFail, column), 0, {}, {});
+  return loader.status();
+}
+
+void ExpectDataError(const Status& st, const std::string& names) {
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr(names)) << st.ToString();
+  const auto* detail = GetErrorDetail(st);
+  ASSERT_NE(detail, nullptr) << st.ToString();
+  EXPECT_EQ(detail->kind(), ErrorKind::kData);
+  EXPECT_THAT(detail->where(), HasSubstr(names));
+}
+
+class SourceLoaderBadInputTest : public ::testing::Test {
+ protected:
+  std::string WriteGood(const std::string& name) {
+    const std::string path = dir_.Sub(name);
+    EXPECT_TRUE(testing::WriteTokenFile(path, testing::RandomDocs(50, {}, 9)).ok());
+    return path;
+  }
+  testing::ScopedTempDir dir_{"braid-loader-bad"};
+};
+
+TEST_F(SourceLoaderBadInputTest, MissingPath) {
+  const std::string path = dir_.Sub("nope.parquet");
+  const Status st = OpenStatus(path);
+  ExpectDataError(st, path);
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr("sources[0].path"), HasSubstr("no such file")));
+}
+
+TEST_F(SourceLoaderBadInputTest, GlobMatchingNothing) {
+  WriteGood("a.parquet");
+  const std::string pattern = dir_.Sub("*.arrow");
+  const Status st = OpenStatus(pattern);
+  ExpectDataError(st, pattern);
+  EXPECT_THAT(st.message(), HasSubstr("matches no files"));
+  // A glob below a folder that does not exist.
+  ExpectDataError(OpenStatus(dir_.Sub("missing/*.parquet")),
+                  dir_.Sub("missing/*.parquet"));
+}
+
+TEST_F(SourceLoaderBadInputTest, DirectoryWithoutParquetFiles) {
+  std::filesystem::create_directories(dir_.Sub("empty/sub"));
+  std::ofstream(dir_.Sub("empty/sub/notes.txt")) << "hello";
+  const Status st = OpenStatus(dir_.Sub("empty"));
+  ExpectDataError(st, dir_.Sub("empty"));
+  EXPECT_THAT(st.message(), HasSubstr("no .parquet files"));
+}
+
+TEST_F(SourceLoaderBadInputTest, MissingColumn) {
+  const std::string path = WriteGood("a.parquet");
+  const Status st = OpenStatus(path, "tokens");
+  ExpectDataError(st, path);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("no column 'tokens'"), HasSubstr("input_ids"),
+                                  HasSubstr("sources[0].tokens_column")));
+}
+
+TEST_F(SourceLoaderBadInputTest, WrongColumnTypes) {
+  {
+    auto values = std::make_shared<arrow::StringBuilder>();
+    arrow::ListBuilder list(arrow::default_memory_pool(), values);
+    ASSERT_TRUE(list.Append().ok());
+    ASSERT_TRUE(values->Append("hello").ok());
+    auto array = list.Finish();
+    ASSERT_TRUE(array.ok());
+    const std::string path = dir_.Sub("strings.parquet");
+    ASSERT_TRUE(WriteArrayFile(path, "input_ids", *array).ok());
+    const Status st = OpenStatus(path);
+    ExpectDataError(st, path);
+    EXPECT_THAT(st.message(), AllOf(HasSubstr("string>"),
+                                    HasSubstr("expected list<int32> or list<int64>")));
+  }
+  {
+    arrow::Int32Builder scalar;
+    ASSERT_TRUE(scalar.AppendValues({1, 2, 3}).ok());
+    auto array = scalar.Finish();
+    ASSERT_TRUE(array.ok());
+    const std::string path = dir_.Sub("scalar.parquet");
+    ASSERT_TRUE(WriteArrayFile(path, "input_ids", *array).ok());
+    const Status st = OpenStatus(path);
+    ExpectDataError(st, path);
+    EXPECT_THAT(st.message(), HasSubstr("has type int32"));
+  }
+  {
+    auto values = std::make_shared<arrow::FloatBuilder>();
+    arrow::ListBuilder list(arrow::default_memory_pool(), values);
+    ASSERT_TRUE(list.Append().ok());
+    ASSERT_TRUE(values->Append(1.5f).ok());
+    auto array = list.Finish();
+    ASSERT_TRUE(array.ok());
+    const std::string path = dir_.Sub("floats.parquet");
+    ASSERT_TRUE(WriteArrayFile(path, "input_ids", *array).ok());
+    ExpectDataError(OpenStatus(path), path);
+  }
+}
+
+TEST_F(SourceLoaderBadInputTest, OneBadFileAmongGoodOnesIsNamed) {
+  WriteGood("dir/a.parquet");
+  WriteGood("dir/c.parquet");
+  const std::string bad = dir_.Sub("dir/b.parquet");
+  std::ofstream(bad) << "this is not parquet at all";
+  const Status st = OpenStatus(dir_.Sub("dir"));
+  ExpectDataError(st, bad);
+  EXPECT_THAT(st.message(), HasSubstr("not a readable Parquet file"));
+}
+
+TEST_F(SourceLoaderBadInputTest, TruncatedFile) {
+  const std::string path = WriteGood("t.parquet");
+  const auto size = std::filesystem::file_size(path);
+  std::filesystem::resize_file(path, size / 2);
+  ExpectDataError(OpenStatus(path), path);
+}
+
+TEST_F(SourceLoaderBadInputTest, OverwrittenMagicBytes) {
+  const std::string path = WriteGood("m.parquet");
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.write("XXXX", 4);  // the trailing "PAR1"
+  }
+  ExpectDataError(OpenStatus(path), path);
+}
+
+TEST_F(SourceLoaderBadInputTest, CorruptDataPagesFailOnReadNamingTheRowGroup) {
+  // A valid footer over garbage column chunks: opening succeeds, reading fails.
+  const std::string path = dir_.Sub("pages.parquet");
+  testing::TokenFileOptions opts;
+  opts.row_group_rows = 10;
+  ASSERT_TRUE(testing::WriteTokenFile(path, testing::RandomDocs(40, {}, 4), opts).ok());
+  const auto size = std::filesystem::file_size(path);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4);
+    const std::string junk(std::min<size_t>(size / 3, 4096), '\x5a');
+    f.write(junk.data(), std::streamsize(junk.size()));
+  }
+  auto loader = SourceLoader::Make(OneSourceConfig(path, 1, 1), 0, {}, {});
+  if (!loader.ok()) {  // Arrow may also reject it up front
+    std::printf("[ corrupt pages ] rejected when opened\n");
+    ExpectDataError(loader.status(), path);
+    return;
+  }
+  std::printf("[ corrupt pages ] rejected when read\n");
+  Status st;
+  for (int i = 0; i < 100 && st.ok(); ++i) st = (*loader)->Next().status();
+  ExpectDataError(st, path);
+  EXPECT_THAT(st.message(), HasSubstr("row group"));
+}
+
+TEST_F(SourceLoaderBadInputTest, SourceWithNoRows) {
+  const std::string path = dir_.Sub("empty.parquet");
+  ASSERT_TRUE(testing::WriteTokenFile(path, {}).ok());
+  const Status st = OpenStatus(path);
+  ExpectDataError(st, path);
+  EXPECT_THAT(st.message(), HasSubstr("no rows"));
+}
+
+}  // namespace
+}  // namespace braid
