@@ -117,12 +117,92 @@ std::string ResolvePath(const std::string& path, const std::string& base_dir) {
   return p.lexically_normal().string();
 }
 
+// --- Transforms (docs/sources.md): tokens_column | text_column | chat, workers ---
+Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
+                            SourceConfig* src) {
+  const int given = (node["tokens_column"] ? 1 : 0) + (node["text_column"] ? 1 : 0) +
+                    (node["chat"] ? 1 : 0);
+  if (given == 0) {
+    return ConfigError(Join(path, "tokens_column"),
+                       "is required (or give text_column or chat)");
+  }
+  if (given > 1) {
+    return ConfigError(path, "give exactly one of tokens_column, text_column, chat");
+  }
+  auto non_empty = [](const YAML::Node& n, const std::string& key) -> Result<std::string> {
+    ARROW_ASSIGN_OR_RAISE(auto v, Scalar<std::string>(n, key, "a string"));
+    if (v.empty()) return ConfigError(key, "must not be empty");
+    return v;
+  };
+  if (node["tokens_column"]) {
+    ARROW_ASSIGN_OR_RAISE(src->tokens_column,
+                          Scalar<std::string>(node["tokens_column"],
+                                              Join(path, "tokens_column"), "a string"));
+  }
+  if (node["text_column"]) {
+    ARROW_ASSIGN_OR_RAISE(src->text_column,
+                          non_empty(node["text_column"], Join(path, "text_column")));
+  }
+  if (const YAML::Node chat = node["chat"]) {
+    const std::string key = Join(path, "chat");
+    ARROW_RETURN_NOT_OK(
+        CheckMap(chat, key, {"prompt_column", "response_column", "messages_column"}));
+    if (chat["messages_column"]) {
+      if (chat["prompt_column"] || chat["response_column"]) {
+        return ConfigError(key, "give messages_column or prompt_column + response_column");
+      }
+      ARROW_ASSIGN_OR_RAISE(src->chat.messages_column,
+                            non_empty(chat["messages_column"], Join(key, "messages_column")));
+    } else {
+      for (const char* k : {"prompt_column", "response_column"}) {
+        if (!chat[k]) {
+          return ConfigError(Join(key, k), "is required (or give messages_column)");
+        }
+      }
+      ARROW_ASSIGN_OR_RAISE(src->chat.prompt_column,
+                            non_empty(chat["prompt_column"], Join(key, "prompt_column")));
+      ARROW_ASSIGN_OR_RAISE(
+          src->chat.response_column,
+          non_empty(chat["response_column"], Join(key, "response_column")));
+    }
+  }
+  if (node["workers"]) {
+    ARROW_ASSIGN_OR_RAISE(src->workers, PositiveInt(node["workers"], Join(path, "workers")));
+  }
+  return Status::OK();
+}
+
+Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string& base_dir) {
+  ARROW_RETURN_NOT_OK(CheckMap(node, "tokenizer", {"type", "model", "bos", "eos"}));
+  TokenizerConfig t;
+  if (node["type"]) {
+    ARROW_ASSIGN_OR_RAISE(t.type,
+                          Scalar<std::string>(node["type"], "tokenizer.type", "a string"));
+    if (t.type != "sentencepiece") {
+      return ConfigError("tokenizer.type", "must be sentencepiece, got '" + t.type + "'");
+    }
+  }
+  if (!node["model"]) return ConfigError("tokenizer.model", "is required");
+  ARROW_ASSIGN_OR_RAISE(std::string model, Scalar<std::string>(node["model"],
+                                                               "tokenizer.model", "a string"));
+  if (model.empty()) return ConfigError("tokenizer.model", "must not be empty");
+  t.model = ResolvePath(model, base_dir);
+  if (node["bos"]) {
+    ARROW_ASSIGN_OR_RAISE(t.bos, Scalar<bool>(node["bos"], "tokenizer.bos", "a boolean"));
+  }
+  if (node["eos"]) {
+    ARROW_ASSIGN_OR_RAISE(t.eos, Scalar<bool>(node["eos"], "tokenizer.eos", "a boolean"));
+  }
+  return t;
+}
+// --- end transforms ---
+
 Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path,
                                  const std::string& base_dir) {
   ARROW_RETURN_NOT_OK(CheckMap(node, path,
                                {"name", "path", "tokens_column", "text_column",
                                 "image_column", "weight", "oversize", "on_error",
-                                "shuffle_window"}));
+                                "shuffle_window", "chat", "workers"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -134,19 +214,11 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                         Scalar<std::string>(node["path"], Join(path, "path"), "a string"));
   if (p.empty()) return ConfigError(Join(path, "path"), "must not be empty");
   src.path = ResolvePath(p, base_dir);
-  for (const char* later : {"text_column", "image_column"}) {
-    if (node[later]) {
-      return ConfigError(Join(path, later),
-                         "transforms other than a token column are not supported in this "
-                         "version; give tokens_column");
-    }
+  if (node["image_column"]) {
+    return ConfigError(Join(path, "image_column"),
+                       "image transforms are not supported in this version");
   }
-  if (!node["tokens_column"]) {
-    return ConfigError(Join(path, "tokens_column"), "is required");
-  }
-  ARROW_ASSIGN_OR_RAISE(src.tokens_column,
-                        Scalar<std::string>(node["tokens_column"],
-                                            Join(path, "tokens_column"), "a string"));
+  ARROW_RETURN_NOT_OK(ParseSourceTransform(node, path, &src));
   if (node["weight"]) {
     ARROW_ASSIGN_OR_RAISE(src.weight, ParseWeight(node["weight"], Join(path, "weight")));
   }
@@ -179,10 +251,11 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     ARROW_ASSIGN_OR_RAISE(c.seed, Scalar<uint64_t>(root["seed"], "seed",
                                                    "a non-negative integer"));
   }
-  for (const char* later : {"tokenizer", "phases"}) {
-    if (root[later]) {
-      return ConfigError(later, "is not supported in this version (see docs/config.md)");
-    }
+  if (root["phases"]) {
+    return ConfigError("phases", "is not supported in this version (see docs/config.md)");
+  }
+  if (root["tokenizer"]) {
+    ARROW_ASSIGN_OR_RAISE(c.tokenizer, ParseTokenizer(root["tokenizer"], base_dir));
   }
   if (const YAML::Node t = root["topology"]) {
     ARROW_RETURN_NOT_OK(CheckMap(t, "topology", {"dp", "tp", "pp", "cp"}));
@@ -277,6 +350,11 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
       return ConfigError(Join(Index("sources", i), "name"),
                          "duplicate source name '" + src.name + "'");
     }
+    if ((!src.text_column.empty() || src.chat.enabled()) && c.tokenizer.model.empty()) {
+      return ConfigError(Index("sources", i),
+                         "text_column and chat need a root-level tokenizer: {type: "
+                         "sentencepiece, model: PATH}");
+    }
     c.sources.push_back(std::move(src));
   }
   ARROW_RETURN_NOT_OK(ValidateConfig(c));
@@ -325,6 +403,14 @@ std::string Config::Fingerprint() const {
   for (const auto& s : sources) {
     os << '|' << s.name << ':' << s.path << ':' << s.tokens_column << ':'
        << ToString(s.oversize) << ':' << s.shuffle_window_rows;
+    // Transforms change the tokens; worker count does not change the stream.
+    if (!s.text_column.empty() || s.chat.enabled()) {
+      os << ":text=" << s.text_column << ":chat=" << s.chat.prompt_column << ','
+         << s.chat.response_column << ',' << s.chat.messages_column;
+    }
+  }
+  if (!tokenizer.model.empty()) {
+    os << "|tok:" << tokenizer.model << ':' << tokenizer.bos << tokenizer.eos;
   }
   const std::string text = os.str();
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed

@@ -37,6 +37,25 @@ struct WeightSchedule {
   double At(int64_t step) const;
 };
 
+// --- Transforms (docs/sources.md) ---
+/// Chat or instruction data: prompt/response string columns, or one messages column
+/// (list<struct<role: string, content: string>>). Empty: the source is not a chat source.
+struct ChatColumns {
+  std::string prompt_column;
+  std::string response_column;
+  std::string messages_column;
+  bool enabled() const { return !messages_column.empty() || !prompt_column.empty(); }
+};
+
+/// The tokenizer of text and chat sources. `model` empty: none configured.
+struct TokenizerConfig {
+  std::string type = "sentencepiece";
+  std::string model;  ///< absolute path after parsing
+  bool bos = false;   ///< prepend the model's BOS id to each document
+  bool eos = true;    ///< append the model's EOS id to each document
+};
+// --- end transforms ---
+
 struct SourceConfig {
   std::string name;
   std::string path;           ///< as written: a file, a directory or a glob
@@ -45,6 +64,11 @@ struct SourceConfig {
   Oversize oversize = Oversize::kSplit;
   OnError on_error = OnError::kFail;
   int64_t shuffle_window_rows = 4096;  ///< rows shuffled together (>= 1; 1 = file order)
+
+  // --- Transforms (docs/sources.md). Exactly one of tokens_column, text_column, chat. ---
+  std::string text_column;  ///< string column, tokenized with Config::tokenizer
+  ChatColumns chat;         ///< chat / instruction columns, tokenized with the tokenizer
+  int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
 };
 
 struct Topology {
@@ -77,6 +101,7 @@ struct Config {
   BalanceConfig balance;
   std::vector<SourceConfig> sources;
   RuntimeConfig runtime;
+  TokenizerConfig tokenizer;  ///< for text_column / chat sources
   std::string base_dir;  ///< relative source paths resolve against this folder
 
   /// Sequences in one global step (global_tokens / seq_len); independent of dp.

@@ -246,12 +246,7 @@ TEST(ConfigTest, OtherBadValuesNameTheirPath) {
 }
 
 TEST(ConfigTest, UnsupportedFeaturesAreNamedErrors) {
-  ExpectConfigError("tokenizer: {type: sentencepiece, model: tok.model}\n" + Minimal(),
-                    "tokenizer", "not supported");
   ExpectConfigError("phases: [{until_step: 500, seq_len: 2048}]\n" + Minimal(), "phases");
-  ExpectConfigError(
-      Minimal("{global_tokens: 4096, seq_len: 1024}", ", text_column: text"),
-      "sources[0].text_column");
   ExpectConfigError(
       Minimal("{global_tokens: 4096, seq_len: 1024}", ", image_column: img"),
       "sources[0].image_column");
@@ -373,6 +368,73 @@ TEST(ConfigTest, EnumNamesRoundTrip) {
     ASSERT_TRUE(c.ok());
     EXPECT_STREQ(ToString(c->balance.algorithm), name);
   }
+}
+
+}  // namespace
+}  // namespace braid
+
+// --- Transforms (docs/sources.md) ---
+namespace braid {
+namespace {
+
+const char* kTextSource =
+    "batch: {global_tokens: 4096, seq_len: 1024}\n"
+    "tokenizer: {type: sentencepiece, model: tok.model, bos: true}\n"
+    "sources:\n  - {name: a, path: a, text_column: text, workers: 3}\n";
+
+TEST(ConfigTest, TextSourceAndTokenizerParse) {
+  auto c = ParseConfig(kTextSource, "/cfg");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tokenizer.model, "/cfg/tok.model");
+  EXPECT_TRUE(c->tokenizer.bos);
+  EXPECT_TRUE(c->tokenizer.eos);
+  EXPECT_EQ(c->sources[0].text_column, "text");
+  EXPECT_EQ(c->sources[0].workers, 3);
+  EXPECT_TRUE(c->sources[0].tokens_column.empty());
+  auto chat = ParseConfig(
+      "batch: {global_tokens: 4096, seq_len: 1024}\ntokenizer: {model: /t.model}\n"
+      "sources:\n  - {name: a, path: a, chat: {messages_column: m}}\n"
+      "  - {name: b, path: b, chat: {prompt_column: p, response_column: r}}\n",
+      "/cfg");
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  EXPECT_EQ(chat->sources[0].chat.messages_column, "m");
+  EXPECT_EQ(chat->sources[1].chat.prompt_column, "p");
+  EXPECT_EQ(chat->sources[1].chat.response_column, "r");
+  // Changing the worker count keeps the fingerprint; changing the tokenizer does not.
+  auto more = ParseConfig(std::string(kTextSource).replace(
+                              std::string(kTextSource).find("workers: 3"), 10, "workers: 1"),
+                          "/cfg");
+  ASSERT_TRUE(more.ok());
+  EXPECT_EQ(more->Fingerprint(), c->Fingerprint());
+  auto no_bos = ParseConfig(std::string(kTextSource).replace(
+                                std::string(kTextSource).find("bos: true"), 9, "bos: false"),
+                            "/cfg");
+  ASSERT_TRUE(no_bos.ok());
+  EXPECT_NE(no_bos->Fingerprint(), c->Fingerprint());
+}
+
+TEST(ConfigTest, TransformErrorsNameTheKey) {
+  const std::string b = "batch: {global_tokens: 4096, seq_len: 1024}\n";
+  const std::string tok = "tokenizer: {model: t.model}\n";
+  auto expect = [](const std::string& text, const std::string& key, const std::string& what) {
+    auto c = ParseConfig(text, "/cfg");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_THAT(c.status().message(), ::testing::HasSubstr(key)) << c.status().ToString();
+    EXPECT_THAT(c.status().message(), ::testing::HasSubstr(what)) << c.status().ToString();
+  };
+  expect(b + "sources: [{name: a, path: a, text_column: t}]\n", "sources[0]", "tokenizer");
+  expect(b + tok + "sources: [{name: a, path: a, text_column: t, tokens_column: u}]\n",
+         "sources[0]", "exactly one");
+  expect(b + tok + "sources: [{name: a, path: a, text_column: t, workers: 0}]\n",
+         "sources[0].workers", "> 0");
+  expect(b + tok + "sources: [{name: a, path: a, chat: {prompt_column: p}}]\n",
+         "sources[0].chat.response_column", "required");
+  expect(b + tok + "sources: [{name: a, path: a, chat: {messages_column: m, prompt_column: p}}]\n",
+         "sources[0].chat", "messages_column");
+  expect(b + "tokenizer: {type: bpe, model: t}\nsources: [{name: a, path: a, text_column: t}]\n",
+         "tokenizer.type", "sentencepiece");
+  expect(b + "tokenizer: {bos: true}\nsources: [{name: a, path: a, text_column: t}]\n",
+         "tokenizer.model", "required");
 }
 
 }  // namespace

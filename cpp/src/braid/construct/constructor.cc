@@ -34,7 +34,9 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
       if (!d.payload) {
         return Status::Invalid("step ", plan.step, ": the plan carries no payloads");
       }
-      const std::vector<int32_t>& doc = *d.payload;
+      ARROW_ASSIGN_OR_RAISE(TokenPayload payload, d.payload.Get());
+      const std::vector<int32_t>& doc = payload->tokens;
+      const std::vector<uint8_t>& targets = payload->loss_mask;
       for (int64_t k = 0; k < d.len; ++k, ++t) {
         const int64_t at = d.start + k;
         ids[t] = doc[size_t(at)];
@@ -42,7 +44,7 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
         src[t] = d.source;
         if (at + 1 < d.doc_tokens) {
           lab[t] = doc[size_t(at + 1)];
-          mask[t] = 1.0f;
+          mask[t] = targets.empty() || targets[size_t(at + 1)] ? 1.0f : 0.0f;
         } else {
           lab[t] = kIgnoreLabel;
         }

@@ -26,7 +26,7 @@ std::vector<T> Values(const Batch& batch, const std::string& name, DType dtype) 
 }
 
 TokenPayload Payload(std::vector<int32_t> tokens) {
-  return std::make_shared<const std::vector<int32_t>>(std::move(tokens));
+  return MakeTokenPayload(std::move(tokens));
 }
 
 DocPiece Piece(int32_t source, TokenPayload payload, int64_t start, int64_t len,
@@ -35,7 +35,7 @@ DocPiece Piece(int32_t source, TokenPayload payload, int64_t start, int64_t len,
   d.source = source;
   d.start = start;
   d.len = len;
-  d.doc_tokens = doc_tokens >= 0 ? doc_tokens : int64_t(payload->size());
+  d.doc_tokens = doc_tokens >= 0 ? doc_tokens : int64_t(payload->tokens.size());
   d.payload = std::move(payload);
   return d;
 }

@@ -198,7 +198,7 @@ void CheckStepShape(const StepPlan& plan, const Config& config, const DocLookup&
             EXPECT_LE(d.doc_tokens, L);
           }
           if (d.payload) {
-            EXPECT_EQ(*d.payload, full);
+            EXPECT_EQ(d.payload->tokens, full);
           }
           tokens += d.len;
           cost += PieceCost(config.balance, d.len);

@@ -26,7 +26,7 @@ struct DocPiece {
   int64_t start = 0;       ///< token offset of the piece in the document
   int64_t len = 0;
   int64_t doc_tokens = 0;  ///< length of the whole (possibly truncated) document
-  TokenPayload payload;    ///< null when planning without payloads
+  PayloadRef payload;      ///< empty when planning without payloads
 };
 
 struct Sequence {

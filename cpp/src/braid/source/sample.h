@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "braid/source/payload.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -36,13 +37,14 @@ struct SampleMeta {
   int64_t tokens = 0;
   StreamPos pos;      ///< where the sample sits in the source's order
   SkipReason skip = SkipReason::kNone;
+  int64_t image_tokens = 0;  ///< vision tokens among `tokens` (0 for text)
 };
-
-using TokenPayload = std::shared_ptr<const std::vector<int32_t>>;
 
 struct Sample {
   SampleMeta meta;
-  TokenPayload payload;  ///< null when the loader reads metadata only, or when skipped
+  /// Empty when the loader reads metadata only, or when skipped; may still be in
+  /// production (metadata is published before the payload is ready).
+  PayloadRef payload;
 };
 
 /// A source's sample stream as the planner sees it (a SourceLoader, or a test stream).

@@ -193,7 +193,7 @@ Result<Sample> SourceLoader::Next() {
     Sample s = std::move(queue_.front());
     queue_.pop_front();
     queued_bytes_ -= kSampleOverheadBytes +
-                     (s.payload ? int64_t(s.payload->size() * sizeof(int32_t)) : 0);
+                     s.payload.bytes();
     lock.unlock();
     cv_.notify_all();
     return s;
@@ -204,7 +204,7 @@ Result<Sample> SourceLoader::Next() {
 
 bool SourceLoader::Push(Sample sample) {
   const int64_t bytes = kSampleOverheadBytes +
-                        (sample.payload ? int64_t(sample.payload->size() * 4) : 0);
+                        sample.payload.bytes();
   std::unique_lock<std::mutex> lock(mu_);
   // Always admit one sample into an empty queue, however large.
   cv_.wait(lock, [&] {
@@ -282,10 +282,10 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     } else {
       s.meta.tokens = info.length;
       if (options_.read_payloads) {
-        auto tokens = std::make_shared<std::vector<int32_t>>();
-        ARROW_RETURN_NOT_OK(Tokens(array, r.array_index, tokens.get(),
+        auto payload = std::make_shared<Payload>();
+        ARROW_RETURN_NOT_OK(Tokens(array, r.array_index, &payload->tokens,
                                    DataLocation(path, r.row_group, r.row)));
-        s.payload = std::move(tokens);
+        s.payload = PayloadRef(std::move(payload));
       }
     }
     if (!Push(std::move(s))) return Status::Cancelled("stopping");

@@ -11,7 +11,7 @@ MemoryStream::MemoryStream(std::shared_ptr<const Docs> docs, Options options,
     : docs_(std::move(docs)), options_(std::move(options)), pos_(start) {
   payloads_.reserve(docs_->size());
   for (const auto& d : *docs_)
-    payloads_.push_back(std::make_shared<const std::vector<int32_t>>(d));
+    payloads_.push_back(MakeTokenPayload(d));
   if (pos_.window < NumWindows() && pos_.offset == WindowRows(pos_.window)) {
     pos_.offset = 0;
     if (++pos_.window == NumWindows()) pos_ = StreamPos{pos_.epoch + 1, 0, 0};

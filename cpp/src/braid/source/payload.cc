@@ -1,0 +1,47 @@
+#include "braid/source/payload.h"
+
+namespace braid {
+
+PayloadRef::PayloadRef(TokenPayload ready) {
+  if (ready == nullptr) return;
+  state_ = std::make_shared<State>();
+  state_->done = true;
+  state_->result = std::move(ready);
+}
+
+PayloadRef PayloadRef::Pending() {
+  PayloadRef ref;
+  ref.state_ = std::make_shared<State>();
+  return ref;
+}
+
+void PayloadRef::Set(Result<TokenPayload> result) const {
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->done) return;
+    state_->result = std::move(result);
+    state_->done = true;
+  }
+  state_->cv.notify_all();
+}
+
+bool PayloadRef::ready() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+Result<TokenPayload> PayloadRef::Get() const {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [this] { return state_->done; });
+  return state_->result;
+}
+
+int64_t PayloadRef::bytes() const {
+  if (!state_) return 0;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->done || !state_->result.ok()) return 0;
+  return (*state_->result)->bytes();
+}
+
+}  // namespace braid
