@@ -189,3 +189,22 @@ def test_relative_source_paths_resolve_against_the_config_folder(small_dataset, 
     result = braid_cli("plan", "rel.yaml", "--steps", 3, cwd=small_dataset["root"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == absolute
+
+
+def test_inspect_reports_files_rows_and_lengths(small_dataset):
+    root = small_dataset["root"]
+    result = braid_cli("inspect", root / "web", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    web = small_dataset["docs"][0]
+    assert info["rows"] == len(web) and len(info["files"]) == 2
+    assert info["column"] == "input_ids"
+    assert info["tokens"] == sum(len(t) for t in web.values())
+    assert sum(info["buckets"]) == len(web)
+    assert info["max_tokens"] == max(len(t) for t in web.values())
+    human = braid_cli("inspect", root / "web" / "*.parquet")
+    assert human.returncode == 0 and "median" in human.stdout and "part-001" in human.stdout
+
+
+def test_inspect_missing_path_is_a_data_error(tmp_path):
+    check_error(braid_cli("inspect", tmp_path / "none"), 3, "none")

@@ -141,3 +141,75 @@ def test_wrong_world_size_names_the_topology(small_dataset):
         braid.Loader(small_dataset["config"], rank=0, world_size=3)
     with pytest.raises(braid.ConfigError, match="rank"):
         braid.Loader(small_dataset["config"], rank=2, world_size=2)
+
+
+# --- Rank views (docs/parallelism.md): PP keys, TP copies, CP parts ---
+
+def _topology(small_dataset, **sizes):
+    return dict(small_dataset["config"], topology={"dp": 2, "tp": 1, "pp": 1, "cp": 1, **sizes})
+
+
+def test_pipeline_stages_get_their_keys(small_dataset):
+    config = _topology(small_dataset, pp=3)  # world 6; rank = dp + 2 * pp
+    full = take(braid.Loader(_topology(small_dataset), rank=1, world_size=2), 3)
+    want = {0: {"input_ids", "source_ids", "position_ids", "cu_seqlens"},
+            1: {"position_ids", "cu_seqlens"},
+            2: {"labels", "loss_mask", "position_ids", "cu_seqlens"}}
+    for stage, keys in want.items():
+        loader = braid.Loader(config, rank=1 + 2 * stage, world_size=6)
+        assert (loader.dp_rank, loader.pp_rank) == (1, stage)
+        for got, ref in zip(take(loader, 3), full):
+            assert set(got) == keys, stage
+            for k in keys:
+                assert torch.equal(got[k], ref[k]), (stage, k)
+
+
+def test_tp_ranks_get_identical_views_with_pp_and_cp(small_dataset):
+    config = _topology(small_dataset, tp=2, pp=2, cp=2)  # world 16
+    a = take(braid.Loader(config, rank=2 + 4 * 0 + 8 * 1, world_size=16), 3)  # cp 1, pp 1
+    b = take(braid.Loader(config, rank=3 + 4 * 0 + 8 * 1, world_size=16), 3)
+    for x, y in zip(a, b):
+        assert set(x) == {"labels", "loss_mask", "position_ids", "cu_seqlens"}
+        assert all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_parts_reassemble_to_the_dp_ranks_batch(small_dataset, cp):
+    config = _topology(small_dataset, cp=cp)  # rank = cp_rank + cp * dp
+    full = take(braid.Loader(_topology(small_dataset), rank=1, world_size=2), 4)
+    unsplit = take(braid.Loader(config, rank=cp, world_size=2 * cp, split_context=False), 4)
+    parts = [take(braid.Loader(config, rank=r + cp, world_size=2 * cp), 4) for r in range(cp)]
+    chunk = 32 // (2 * cp)
+    for i, ref in enumerate(full):
+        assert all(torch.equal(unsplit[i][k], ref[k]) for k in ref)
+        for name in ("input_ids", "labels", "loss_mask", "position_ids", "source_ids"):
+            pieces = [None] * (2 * cp)
+            for r in range(cp):
+                local = parts[r][i][name]
+                assert local.shape == (1, 32 // cp)
+                pieces[r] = local[:, :chunk]
+                pieces[2 * cp - 1 - r] = local[:, chunk:]
+            assert torch.equal(torch.cat(pieces, dim=1), ref[name]), name
+        edges = set(ref["cu_seqlens"].tolist())
+        for r in range(cp):
+            cu = parts[r][i]["cu_seqlens"].tolist()
+            assert cu[0] == 0 and cu[-1] == 32 // cp
+            assert all(a < b for a, b in zip(cu, cu[1:]))
+            for local in cu[1:-1]:
+                if local == chunk:
+                    continue  # the edge between the rank's two chunks
+                k = r if local < chunk else 2 * cp - 1 - r
+                assert k * chunk + local % chunk in edges, (r, local)
+
+
+def test_cp_needs_seq_len_divisible_by_twice_cp(small_dataset):
+    with pytest.raises(braid.ConfigError, match="batch.seq_len"):
+        braid.Loader(_topology(small_dataset, cp=3), rank=0, world_size=6)
+
+
+def test_new_iterator_continues_the_stream(small_dataset):
+    reference = take(braid.Loader(small_dataset["config"], rank=0, world_size=2), 5)
+    loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    got = take(loader, 2) + take(loader, 3)
+    for want, have in zip(reference, got):
+        assert torch.equal(want["input_ids"], have["input_ids"])

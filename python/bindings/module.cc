@@ -34,4 +34,6 @@ NB_MODULE(_core, m) {
   braid::python::RegisterConfig(m);
   braid::python::RegisterRuntime(m);
   braid::python::RegisterTesting(m);
+  braid::python::RegisterSource(m);
+  braid::python::RegisterInspect(m);
 }

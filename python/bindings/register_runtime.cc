@@ -2,7 +2,9 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -96,10 +98,16 @@ void RegisterRuntime(nb::module_& m) {
       .def_prop_ro("local_micro_batches_per_step", &Engine::local_micro_batches_per_step);
 
   m.def("make_engine",
-        [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json) {
+        [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json,
+           std::optional<std::tuple<int64_t, int64_t, int64_t>> view, bool split_context) {
           Engine::Options options;
           options.dp_ranks = std::move(dp_ranks);
           options.state_json = std::move(state_json);
+          if (view) {
+            const auto [tp, pp, cp] = *view;
+            options.view = RankCoords{/*dp=*/0, tp, pp, cp};
+          }
+          options.split_context = split_context;
           Result<std::unique_ptr<Engine>> engine;
           {
             nb::gil_scoped_release release;
@@ -107,7 +115,11 @@ void RegisterRuntime(nb::module_& m) {
           }
           return ValueOrThrow(std::move(engine));
         },
-        nb::arg("config"), nb::arg("dp_ranks"), nb::arg("state_json") = "");
+        nb::arg("config"), nb::arg("dp_ranks"), nb::arg("state_json") = "",
+        nb::arg("view").none() = nb::none(), nb::arg("split_context") = true,
+        "An engine for `dp_ranks`. view=(tp, pp, cp): next() returns that trainer rank's "
+        "view of each micro-batch (docs/parallelism.md); split_context=False keeps whole "
+        "sequences for CP ranks.");
 
   m.def("check_state",
         [](const Config& config, const std::string& state_json) {

@@ -44,5 +44,7 @@ void RegisterExceptions(nanobind::module_& m);
 void RegisterConfig(nanobind::module_& m);
 void RegisterRuntime(nanobind::module_& m);
 void RegisterTesting(nanobind::module_& m);
+void RegisterSource(nanobind::module_& m);
+void RegisterInspect(nanobind::module_& m);
 
 }  // namespace braid::python

@@ -7,6 +7,7 @@ Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Callable, List, Optional
@@ -110,6 +111,36 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    info = _core.inspect(args.path, args.column or "")
+    if args.json:
+        print(json.dumps(info, sort_keys=True))
+        return 0
+    print(f"files: {len(info['files'])}   rows: {info['rows']:,}")
+    for f in info["files"]:
+        print(f"  {f['path']}  rows {f['rows']:,}  row groups {f['row_groups']}  "
+              f"{_fmt_bytes(f['bytes'])}")
+    print("schema:")
+    for line in info["schema"].splitlines():
+        print(f"  {line}")
+    if not info["column"]:
+        print("no list<int> token column; give --column for one")
+        return 0
+    docs = sum(info["buckets"]) + info["empty"]
+    print(f"column '{info['column']}': {info['tokens']:,} tokens in {docs:,} documents"
+          f" ({info['empty']} empty, {info['nulls']} null)")
+    print(f"  tokens per document: min {info['min_tokens']}  median {info['p50_tokens']}"
+          f"  p99 {info['p99_tokens']}  max {info['max_tokens']}")
+    peak = max(info["buckets"], default=0)
+    first = next((k for k, c in enumerate(info["buckets"]) if c), 0)
+    for k, count in enumerate(info["buckets"]):
+        if k < first:
+            continue
+        bar = "#" * (0 if peak == 0 else max(1 if count else 0, round(40 * count / peak)))
+        print(f"  [{2 ** k:>7}, {2 ** (k + 1):>7})  {count:>9,}  {bar}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="braid", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -138,6 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--micro-batches", type=int, default=4)
     demo.add_argument("--report", help="report folder (default: DIR/report)")
     demo.set_defaults(func=_cmd_demo)
+
+    inspect = sub.add_parser("inspect", help="schema, files, rows, token-length histogram")
+    inspect.add_argument("path", help="a Parquet file, directory, glob or URI")
+    inspect.add_argument("--column", help="token column (default: the first list<int>)")
+    inspect.add_argument("--json", action="store_true", help="one JSON object instead")
+    inspect.set_defaults(func=_cmd_inspect)
     return p
 
 

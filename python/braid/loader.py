@@ -12,28 +12,34 @@ from braid import _core
 from braid.config import ConfigLike, load_config
 
 
-class Loader:
+class Loader(torch.utils.data.IterableDataset):
     """Micro-batches for one trainer rank, as dicts of ``torch.Tensor``.
 
     ``Loader(config, rank=None, world_size=None)``: ``config`` is a YAML/JSON path or a
     dict; ``rank`` and ``world_size`` default to the ``RANK`` and ``WORLD_SIZE``
     environment variables (torchrun sets them), else rank 0 of the whole topology.
     ``world_size`` must equal ``dp * tp * pp * cp``. Ranks of one DP group (same dp
-    coordinate) receive the same micro-batches.
+    coordinate) receive views of the same micro-batches (docs/parallelism.md): TP ranks
+    the same tensors; with ``pp > 1`` the first stage ``input_ids`` and ``source_ids``,
+    the last stage ``labels`` and ``loss_mask``, every stage ``position_ids`` and
+    ``cu_seqlens``; with ``cp > 1`` each CP rank its zigzag part of every sequence
+    (``split_context=False`` keeps whole sequences, for trainers that split themselves).
 
-    Each item holds ``input_ids``, ``labels`` (``-100`` where there is no target),
-    ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the tensors share
-    memory with the C++ buffers (no copy). Iteration never ends by itself: stop after
+    Each item (with ``pp == 1``) holds ``input_ids``, ``labels`` (``-100`` where there is
+    no target), ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the
+    tensors share memory with the C++ buffers (no copy). Iteration never ends by itself: stop after
     the steps you train. The C++ engine starts on the first ``iter()``, not in the
     constructor, so a Loader can be created before a ``fork``.
 
     ``state_dict()`` / ``load_state_dict()`` follow PyTorch's convention; the state is
     plain JSON-able values and resumes the stream exactly after the last micro-batch
-    received.
+    received. A Loader is a ``torch.utils.data.IterableDataset``: it can be the dataset
+    of a ``DataLoader(batch_size=None, num_workers=0)`` or of torchdata's
+    ``StatefulDataLoader``, whose ``state_dict()`` then includes this Loader's state.
     """
 
     def __init__(self, config: ConfigLike, rank: Optional[int] = None,
-                 world_size: Optional[int] = None) -> None:
+                 world_size: Optional[int] = None, *, split_context: bool = True) -> None:
         self._config = load_config(config)
         topo = self._config.topology
         if rank is None:
@@ -46,8 +52,15 @@ class Loader:
         self.world_size = world_size
         self.dp_rank, self.tp_rank, self.pp_rank, self.cp_rank = _core.rank_coords(
             self._config, rank, world_size)
+        self.split_context = split_context
         self._engine: Optional[_core.Engine] = None
         self._state_json = _core.initial_state_json(self._config)
+
+    @property
+    def topology(self) -> Dict[str, int]:
+        """The parallel sizes ``{"dp", "tp", "pp", "cp"}`` of the config."""
+        topo = self._config.topology
+        return {k: int(topo[k]) for k in ("dp", "tp", "pp", "cp")}
 
     @property
     def micro_batches_per_step(self) -> int:
@@ -55,8 +68,19 @@ class Loader:
         return self._config.micro_batches_per_rank
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
-        self._engine = _core.make_engine(self._config, [self.dp_rank], self._state_json)
-        engine = self._engine
+        # The engine starts here (at iter(), not at the first next()), so state_dict()
+        # always describes the newest iterator; a new iterator continues the stream where
+        # the previous one stopped (the stream has no epochs to restart).
+        if self._engine is not None:
+            self._state_json = self._engine.state_json()
+        self._engine = _core.make_engine(
+            self._config, [self.dp_rank], self._state_json,
+            view=(self.tp_rank, self.pp_rank, self.cp_rank),
+            split_context=self.split_context)
+        return self._batches(self._engine)
+
+    @staticmethod
+    def _batches(engine: "_core.Engine") -> Iterator[Dict[str, torch.Tensor]]:
         while True:
             arrays = engine.next()
             yield {name: torch.from_numpy(array) for name, array in arrays.items()}

@@ -82,9 +82,14 @@ Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& pa
     ws.points = {{0, w}};
     return ws;
   }
-  ARROW_RETURN_NOT_OK(CheckMap(node, path, {"schedule"}));
-  const std::string spath = Join(path, "schedule");
-  const YAML::Node sched = node["schedule"];
+  ARROW_RETURN_NOT_OK(CheckMap(node, path, {"schedule", "steps"}));
+  // Planner: {steps: ...} is piecewise constant, {schedule: ...} piecewise linear.
+  if (node["schedule"] && node["steps"]) {
+    return ConfigError(Join(path, "steps"), "give either schedule or steps, not both");
+  }
+  ws.stepwise = static_cast<bool>(node["steps"]);
+  const std::string spath = Join(path, ws.stepwise ? "steps" : "schedule");
+  const YAML::Node sched = node[ws.stepwise ? "steps" : "schedule"];
   if (!sched || !sched.IsSequence() || sched.size() == 0) {
     return ConfigError(spath, "must be a non-empty list of [step, weight] pairs");
   }
@@ -104,6 +109,50 @@ Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& pa
   }
   return ws;
 }
+
+// --- Planner: phases (docs/planner.md) ---
+// REQUIRES: c.sources and c.batch parsed (weights name sources; seq_len defaults).
+Result<std::vector<PhaseConfig>> ParsePhases(const YAML::Node& node, const Config& c) {
+  if (!node.IsSequence()) {
+    return ConfigError("phases", "must be a list of {until_step, seq_len, weights}");
+  }
+  std::vector<PhaseConfig> out;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string path = Index("phases", i);
+    const YAML::Node ph = node[i];
+    ARROW_RETURN_NOT_OK(CheckMap(ph, path, {"until_step", "seq_len", "weights"}));
+    PhaseConfig phase;
+    if (!ph["until_step"]) return ConfigError(Join(path, "until_step"), "is required");
+    ARROW_ASSIGN_OR_RAISE(phase.until_step,
+                          PositiveInt(ph["until_step"], Join(path, "until_step")));
+    if (!out.empty() && phase.until_step <= out.back().until_step) {
+      return ConfigError(Join(path, "until_step"),
+                         "must be greater than the previous phase's (" +
+                             std::to_string(out.back().until_step) + ")");
+    }
+    phase.seq_len = c.batch.seq_len;
+    if (ph["seq_len"]) {
+      ARROW_ASSIGN_OR_RAISE(phase.seq_len, PositiveInt(ph["seq_len"], Join(path, "seq_len")));
+    }
+    phase.weights.resize(c.sources.size());
+    if (const YAML::Node w = ph["weights"]) {
+      const std::string wpath = Join(path, "weights");
+      if (!w.IsMap()) return ConfigError(wpath, "must map source names to weights");
+      for (const auto& kv : w) {
+        const std::string name = kv.first.Scalar();
+        size_t k = 0;
+        while (k < c.sources.size() && c.sources[k].name != name) ++k;
+        if (k == c.sources.size()) {
+          return ConfigError(Join(wpath, name), "is not a source name");
+        }
+        ARROW_ASSIGN_OR_RAISE(phase.weights[k], ParseWeight(kv.second, Join(wpath, name)));
+      }
+    }
+    out.push_back(std::move(phase));
+  }
+  return out;
+}
+// --- end planner: phases ---
 
 std::string ResolvePath(const std::string& path, const std::string& base_dir) {
   if (path.find("://") != std::string::npos) return path;
@@ -202,6 +251,7 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   ARROW_RETURN_NOT_OK(CheckMap(node, path,
                                {"name", "path", "tokens_column", "text_column",
                                 "image_column", "weight", "oversize", "on_error",
+                                "storage",
                                 "shuffle_window", "chat", "workers"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
@@ -234,6 +284,23 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
         src.on_error, Enum<OnError>(node["on_error"], Join(path, "on_error"),
                                     {{"fail", OnError::kFail}, {"skip", OnError::kSkip}}));
   }
+  if (const YAML::Node storage = node["storage"]) {  // --- Storage ---
+    const std::string key = Join(path, "storage");
+    ARROW_RETURN_NOT_OK(CheckMap(storage, key, {"endpoint", "region"}));
+    if (storage["endpoint"]) {
+      ARROW_ASSIGN_OR_RAISE(src.storage_endpoint,
+                            Scalar<std::string>(storage["endpoint"], Join(key, "endpoint"),
+                                                "a URL such as http://127.0.0.1:9000"));
+    }
+    if (storage["region"]) {
+      ARROW_ASSIGN_OR_RAISE(src.storage_region,
+                            Scalar<std::string>(storage["region"], Join(key, "region"),
+                                                "a string"));
+    }
+    if (src.path.find("://") == std::string::npos) {
+      return ConfigError(key, "applies to s3:// and gs:// paths only");
+    }
+  }
   if (node["shuffle_window"]) {
     ARROW_ASSIGN_OR_RAISE(src.shuffle_window_rows,
                           PositiveInt(node["shuffle_window"], Join(path, "shuffle_window")));
@@ -251,9 +318,6 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     ARROW_ASSIGN_OR_RAISE(c.seed, Scalar<uint64_t>(root["seed"], "seed",
                                                    "a non-negative integer"));
   }
-  if (root["phases"]) {
-    return ConfigError("phases", "is not supported in this version (see docs/config.md)");
-  }
   if (root["tokenizer"]) {
     ARROW_ASSIGN_OR_RAISE(c.tokenizer, ParseTokenizer(root["tokenizer"], base_dir));
   }
@@ -266,10 +330,6 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
         ARROW_ASSIGN_OR_RAISE(*dims[i],
                               PositiveInt(t[names[i]], Join("topology", names[i])));
       }
-    }
-    if (c.topology.cp != 1) {
-      return ConfigError("topology.cp",
-                         "context parallelism is not supported in this version; use 1");
     }
   }
   const YAML::Node b = root["batch"];
@@ -295,7 +355,21 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     }
   }
   if (const YAML::Node bal = root["balance"]) {
-    ARROW_RETURN_NOT_OK(CheckMap(bal, "balance", {"cost", "algorithm"}));
+    ARROW_RETURN_NOT_OK(
+        CheckMap(bal, "balance", {"cost", "algorithm", "split", "max_piece"}));
+    // --- Planner: splitting levers (docs/planner.md) ---
+    if (bal["split"]) {
+      ARROW_ASSIGN_OR_RAISE(c.balance.split,
+                            Enum<BalanceConfig::Split>(
+                                bal["split"], "balance.split",
+                                {{"boundary", BalanceConfig::Split::kBoundary},
+                                 {"even", BalanceConfig::Split::kEven}}));
+    }
+    if (bal["max_piece"]) {
+      ARROW_ASSIGN_OR_RAISE(c.balance.max_piece,
+                            PositiveInt(bal["max_piece"], "balance.max_piece"));
+    }
+    // --- end planner ---
     if (const YAML::Node cost = bal["cost"]) {
       ARROW_RETURN_NOT_OK(CheckMap(cost, "balance.cost", {"attn", "linear"}));
       if (cost["attn"]) {
@@ -357,6 +431,11 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     }
     c.sources.push_back(std::move(src));
   }
+  // --- Planner: phases (docs/planner.md) ---
+  if (const YAML::Node phases = root["phases"]) {
+    ARROW_ASSIGN_OR_RAISE(c.phases, ParsePhases(phases, c));
+  }
+  // --- end planner: phases ---
   ARROW_RETURN_NOT_OK(ValidateConfig(c));
   return c;
 }
@@ -385,6 +464,11 @@ const char* ToString(BalanceAlgorithm v) {
 
 double WeightSchedule::At(int64_t step) const {
   if (step <= points.front().first) return points.front().second;
+  if (stepwise) {  // planner: piecewise constant, the last point at or before `step`
+    size_t i = 0;
+    while (i + 1 < points.size() && points[i + 1].first <= step) ++i;
+    return points[i].second;
+  }
   for (size_t i = 1; i < points.size(); ++i) {
     if (step <= points[i].first) {
       const auto& [s0, w0] = points[i - 1];
@@ -395,6 +479,28 @@ double WeightSchedule::At(int64_t step) const {
   }
   return points.back().second;
 }
+
+// --- Planner: per-step shape and weights (docs/planner.md) ---
+const PhaseConfig* Config::PhaseAt(int64_t step) const {
+  for (const PhaseConfig& p : phases) {
+    if (step < p.until_step) return &p;
+  }
+  return nullptr;
+}
+
+int64_t Config::SeqLenAt(int64_t step) const {
+  const PhaseConfig* p = PhaseAt(step);
+  return p ? p->seq_len : batch.seq_len;
+}
+
+double Config::WeightAt(size_t source, int64_t step) const {
+  const PhaseConfig* p = PhaseAt(step);
+  if (p && source < p->weights.size() && p->weights[source]) {
+    return p->weights[source]->At(step);
+  }
+  return sources[source].weight.At(step);
+}
+// --- end planner ---
 
 std::string Config::Fingerprint() const {
   std::ostringstream os;
@@ -437,16 +543,55 @@ Status ValidateConfig(const Config& c) {
                            std::to_string(group * b.seq_len) + "), got " +
                            std::to_string(b.global_tokens));
   }
+  // --- Planner: phases (docs/planner.md) ---
+  for (size_t i = 0; i < c.phases.size(); ++i) {
+    const std::string path = "phases[" + std::to_string(i) + "].seq_len";
+    const int64_t L = c.phases[i].seq_len;
+    if (b.global_tokens % L != 0 || (b.global_tokens / L) % group != 0) {
+      return ConfigError(path, "batch.global_tokens (" + std::to_string(b.global_tokens) +
+                                   ") must be a multiple of topology.dp * "
+                                   "batch.micro_batch_size * seq_len (" +
+                                   std::to_string(group * L) + ")");
+    }
+  }
+  // --- end planner: phases ---
+  // --- Views: context parallelism (construct/views.h, docs/parallelism.md) ---
+  // Every sequence splits into 2*cp equal chunks, in every phase.
+  if (c.topology.cp > 1) {
+    const int64_t parts = 2 * c.topology.cp;
+    for (size_t i = 0; i <= c.phases.size(); ++i) {
+      const bool base = i == c.phases.size();
+      const int64_t L = base ? b.seq_len : c.phases[i].seq_len;
+      if (L % parts != 0) {
+        const std::string key =
+            base ? "batch.seq_len" : "phases[" + std::to_string(i) + "].seq_len";
+        return ConfigError(key, "must be a multiple of 2 * topology.cp (" +
+                                    std::to_string(parts) +
+                                    ") to split sequences for context parallelism, got " +
+                                    std::to_string(L));
+      }
+    }
+  }
+  // --- end views ---
   // Weights may be 0 for a while, but some source must have weight at every step.
   std::vector<int64_t> steps{0};
   for (const auto& s : c.sources) {
     for (const auto& [step, w] : s.weight.points) steps.push_back(step);
   }
+  for (const auto& p : c.phases) {  // planner: phase boundaries and override points
+    steps.push_back(p.until_step);
+    if (p.until_step > 0) steps.push_back(p.until_step - 1);
+    for (const auto& w : p.weights) {
+      if (!w) continue;
+      for (const auto& [step, v] : w->points) steps.push_back(step);
+    }
+  }
   for (int64_t step : steps) {
     double total = 0;
-    for (const auto& s : c.sources) total += s.weight.At(step);
+    for (size_t k = 0; k < c.sources.size(); ++k) total += c.WeightAt(k, step);
     if (total <= 0) {
-      return ConfigError("sources", "all weights are 0 at step " + std::to_string(step));
+      return ConfigError(c.PhaseAt(step) ? "phases" : "sources",
+                         "all weights are 0 at step " + std::to_string(step));
     }
   }
   return Status::OK();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,9 @@ const char* ToString(BalanceAlgorithm v);
 struct WeightSchedule {
   // INVARIANT: non-empty, steps strictly increasing, weights >= 0.
   std::vector<std::pair<int64_t, double>> points{{0, 1.0}};
+  /// Planner (docs/planner.md): true for `{steps: ...}`, piecewise constant (each point's
+  /// weight holds until the next point); false for `{schedule: ...}`, piecewise linear.
+  bool stepwise = false;
 
   double At(int64_t step) const;
 };
@@ -69,6 +73,10 @@ struct SourceConfig {
   std::string text_column;  ///< string column, tokenized with Config::tokenizer
   ChatColumns chat;         ///< chat / instruction columns, tokenized with the tokenizer
   int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
+
+  // --- Storage (docs/config.md). Credentials come from the environment. ---
+  std::string storage_endpoint;  ///< e.g. "http://127.0.0.1:9000" for a local S3 server
+  std::string storage_region;
 };
 
 struct Topology {
@@ -87,7 +95,27 @@ struct BalanceConfig {
   double attn = 1.0;    ///< cost coefficient of L^2 (causal attention)
   double linear = 0.0;  ///< cost coefficient of L (MLP, projections)
   BalanceAlgorithm algorithm = BalanceAlgorithm::kKarmarkarKarp;
+  // --- Planner: splitting levers (docs/planner.md) ---
+  /// How a document longer than `max_piece` (0: the step's seq_len) is cut before
+  /// packing: kBoundary cuts only where a sequence ends (and at multiples of max_piece);
+  /// kEven cuts it into ceil(len / max_piece) near-equal pieces.
+  enum class Split { kBoundary, kEven };
+  Split split = Split::kBoundary;
+  int64_t max_piece = 0;
+  // --- end planner ---
 };
+
+// --- Planner: phases (docs/planner.md) ---
+/// Steps [previous phase's until_step, until_step) use this phase's sequence length and
+/// weight overrides; steps after the last phase use batch.seq_len and the sources' weights.
+struct PhaseConfig {
+  int64_t until_step = 0;
+  int64_t seq_len = 0;  ///< tokens per sequence in this phase (global_tokens is constant)
+  /// Per source (config order): the weight during this phase, or nullopt to keep the
+  /// source's own weight. Schedules use the global step.
+  std::vector<std::optional<WeightSchedule>> weights;
+};
+// --- end planner: phases ---
 
 struct RuntimeConfig {
   int64_t read_ahead_bytes = int64_t{64} << 20;  ///< payload bytes buffered per source
@@ -102,6 +130,7 @@ struct Config {
   std::vector<SourceConfig> sources;
   RuntimeConfig runtime;
   TokenizerConfig tokenizer;  ///< for text_column / chat sources
+  std::vector<PhaseConfig> phases;  ///< planner: until_step strictly increasing
   std::string base_dir;  ///< relative source paths resolve against this folder
 
   /// Sequences in one global step (global_tokens / seq_len); independent of dp.
@@ -110,6 +139,19 @@ struct Config {
   int64_t micro_batches_per_rank() const {
     return sequences_per_step() / (topology.dp * batch.micro_batch_size);
   }
+  // --- Planner: per-step shape and weights (phases; docs/planner.md) ---
+  /// The phase that holds `step`, or null after the last phase.
+  const PhaseConfig* PhaseAt(int64_t step) const;
+  /// The sequence length at `step`: its phase's, else batch.seq_len.
+  int64_t SeqLenAt(int64_t step) const;
+  /// Source `source`'s weight at `step` (its phase's override, else its own schedule).
+  double WeightAt(size_t source, int64_t step) const;
+  int64_t SequencesAt(int64_t step) const { return batch.global_tokens / SeqLenAt(step); }
+  int64_t MicroBatchesPerRankAt(int64_t step) const {
+    return SequencesAt(step) / (topology.dp * batch.micro_batch_size);
+  }
+  // --- end planner ---
+
   /// Hash of everything that determines the sample stream (seed, sources, sequence
   /// shape); weights and topology are excluded so a run may resume with new ones.
   std::string Fingerprint() const;

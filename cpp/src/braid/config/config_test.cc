@@ -246,11 +246,16 @@ TEST(ConfigTest, OtherBadValuesNameTheirPath) {
 }
 
 TEST(ConfigTest, UnsupportedFeaturesAreNamedErrors) {
-  ExpectConfigError("phases: [{until_step: 500, seq_len: 2048}]\n" + Minimal(), "phases");
+  // Phases are supported since issue 4 (planner); a bad phase names its key path.
+  EXPECT_TRUE(ParseConfig("phases: [{until_step: 500, seq_len: 2048}]\n" + Minimal(), "/b").ok());
+  ExpectConfigError("phases: [{until_step: 500, seq_len: 3000}]\n" + Minimal(),
+                    "phases[0].seq_len");
   ExpectConfigError(
       Minimal("{global_tokens: 4096, seq_len: 1024}", ", image_column: img"),
       "sources[0].image_column");
-  ExpectConfigError("topology: {cp: 2}\n" + Minimal(), "topology.cp");
+  // Context parallelism (views): sequences must split into 2*cp equal chunks.
+  ExpectConfigError("topology: {cp: 3}\n" + Minimal(), "batch.seq_len", "2 * topology.cp");
+  EXPECT_TRUE(ParseConfig("topology: {cp: 4}\n" + Minimal(), "/base").ok());
   ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, packing: false}"),
                     "batch.packing");
   ExpectConfigError("runtime: {kind: ray}\n" + Minimal(), "runtime.kind");

@@ -39,7 +39,20 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
     if (a.spread() != b.spread()) return a.spread() < b.spread();
     return a.order > b.order;
   };
-  std::priority_queue<Partial, std::vector<Partial>, decltype(cmp)> heap(cmp);
+  // A max-heap by spread over a plain vector, so partials move in and out (what
+  // std::priority_queue does, less its copy of top()).
+  std::vector<Partial> heap;
+  heap.reserve(sorted.size() / size_t(m) + 1);
+  auto push = [&](Partial p) {
+    heap.push_back(std::move(p));
+    std::push_heap(heap.begin(), heap.end(), cmp);
+  };
+  auto pop = [&] {
+    std::pop_heap(heap.begin(), heap.end(), cmp);
+    Partial p = std::move(heap.back());
+    heap.pop_back();
+    return p;
+  };
   int64_t next_order = 0;
   for (size_t start = 0; start < sorted.size(); start += size_t(m)) {
     Partial p;
@@ -51,13 +64,11 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
       p.bins[size_t(j)].items.push_back(item);
     }
     SortBins(&p.bins);
-    heap.push(std::move(p));
+    push(std::move(p));
   }
   while (heap.size() > 1) {
-    Partial a = heap.top();
-    heap.pop();
-    Partial b = heap.top();
-    heap.pop();
+    Partial a = pop();
+    Partial b = pop();
     // a's heaviest bin takes b's lightest, and so on.
     for (int64_t j = 0; j < m; ++j) {
       Bin& dst = a.bins[size_t(j)];
@@ -67,12 +78,14 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
     }
     SortBins(&a.bins);
     a.order = next_order++;
-    heap.push(std::move(a));
+    push(std::move(a));
   }
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(m));
   if (!heap.empty()) {
-    const Partial& final_partition = heap.top();
-    for (int64_t j = 0; j < m; ++j) out[size_t(j)] = final_partition.bins[size_t(j)].items;
+    Partial& final_partition = heap.front();
+    for (int64_t j = 0; j < m; ++j) {
+      out[size_t(j)] = std::move(final_partition.bins[size_t(j)].items);
+    }
   }
   return out;
 }
@@ -121,6 +134,22 @@ std::vector<std::vector<int32_t>> PartitionEqualCount(const std::vector<double>&
   }
   for (auto& bin : bins) std::sort(bin.begin(), bin.end());
   return bins;
+}
+
+std::vector<int32_t> MiddleHeavyOrder(const std::vector<double>& costs) {
+  const auto sorted = ByCostDescending(costs);
+  const int64_t n = static_cast<int64_t>(costs.size());
+  std::vector<int32_t> out(costs.size());
+  const int64_t center = (n - 1) / 2;
+  for (int64_t k = 0; k < n; ++k) {
+    // k = 0 -> center, 1 -> center+1, 2 -> center-1, 3 -> center+2, ...
+    const int64_t step = (k + 1) / 2;
+    int64_t pos = (k % 2 == 1) ? center + step : center - step;
+    if (pos >= n) pos = center - step;  // n even: the right side is exhausted first
+    if (pos < 0) pos = center + step;
+    out[size_t(pos)] = sorted[size_t(k)];
+  }
+  return out;
 }
 
 double Imbalance(const std::vector<double>& costs,

@@ -28,6 +28,12 @@ std::vector<std::vector<int32_t>> PartitionEqualCount(const std::vector<double>&
                                                       int64_t num_bins,
                                                       BalanceAlgorithm algorithm);
 
+/// An order of items with the heaviest in the middle and costs falling towards both ends
+/// (a "mountain"): the heaviest at position (n-1)/2, then alternately right and left of
+/// it. Returns item indices by position. Ties break on item index. Used to order a rank's
+/// micro-batches so pipeline warm-up and cool-down see the light ones.
+std::vector<int32_t> MiddleHeavyOrder(const std::vector<double>& costs);
+
 /// max(bin sum) / mean(bin sum) of a partition; 1.0 for an empty or all-zero one.
 double Imbalance(const std::vector<double>& costs,
                  const std::vector<std::vector<int32_t>>& bins);

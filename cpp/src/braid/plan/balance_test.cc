@@ -456,5 +456,16 @@ TEST(BalanceTest, GreedyRespectsCountsWhereUnconstrainedLptWouldNot) {
   EXPECT_DOUBLE_EQ(MaxBinSum(costs, bins), 101.0);
 }
 
+
+TEST(BalanceTest, MiddleHeavyOrderPutsTheHeaviestInTheMiddle) {
+  EXPECT_EQ(MiddleHeavyOrder({}), std::vector<int32_t>{});
+  EXPECT_EQ(MiddleHeavyOrder({5}), std::vector<int32_t>{0});
+  // Costs 1..5 at indices 0..4: heaviest (4) at 2, then 3 right of it, 2 left, ...
+  EXPECT_EQ(MiddleHeavyOrder({1, 2, 3, 4, 5}), (std::vector<int32_t>{0, 2, 4, 3, 1}));
+  EXPECT_EQ(MiddleHeavyOrder({4, 3, 2, 1}), (std::vector<int32_t>{2, 0, 1, 3}));
+  // Ties break on index: deterministic.
+  EXPECT_EQ(MiddleHeavyOrder({1, 1, 1}), (std::vector<int32_t>{2, 0, 1}));
+}
+
 }  // namespace
 }  // namespace braid

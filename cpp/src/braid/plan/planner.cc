@@ -18,6 +18,45 @@ StreamPos After(StreamPos pos) {
   return pos;
 }
 
+// The splitting lever (balance.split / balance.max_piece): cuts every piece of a document
+// longer than the cap at the document's cut points (token offsets in the document, so the
+// result does not depend on how the quota cut the document). Keeps the pieces' order.
+void CutLongPieces(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece>* pieces) {
+  const int64_t cap = b.max_piece > 0 ? std::min(b.max_piece, seq_len) : seq_len;
+  const bool even = b.split == BalanceConfig::Split::kEven;
+  if (!even && cap >= seq_len) return;  // boundary cuts happen while packing
+  bool any = false;
+  for (const DocPiece& p : *pieces) any = any || p.doc_tokens > cap;
+  if (!any) return;
+  std::vector<DocPiece> out;
+  out.reserve(pieces->size() + pieces->size() / 4);
+  for (DocPiece& p : *pieces) {
+    const int64_t total = p.doc_tokens;
+    if (total <= cap) {
+      out.push_back(std::move(p));
+      continue;
+    }
+    const int64_t n = (total + cap - 1) / cap;
+    // The k-th cut point: k*total/n (even) or k*cap (boundary).
+    auto cut = [&](int64_t k) { return even ? k * total / n : std::min(k * cap, total); };
+    const int64_t end = p.start + p.len;
+    // First piece index whose end lies beyond p.start.
+    int64_t k = even ? (p.start * n) / total : p.start / cap;
+    while (cut(k + 1) <= p.start) ++k;
+    int64_t at = p.start;
+    while (at < end) {
+      const int64_t stop = std::min(end, cut(k + 1));
+      DocPiece part = p;
+      part.start = at;
+      part.len = stop - at;
+      out.push_back(std::move(part));
+      at = stop;
+      ++k;
+    }
+  }
+  *pieces = std::move(out);
+}
+
 }  // namespace
 
 Planner::Planner(const Config& config, std::vector<SampleStream*> streams,
@@ -51,7 +90,7 @@ std::vector<int64_t> Planner::Quotas(int64_t capacity) {
   std::vector<double> weights(n);
   double total = 0;
   for (size_t i = 0; i < n; ++i) {
-    weights[i] = config_.sources[i].weight.At(state_.step);
+    weights[i] = config_.WeightAt(i, state_.step);
     total += weights[i];
   }
   std::vector<double> ideal(n, 0.0);
@@ -92,18 +131,21 @@ std::vector<int64_t> Planner::Quotas(int64_t capacity) {
   return quota;
 }
 
-Status Planner::Draw(int32_t source, int64_t quota, std::vector<DocPiece>* pieces) {
+Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
+                     std::vector<DocPiece>* pieces) {
   auto& cursor = state_.sources[size_t(source)];
   Sample& head = heads_[size_t(source)];
   const SourceConfig& src = config_.sources[size_t(source)];
-  const int64_t seq_len = config_.batch.seq_len;
   int64_t need = quota;
   int64_t skipped_in_a_row = 0;
   while (need > 0) {
     if (!has_head_[size_t(source)]) {
       ARROW_ASSIGN_OR_RAISE(head, streams_[size_t(source)]->Next());
       bool skip = head.meta.skip != SkipReason::kNone;
-      if (!skip && src.oversize == Oversize::kSkip && head.meta.tokens > seq_len) {
+      // A document already partly consumed (a resume inside it, perhaps across a phase
+      // boundary that shortened seq_len) is finished, never skipped half-way.
+      if (!skip && src.oversize == Oversize::kSkip && cursor.head_start == 0 &&
+          head.meta.tokens > seq_len) {
         head.meta.skip = SkipReason::kOversize;
         skip = true;
       }
@@ -129,6 +171,15 @@ Status Planner::Draw(int32_t source, int64_t quota, std::vector<DocPiece>* piece
     // is not longer than the consumed part, the state does not belong to this data (files
     // changed, or a hand-edited state). Planning on would draw more tokens than the step
     // holds.
+    if (cursor.head_start >= doc_tokens && src.oversize == Oversize::kTruncate &&
+        cursor.head_start < head.meta.tokens) {
+      // Truncated at a longer seq_len before a phase boundary: that document is done.
+      cursor.next = After(head.meta.pos);
+      cursor.head_start = 0;
+      has_head_[size_t(source)] = false;
+      head = Sample{};
+      continue;
+    }
     if (cursor.head_start >= doc_tokens) {
       return ConfigError("state.sources[" + std::to_string(source) + "].head_start",
                          std::to_string(cursor.head_start) +
@@ -162,8 +213,8 @@ Status Planner::Draw(int32_t source, int64_t quota, std::vector<DocPiece>* piece
 }
 
 Result<StepPlan> Planner::PlanStep() {
-  const int64_t seq_len = config_.batch.seq_len;
-  const int64_t num_sequences = config_.sequences_per_step();
+  const int64_t seq_len = config_.SeqLenAt(state_.step);  // the phase's
+  const int64_t num_sequences = config_.batch.global_tokens / seq_len;
   const int64_t capacity = num_sequences * seq_len;
   StepPlan plan;
   plan.step = state_.step;
@@ -173,15 +224,49 @@ Result<StepPlan> Planner::PlanStep() {
   // 1-2. Quotas and draw, source by source.
   plan.source_tokens = Quotas(capacity);
   std::vector<DocPiece> pieces;
+  pieces.reserve(pieces_hint_ + pieces_hint_ / 8 + 16);  // last step's count
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (plan.source_tokens[i] > 0) {
-      ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], &pieces));
+      ARROW_RETURN_NOT_OK(
+          Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len, &pieces));
     }
   }
   // 3. Interleave and pack in that order.
   internal::Rng rng(internal::DeriveSeed({config_.seed, kDrawSalt, uint64_t(state_.step)}));
-  rng.Shuffle(&pieces);
+  // Shuffle indices with the same swaps (the same permutation), then move each piece
+  // once: cheaper than swapping the pieces themselves.
+  {
+    std::vector<int32_t> perm(pieces.size());
+    std::iota(perm.begin(), perm.end(), 0);
+    rng.Shuffle(&perm);
+    std::vector<DocPiece> shuffled;
+    shuffled.reserve(pieces.size());
+    for (int32_t k : perm) shuffled.push_back(std::move(pieces[size_t(k)]));
+    pieces = std::move(shuffled);
+  }
+  pieces_hint_ = pieces.size();
+  CutLongPieces(config_.balance, seq_len, &pieces);
   std::vector<Sequence> sequences(static_cast<size_t>(num_sequences));
+  // Pass 1 counts the parts of each sequence so that pass 2 allocates each once.
+  {
+    std::vector<int32_t> parts(sequences.size(), 0);
+    size_t current = 0;
+    int64_t filled = 0;
+    for (const DocPiece& piece : pieces) {
+      int64_t len = piece.len;
+      while (len > 0) {
+        const int64_t take = std::min(seq_len - filled, len);
+        ++parts[current];
+        len -= take;
+        filled += take;
+        if (filled == seq_len) {
+          ++current;
+          filled = 0;
+        }
+      }
+    }
+    for (size_t k = 0; k < sequences.size(); ++k) sequences[k].docs.reserve(size_t(parts[k]));
+  }
   size_t current = 0;
   for (DocPiece& piece : pieces) {
     while (piece.len > 0) {
@@ -203,37 +288,66 @@ Result<StepPlan> Planner::PlanStep() {
   const int64_t dp = config_.topology.dp;
   const auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
   plan.imbalance = Imbalance(costs, rank_bins);
-  plan.sequential_imbalance =
-      Imbalance(costs, PartitionEqualCount(costs, dp, BalanceAlgorithm::kNone));
+  {  // in order, num_sequences / dp consecutive sequences per rank
+    const size_t per = costs.size() / size_t(dp);
+    double max_sum = 0, total = 0;
+    for (size_t r = 0; r < size_t(dp); ++r) {
+      double sum = 0;
+      for (size_t k = r * per; k < (r + 1) * per; ++k) sum += costs[k];
+      max_sum = std::max(max_sum, sum);
+      total += sum;
+    }
+    plan.sequential_imbalance = total > 0 ? max_sum / (total / double(dp)) : 1.0;
+  }
   const int64_t mbs = config_.batch.micro_batch_size;
-  const int64_t n_micro = config_.micro_batches_per_rank();
+  const int64_t n_micro = num_sequences / (dp * mbs);
   plan.ranks.resize(static_cast<size_t>(dp));
   for (int64_t r = 0; r < dp; ++r) {
     RankPlan& rank = plan.ranks[size_t(r)];
     rank.dp = r;
     const auto& members = rank_bins[size_t(r)];
-    std::vector<std::vector<int32_t>> micro_bins;
+    // Micro-batch k holds flat[k * mbs .. (k + 1) * mbs): the rank's sequences in order
+    // (mbs 1), or partitioned over the micro-batches like the ranks.
+    std::vector<int32_t> flat;
+    flat.reserve(members.size());
     if (mbs == 1) {
-      for (int32_t m : members) micro_bins.push_back({m});
+      flat = members;
     } else {
       std::vector<double> member_costs;
       for (int32_t m : members) member_costs.push_back(costs[size_t(m)]);
       for (auto& bin : PartitionEqualCount(member_costs, n_micro,
                                            config_.balance.algorithm)) {
-        for (auto& k : bin) k = members[size_t(k)];
-        micro_bins.push_back(std::move(bin));
+        for (int32_t k : bin) flat.push_back(members[size_t(k)]);
       }
     }
-    for (const auto& bin : micro_bins) {
+    // Each sequence belongs to exactly one micro-batch: move, never copy.
+    std::vector<MicroBatch> built;
+    built.reserve(size_t(n_micro));
+    std::vector<double> mb_costs;
+    mb_costs.reserve(size_t(n_micro));
+    for (int64_t k = 0; k < n_micro; ++k) {
       MicroBatch mb;
-      for (int32_t s : bin) {
+      mb.sequences.reserve(size_t(mbs));
+      for (int64_t j = k * mbs; j < (k + 1) * mbs; ++j) {
+        const int32_t s = flat[size_t(j)];
         mb.tokens += sequences[size_t(s)].tokens;
         mb.cost += sequences[size_t(s)].cost;
-        mb.sequences.push_back(sequences[size_t(s)]);
+        mb.sequences.push_back(std::move(sequences[size_t(s)]));
       }
       rank.tokens += mb.tokens;
       rank.cost += mb.cost;
-      rank.micro_batches.push_back(std::move(mb));
+      mb_costs.push_back(mb.cost);
+      built.push_back(std::move(mb));
+    }
+    // Heaviest micro-batches in the middle of the rank's order (fewer pipeline bubbles);
+    // `none` keeps the per-rank loader's order.
+    if (config_.balance.algorithm == BalanceAlgorithm::kNone) {
+      rank.micro_batches = std::move(built);
+    } else {
+      rank.micro_batches.reserve(built.size());
+      for (int32_t k : MiddleHeavyOrder(mb_costs)) {
+        rank.micro_batches.push_back(std::move(built[size_t(k)]));
+      }
     }
   }
   ++state_.step;

@@ -52,7 +52,7 @@ class Planner {
  private:
   Planner(const Config& config, std::vector<SampleStream*> streams, PlannerState state);
   std::vector<int64_t> Quotas(int64_t capacity);
-  Status Draw(int32_t source, int64_t quota, std::vector<DocPiece>* pieces);
+  Status Draw(int32_t source, int64_t quota, int64_t seq_len, std::vector<DocPiece>* pieces);
 
   const Config config_;
   std::vector<SampleStream*> streams_;
@@ -60,6 +60,7 @@ class Planner {
   // The sample at state_.sources[i].next when it has been read but not fully consumed.
   std::vector<Sample> heads_;
   std::vector<bool> has_head_;
+  size_t pieces_hint_ = 0;  // pieces of the last step (a reserve hint; not state)
 };
 
 }  // namespace braid

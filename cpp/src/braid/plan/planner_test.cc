@@ -166,7 +166,7 @@ using DocLookup = std::function<const std::vector<int32_t>&(int32_t, int32_t, in
 // carry their tokens, costs and token sums add up, every rank has micro_batches_per_rank
 // micro-batches of micro_batch_size sequences, and per-source tokens match the quotas.
 void CheckStepShape(const StepPlan& plan, const Config& config, const DocLookup& doc) {
-  const int64_t L = config.batch.seq_len;
+  const int64_t L = config.SeqLenAt(plan.step);  // the phase's (batch.seq_len without)
   ASSERT_EQ(plan.seq_len, L);
   ASSERT_EQ(plan.ranks.size(), size_t(config.topology.dp));
   int64_t step_tokens = 0;
@@ -174,7 +174,7 @@ void CheckStepShape(const StepPlan& plan, const Config& config, const DocLookup&
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
     const RankPlan& rank = plan.ranks[r];
     EXPECT_EQ(rank.dp, int64_t(r));
-    ASSERT_EQ(int64_t(rank.micro_batches.size()), config.micro_batches_per_rank());
+    ASSERT_EQ(int64_t(rank.micro_batches.size()), config.MicroBatchesPerRankAt(plan.step));
     int64_t rank_tokens = 0;
     double rank_cost = 0;
     for (const MicroBatch& mb : rank.micro_batches) {
@@ -985,6 +985,322 @@ TEST_F(PlannerParquetTest, DpDoesNotChangeTheDocumentsOnRealFiles) {
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(PieceSet(a[i]), PieceSet(b[i]));
+}
+
+
+// ---------------------------------------------------------------------------
+// Phases, stepwise schedules, micro-batch order, elastic and changed-mix resume (issue 4).
+
+// Steps [0, 20) at seq_len 128 with web off; later steps at batch.seq_len 256.
+Config PhasedConfig(const std::vector<MemorySource>& sources, Shape shape,
+                    int64_t until = 20, int64_t phase_len = 128) {
+  Config c = MakeConfig(sources, shape);
+  PhaseConfig phase;
+  phase.until_step = until;
+  phase.seq_len = phase_len;
+  phase.weights.resize(c.sources.size());
+  phase.weights[0] = Constant(0.0);
+  phase.weights[1] = Constant(0.5);
+  c.phases.push_back(phase);
+  EXPECT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c).ToString();
+  return c;
+}
+
+TEST(PlannerPhaseTest, PhaseSetsSeqLenAndWeightsThenBatchShapeResumes) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  shape.sequences = 16;
+  shape.dp = 2;
+  const Config config = PhasedConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto early = job.Plan(20);
+  ASSERT_EQ(early.size(), 20u);
+  EXPECT_EQ(job.stream(0).next_calls(), 0);  // weight 0 in the phase: never read
+  for (const auto& plan : early) {
+    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+      return job.Doc(s, f, r);
+    });
+    EXPECT_EQ(plan.seq_len, 128);
+    for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 16u);
+    EXPECT_EQ(plan.source_tokens[0], 0);
+    // code 0.5 vs math 0.1 (its own weight): 5/6 of the tokens.
+    EXPECT_NEAR(double(plan.source_tokens[1]), 4096.0 * 5 / 6, 1.0);
+    EXPECT_NE(StepPlanToJson(plan, config).find("\"seq_len\":128"), std::string::npos);
+  }
+  const auto late = job.Plan(10);
+  for (const auto& plan : late) {
+    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+      return job.Doc(s, f, r);
+    });
+    EXPECT_EQ(plan.seq_len, 256);
+    for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 8u);
+    EXPECT_NEAR(double(plan.source_tokens[0]), 4096.0 * 0.6, 2.0);
+  }
+  EXPECT_GT(job.stream(0).next_calls(), 0);
+}
+
+TEST(PlannerPhaseTest, ShareWithinOnePercentOverAnyHundredStepsOfAPhase) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  shape.sequences = 8;
+  const Config config = PhasedConfig(sources, shape, /*until=*/150, /*phase_len=*/128);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(300);
+  ASSERT_EQ(plans.size(), 300u);
+  for (int64_t begin : {0, 25, 50, 150, 175, 200}) {
+    std::vector<double> tokens(3, 0.0), target(3, 0.0);
+    double all = 0;
+    for (int64_t t = begin; t < begin + 100; ++t) {
+      double wsum = 0;
+      for (size_t s = 0; s < 3; ++s) wsum += config.WeightAt(s, t);
+      for (size_t s = 0; s < 3; ++s) {
+        tokens[s] += double(plans[size_t(t)].source_tokens[s]);
+        target[s] += config.WeightAt(s, t) / wsum / 100.0;
+        all += double(plans[size_t(t)].source_tokens[s]);
+      }
+    }
+    for (size_t s = 0; s < 3; ++s) {
+      EXPECT_NEAR(tokens[s] / all, target[s], 0.01) << "window " << begin << " src " << s;
+    }
+  }
+}
+
+TEST(PlannerPhaseTest, ResumeAcrossAPhaseBoundaryContinuesExactly) {
+  for (Oversize oversize : {Oversize::kSplit, Oversize::kTruncate, Oversize::kSkip}) {
+    auto sources = ThreeSources();
+    for (auto& s : sources) s.oversize = oversize;
+    Shape shape;
+    shape.seq_len = 1024;
+    shape.sequences = 4;
+    const Config config = PhasedConfig(sources, shape, /*until=*/12, /*phase_len=*/256);
+    const auto full = MemoryJob(config, sources).PlanJson(24);
+    ASSERT_EQ(full.size(), 24u);
+    for (int64_t cut : {5, 12, 13, 20}) {
+      MemoryJob first(config, sources);
+      auto head = first.PlanJson(cut);
+      auto restored =
+          PlannerStateFromJson(PlannerStateToJson(first.planner().state(), config), config);
+      ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+      MemoryJob second(config, sources, *restored);
+      auto tail = second.PlanJson(24 - cut);
+      head.insert(head.end(), tail.begin(), tail.end());
+      ASSERT_EQ(head.size(), full.size());
+      for (size_t i = 0; i < full.size(); ++i) {
+        EXPECT_EQ(head[i], full[i]) << ToString(oversize) << " cut " << cut << " step " << i;
+      }
+    }
+  }
+}
+
+TEST(PlannerPhaseTest, FingerprintIgnoresPhasesAndWeights) {
+  auto sources = ThreeSources();
+  const Config plain = MakeConfig(sources, Shape{});
+  const Config phased = PhasedConfig(sources, Shape{});
+  EXPECT_EQ(plain.Fingerprint(), phased.Fingerprint());
+}
+
+TEST(PlannerPhaseTest, StepwiseScheduleIsPiecewiseConstant) {
+  WeightSchedule w{{{0, 0.1}, {10, 0.5}, {20, 0.0}}};
+  w.stepwise = true;
+  EXPECT_EQ(w.At(0), 0.1);
+  EXPECT_EQ(w.At(9), 0.1);
+  EXPECT_EQ(w.At(10), 0.5);
+  EXPECT_EQ(w.At(19), 0.5);
+  EXPECT_EQ(w.At(20), 0.0);
+  EXPECT_EQ(w.At(1000), 0.0);
+  w.stepwise = false;
+  EXPECT_DOUBLE_EQ(w.At(5), 0.3);
+}
+
+TEST(PlannerPhaseTest, ParsesPhasesAndStepsAndNamesBadKeys) {
+  const std::string base = R"(
+batch: {global_tokens: 4096, seq_len: 1024}
+topology: {dp: 2}
+sources:
+  - {name: a, path: /x/a, tokens_column: t, weight: {steps: [[0, 0.1], [100, 0.3]]}}
+  - {name: b, path: /x/b, tokens_column: t}
+)";
+  auto ok = ParseConfig(base + R"(phases:
+  - {until_step: 10, seq_len: 512, weights: {b: 0}}
+  - {until_step: 20, seq_len: 2048, weights: {a: {schedule: [[10, 1], [20, 2]]}}}
+)", "/");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_TRUE(ok->sources[0].weight.stepwise);
+  EXPECT_EQ(ok->SeqLenAt(0), 512);
+  EXPECT_EQ(ok->SeqLenAt(10), 2048);
+  EXPECT_EQ(ok->SeqLenAt(20), 1024);
+  EXPECT_EQ(ok->WeightAt(1, 5), 0.0);
+  EXPECT_EQ(ok->WeightAt(1, 15), 1.0);
+  EXPECT_DOUBLE_EQ(ok->WeightAt(0, 15), 1.5);
+  EXPECT_DOUBLE_EQ(ok->WeightAt(0, 50), 0.1);
+  EXPECT_DOUBLE_EQ(ok->WeightAt(0, 150), 0.3);
+  struct Bad {
+    std::string text;
+    std::string key;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {"phases:\n  - {until_step: 10, seq_len: 4096}\n", "phases[0].seq_len"},
+           {"phases:\n  - {until_step: 10, seq_len: 3000}\n", "phases[0].seq_len"},
+           {"phases:\n  - {until_step: 10}\n  - {until_step: 5}\n", "phases[1].until_step"},
+           {"phases:\n  - {until_step: 10, weights: {c: 1}}\n", "phases[0].weights.c"},
+           {"phases:\n  - {until_step: 10, bogus: 1}\n", "phases[0].bogus"},
+           {"phases:\n  - {seq_len: 512}\n", "phases[0].until_step"},
+           {"phases:\n  - {until_step: 10, weights: {a: 0, b: 0}}\n", "phases"},
+       }) {
+    auto r = ParseConfig(base + bad.text, "/");
+    ASSERT_FALSE(r.ok()) << bad.text;
+    EXPECT_THAT(r.status().message(), HasSubstr(bad.key)) << r.status().ToString();
+  }
+}
+
+TEST(PlannerOrderTest, HeaviestMicroBatchesSitInTheMiddle) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  shape.sequences = 32;
+  shape.dp = 2;
+  shape.mbs = 2;  // 8 micro-batches per rank
+  const Config config = MakeConfig(sources, shape);
+  const auto plans = MemoryJob(config, sources).Plan(10);
+  for (const auto& plan : plans) {
+    for (const auto& rank : plan.ranks) {
+      const auto& mb = rank.micro_batches;
+      const size_t peak = (mb.size() - 1) / 2;  // costs may tie: compare with <=
+      for (size_t k = 0; k < peak; ++k) EXPECT_LE(mb[k].cost, mb[k + 1].cost);
+      for (size_t k = peak; k + 1 < mb.size(); ++k) EXPECT_GE(mb[k].cost, mb[k + 1].cost);
+    }
+  }
+}
+
+// Elastic resume: a state saved at dp=8 continues at dp=4 and dp=16 with the documents of
+// every step unchanged.
+TEST(PlannerElasticTest, StateSavedAtDp8ResumesAtDp4AndDp16WithTheSameDocuments) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  shape.sequences = 32;
+  shape.dp = 8;
+  const Config config8 = MakeConfig(sources, shape);
+  const auto full = MemoryJob(config8, sources).Plan(20);
+  MemoryJob first(config8, sources);
+  first.Plan(8);
+  const std::string saved = PlannerStateToJson(first.planner().state(), config8);
+  for (int64_t dp : {4, 16}) {
+    Config other = config8;
+    ASSERT_TRUE(SetDataParallel(&other, dp).ok());
+    auto state = PlannerStateFromJson(saved, other);
+    ASSERT_TRUE(state.ok()) << state.status().ToString();
+    const auto tail = MemoryJob(other, sources, *state).Plan(12);
+    ASSERT_EQ(tail.size(), 12u);
+    for (size_t i = 0; i < tail.size(); ++i) {
+      EXPECT_EQ(tail[i].ranks.size(), size_t(dp));
+      EXPECT_EQ(PieceSet(tail[i]), PieceSet(full[8 + i])) << "dp " << dp << " step " << i;
+      EXPECT_EQ(tail[i].state_after, full[8 + i].state_after);
+    }
+  }
+}
+
+// Changed-mix resume: every source continues from its own cursor (its consumed tokens form
+// a gap-free, overlap-free prefix of its stream) and the new weights hold from that step.
+TEST(PlannerElasticTest, ChangedWeightsContinueEverySourceFromItsCursor) {
+  auto sources = ThreeSources(0.6, 0.3, 0.1);
+  Shape shape;
+  shape.seq_len = 256;
+  shape.sequences = 16;
+  const Config before = MakeConfig(sources, shape);
+  MemoryJob first(before, sources);
+  auto plans = first.Plan(10);
+  const std::string saved = PlannerStateToJson(first.planner().state(), before);
+  auto changed = ThreeSources(0.1, 0.2, 0.7);
+  const Config after = MakeConfig(changed, shape);
+  auto state = PlannerStateFromJson(saved, after);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  MemoryJob second(after, changed, *state);
+  const auto tail = second.Plan(10);
+  for (const auto& p : tail) {
+    EXPECT_NEAR(double(p.source_tokens[0]), 0.1 * 4096, 2.0) << p.step;
+    EXPECT_NEAR(double(p.source_tokens[2]), 0.7 * 4096, 2.0) << p.step;
+  }
+  plans.insert(plans.end(), tail.begin(), tail.end());
+  for (int32_t s = 0; s < 3; ++s) {
+    // Pieces of this source per document, in stream order.
+    std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> by_row;  // row -> (start,len)
+    for (const auto& p : plans) {
+      for (const auto& piece : PieceSet(p)) {
+        if (std::get<0>(piece) != s) continue;
+        ASSERT_EQ(std::get<3>(piece), 0);  // one epoch is enough here
+        const int64_t row = first.stream(size_t(s)).GlobalRow(std::get<1>(piece),
+                                                              std::get<2>(piece));
+        by_row[row].emplace_back(std::get<4>(piece), std::get<5>(piece));
+      }
+    }
+    const auto order = first.stream(size_t(s)).EpochOrder(0);
+    size_t k = 0;
+    for (; k < order.size() && by_row.count(order[k]); ++k) {
+      auto pieces = by_row[order[k]];
+      std::sort(pieces.begin(), pieces.end());
+      int64_t next = 0;
+      for (const auto& [start, len] : pieces) {
+        EXPECT_EQ(start, next) << "source " << s << " row " << order[k];
+        next = start + len;
+      }
+      if (k + 1 < by_row.size()) {
+        EXPECT_EQ(next, int64_t(first.Doc(s, int32_t(order[k] / kRowsPerFile),
+                                          order[k] % kRowsPerFile).size()))
+            << "source " << s << ": a document was left unfinished";
+      }
+    }
+    EXPECT_EQ(k, by_row.size()) << "source " << s << ": documents skipped in the stream";
+  }
+}
+
+
+// The splitting levers cut long documents differently but draw the same documents and
+// tokens, keep every sequence full, and never produce a piece above the cap.
+TEST(PlannerSplitTest, LeversKeepTheDrawAndCapPieces) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 512;
+  shape.sequences = 16;
+  shape.dp = 4;
+  const Config base = MakeConfig(sources, shape);
+  const auto reference = MemoryJob(base, sources).Plan(12);
+  struct Lever {
+    BalanceConfig::Split split;
+    int64_t max_piece;
+  };
+  for (const Lever& lever : {Lever{BalanceConfig::Split::kEven, 0},
+                             Lever{BalanceConfig::Split::kEven, 200},
+                             Lever{BalanceConfig::Split::kBoundary, 256}}) {
+    Config config = base;
+    config.balance.split = lever.split;
+    config.balance.max_piece = lever.max_piece;
+    MemoryJob job(config, sources);
+    const auto plans = job.Plan(12);
+    ASSERT_EQ(plans.size(), reference.size());
+    const int64_t cap = lever.max_piece > 0 ? lever.max_piece : shape.seq_len;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      CheckStepShape(plans[i], config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+        return job.Doc(s, f, r);
+      });
+      EXPECT_EQ(plans[i].state_after, reference[i].state_after);
+      EXPECT_EQ(plans[i].source_tokens, reference[i].source_tokens);
+      // Same tokens of the same documents: per document, the covered token count.
+      std::map<DocKey, int64_t> a, b;
+      for (const auto& p : PieceSet(plans[i])) {
+        EXPECT_LE(std::get<5>(p), cap);
+        a[DocKey{std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p)}] +=
+            std::get<5>(p);
+      }
+      for (const auto& p : PieceSet(reference[i])) {
+        b[DocKey{std::get<0>(p), std::get<1>(p), std::get<2>(p), std::get<3>(p)}] +=
+            std::get<5>(p);
+      }
+      EXPECT_EQ(a, b) << "step " << i;
+    }
+  }
 }
 
 }  // namespace

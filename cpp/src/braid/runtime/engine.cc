@@ -1,6 +1,7 @@
 #include "braid/runtime/engine.h"
 
 #include "braid/construct/constructor.h"
+#include "braid/construct/views.h"
 
 namespace braid {
 
@@ -18,6 +19,15 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
     if (r < 0 || r >= config.topology.dp) {
       return ConfigError("rank", "DP rank " + std::to_string(r) + " is outside dp=" +
                                      std::to_string(config.topology.dp));
+    }
+  }
+  if (options.view) {
+    const RankCoords& v = *options.view;
+    if (v.tp < 0 || v.tp >= config.topology.tp || v.pp < 0 || v.pp >= config.topology.pp ||
+        v.cp < 0 || v.cp >= config.topology.cp) {
+      return ConfigError("rank", "view coordinates (tp " + std::to_string(v.tp) + ", pp " +
+                                     std::to_string(v.pp) + ", cp " + std::to_string(v.cp) +
+                                     ") are outside the topology");
     }
   }
   std::unique_ptr<Engine> engine(new Engine(config, std::move(options)));
@@ -97,6 +107,7 @@ void Engine::ConstructorLoop() {
            ++mb, ++index) {
         if (first && index < skip_first_) continue;
         auto batch = BuildMicroBatch(*item->plan, dp, mb);
+        if (batch.ok() && options_.view) batch = View(std::move(*batch));
         if (!batch.ok()) {
           batches_.Push(BatchItem{batch.status(), nullptr, nullptr, 0});
           return;
@@ -110,6 +121,17 @@ void Engine::ConstructorLoop() {
     }
     first = false;
   }
+}
+
+Result<Batch> Engine::View(Batch batch) const {
+  Topology topology = config_.topology;
+  RankCoords coords = *options_.view;
+  coords.dp = batch.dp;
+  if (!options_.split_context) {
+    topology.cp = 1;
+    coords.cp = 0;
+  }
+  return ViewFor(batch, topology, coords);
 }
 
 Result<std::shared_ptr<const Batch>> Engine::Next() {

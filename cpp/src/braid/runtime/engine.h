@@ -7,7 +7,8 @@
 // nothing busy-waits. The engine decides nothing itself: the planner plans, the
 // constructor executes.
 //
-// Micro-batches come out in (step, dp rank, micro-batch) order. Several processes that
+// Micro-batches come out in (step, dp rank, micro-batch) order; with Options::view set,
+// each is this trainer rank's view of the micro-batch (TP/PP/CP, construct/views.h). Several processes that
 // each embed an Engine compute the same global plan (it is deterministic) and each builds
 // only its own ranks.
 //
@@ -18,10 +19,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "braid/client/topology.h"
 #include "braid/config/config.h"
 #include "braid/construct/batch.h"
 #include "braid/plan/planner.h"
@@ -40,10 +43,19 @@ class Engine {
     std::string state_json;
     /// Called on the planner thread with every plan, before its batches are built.
     std::function<void(const StepPlan&)> on_plan;
+    /// This trainer rank's tp, pp and cp coordinates (dp is ignored: each micro-batch's
+    /// own DP rank is used). When set, Next() returns the rank's view of every
+    /// micro-batch (construct/views.h), made on the constructor thread from the one
+    /// build; unset, Next() returns the DP group's whole micro-batch, and a process that
+    /// serves several ranks of the group calls ViewFor() on it once per rank.
+    std::optional<RankCoords> view;
+    /// With `view` and topology.cp > 1: false hands every CP rank the whole sequences
+    /// (for trainers that split for CP themselves, e.g. Megatron's get_batch).
+    bool split_context = true;
   };
 
   /// Opens every source and starts the threads. Fails on a bad state (key "state"), a bad
-  /// source (its file), or a dp rank outside the topology.
+  /// source (its file), or a dp rank or view coordinate outside the topology ("rank").
   static Result<std::unique_ptr<Engine>> Make(const Config& config, Options options);
   ~Engine();
 
@@ -72,6 +84,7 @@ class Engine {
   Engine(const Config& config, Options options);
   void PlannerLoop();
   void ConstructorLoop();
+  Result<Batch> View(Batch batch) const;  // options_.view's view of a built batch
   void Stop();
 
   const Config config_;

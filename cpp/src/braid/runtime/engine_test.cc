@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "braid/construct/constructor.h"
+#include "braid/construct/views.h"
 #include "braid/runtime/job.h"
 #include "braid/source/source_files.h"
 #include "braid/testing/parquet_fixture.h"
@@ -351,6 +352,73 @@ TEST_F(EngineTest, RunPlanJobLinesEqualAPlannersJson) {
       config, 5, "", [](const std::string&) { return Status::IOError("stdout closed"); });
   EXPECT_TRUE(stopped.status().IsIOError());
 }
+
+// --- Views: this rank's part of the one build per DP group ---
+TEST_F(EngineTest, ViewOptionGivesTheRanksViewOfTheSameMicroBatches) {
+  Config config = *config_;
+  config.topology.tp = 2;
+  config.topology.pp = 3;
+  config.topology.cp = 2;
+  Engine::Options whole_options;
+  whole_options.dp_ranks = {1};
+  auto whole = MakeEngine(config, whole_options);
+  ASSERT_NE(whole, nullptr);
+  std::vector<std::unique_ptr<Engine>> ranks;
+  std::vector<RankCoords> coords;
+  for (RankCoords c : {RankCoords{0, 1, 0, 0}, RankCoords{0, 0, 1, 1},
+                       RankCoords{0, 1, 2, 1}}) {
+    Engine::Options o = whole_options;
+    o.view = c;
+    ranks.push_back(MakeEngine(config, o));
+    ASSERT_NE(ranks.back(), nullptr);
+    coords.push_back(c);
+  }
+  Engine::Options unsplit = whole_options;
+  unsplit.view = RankCoords{0, 0, 0, 1};
+  unsplit.split_context = false;
+  auto megatron_style = MakeEngine(config, unsplit);
+  ASSERT_NE(megatron_style, nullptr);
+  for (int i = 0; i < 6; ++i) {
+    auto full = whole->Next();
+    ASSERT_TRUE(full.ok());
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      auto got = ranks[r]->Next();
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      RankCoords c = coords[r];
+      c.dp = 1;
+      auto want = ViewFor(**full, config.topology, c);
+      ASSERT_TRUE(want.ok());
+      ExpectSameBatch(**got, *want);
+      EXPECT_EQ((*got)->tensors.size(), ViewTensorNames(c.pp, 3).size());
+    }
+    // Without the CP split the first stage gets the whole micro-batch's inputs.
+    auto unsplit_batch = megatron_style->Next();
+    ASSERT_TRUE(unsplit_batch.ok());
+    EXPECT_EQ(*(*unsplit_batch)->Find("input_ids")->storage,
+              *(*full)->Find("input_ids")->storage);
+    EXPECT_EQ((*unsplit_batch)->Find("labels"), nullptr);  // not the last stage
+  }
+  // Several ranks served from one build: TP and PP views share its buffers.
+  auto full = whole->Next();
+  ASSERT_TRUE(full.ok());
+  Topology no_cp = config.topology;
+  no_cp.cp = 1;
+  auto first = ViewFor(**full, no_cp, RankCoords{1, 0, 0, 0});
+  auto last_tp1 = ViewFor(**full, no_cp, RankCoords{1, 1, 2, 0});
+  ASSERT_TRUE(first.ok() && last_tp1.ok());
+  EXPECT_EQ(first->Find("position_ids")->storage.get(),
+            last_tp1->Find("position_ids")->storage.get());
+  EXPECT_EQ(first->Find("input_ids")->storage.get(),
+            (*full)->Find("input_ids")->storage.get());
+  EXPECT_EQ(last_tp1->Find("input_ids"), nullptr);
+
+  Engine::Options outside = whole_options;
+  outside.view = RankCoords{0, /*tp=*/2, 0, 0};
+  auto bad = Engine::Make(config, outside);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), ::testing::StartsWith("rank:"));
+}
+// --- end views ---
 
 TEST_F(EngineTest, MakeRejectsBadRanksAndStates) {
   Engine::Options bad_rank;

@@ -78,11 +78,14 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
   };
   const auto t0 = std::chrono::steady_clock::now();
   ARROW_ASSIGN_OR_RAISE(auto engine, Engine::Make(config, std::move(options)));
-  const int64_t per_step = engine->local_micro_batches_per_step();
+  // Micro-batches per step change with a phase's seq_len (global_tokens is constant).
+  const int64_t local_ranks =
+      engine->local_micro_batches_per_step() / config.micro_batches_per_rank();
   auto last = t0;
   double imbalance_sum = 0, sequential_sum = 0;
   std::vector<double> target_sum(n, 0.0);
   for (int64_t step = 0; step < steps; ++step) {
+    const int64_t per_step = config.MicroBatchesPerRankAt(step) * local_ranks;
     for (int64_t k = 0; k < per_step; ++k) {
       ARROW_ASSIGN_OR_RAISE(auto batch, engine->Next());
       summary.tokens += batch->Find("input_ids")->num_elements();
@@ -99,10 +102,10 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
       imbalance_sum += imbalance[size_t(step)];
       summary.imbalance_max = std::max(summary.imbalance_max, imbalance[size_t(step)]);
       double total_weight = 0;
-      for (const auto& s : config.sources) total_weight += s.weight.At(step);
+      for (size_t i = 0; i < n; ++i) total_weight += config.WeightAt(i, step);
       for (size_t i = 0; i < n; ++i) {
         summary.source_tokens[i] += tokens_by_step[size_t(step)][i];
-        target_sum[i] += config.sources[i].weight.At(step) / total_weight;
+        target_sum[i] += config.WeightAt(i, step) / total_weight;
       }
       summary.skipped = skipped_by_step[size_t(step)];
     }

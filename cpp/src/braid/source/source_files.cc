@@ -15,7 +15,12 @@
 namespace braid {
 namespace {
 
-bool HasGlob(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+// Glob characters in the location part (a URI's "?query" is not a glob).
+bool HasGlob(const std::string& s) {
+  const size_t scheme = s.find("://");
+  const size_t end = scheme == std::string::npos ? std::string::npos : s.find('?');
+  return s.substr(0, end).find_first_of("*?[") != std::string::npos;
+}
 
 bool IsParquetName(const std::string& p) {
   return p.size() > 8 && p.compare(p.size() - 8, 8, ".parquet") == 0;
@@ -62,14 +67,19 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
     if (files->empty()) return DataError(path, where + ": directory holds no .parquet files");
     return Status::OK();
   }
-  // A glob: list below the longest folder prefix without glob characters.
-  const size_t first_glob = path.find_first_of("*?[");
-  const size_t slash = path.rfind('/', first_glob);
-  const std::string base = slash == std::string::npos ? "." : path.substr(0, slash);
-  const std::string rest = slash == std::string::npos ? path : path.substr(slash + 1);
+  // A glob: list below the longest folder prefix without glob characters. A URI's query
+  // (s3://b/x/*.parquet?endpoint_override=...) belongs to the filesystem, not the pattern.
+  const size_t scheme = path.find("://");
+  const size_t query = scheme == std::string::npos ? std::string::npos : path.find('?');
+  const std::string location = path.substr(0, query);
+  const std::string options = query == std::string::npos ? "" : path.substr(query);
+  const size_t first_glob = location.find_first_of("*?[");
+  const size_t slash = location.rfind('/', first_glob);
+  const std::string base = slash == std::string::npos ? "." : location.substr(0, slash);
+  const std::string rest = slash == std::string::npos ? location : location.substr(slash + 1);
   std::string base_internal;
-  auto fs_result = arrow::fs::FileSystemFromUriOrPath(base.empty() ? "/" : base,
-                                                      &base_internal);
+  auto fs_result = arrow::fs::FileSystemFromUriOrPath(
+      (base.empty() ? std::string("/") : base) + options, &base_internal);
   if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
   *fs = *fs_result;
   arrow::fs::FileSelector sel;
@@ -92,6 +102,29 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
   return Status::OK();
 }
 
+std::string StorageUri(const SourceConfig& source) {
+  std::vector<std::string> params;
+  if (!source.storage_endpoint.empty()) {
+    const std::string& e = source.storage_endpoint;
+    const size_t sep = e.find("://");
+    if (sep == std::string::npos) {
+      params.push_back("endpoint_override=" + e);
+    } else {
+      params.push_back("endpoint_override=" + e.substr(sep + 3));
+      params.push_back("scheme=" + e.substr(0, sep));
+    }
+  }
+  if (!source.storage_region.empty()) params.push_back("region=" + source.storage_region);
+  if (params.empty()) return source.path;
+  std::string uri = source.path;
+  char sep = uri.find('?') == std::string::npos ? '?' : '&';
+  for (const auto& p : params) {
+    uri += sep + p;
+    sep = '&';
+  }
+  return uri;
+}
+
 SourceFiles::~SourceFiles() = default;
 
 Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
@@ -99,7 +132,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   std::unique_ptr<SourceFiles> out(new SourceFiles());
   out->column_name_ = source.tokens_column;
   std::vector<std::string> paths;
-  ARROW_RETURN_NOT_OK(ResolveFiles(source.path, key_path, &out->fs_, &paths));
+  ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths));
   for (const auto& path : paths) {
     File file;
     file.path = path;

@@ -32,6 +32,10 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
                     std::vector<std::string>* files);
 
+/// The source's path with its storage options (endpoint, region) as URI query
+/// parameters, which Arrow's S3 and GCS filesystems read; other paths unchanged.
+std::string StorageUri(const SourceConfig& source);
+
 class SourceFiles {
  public:
   struct File {

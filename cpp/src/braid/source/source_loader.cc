@@ -1,9 +1,12 @@
 #include "braid/source/source_loader.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <arrow/api.h>
 
+#include "braid/source/transform.h"
+#include "braid/source/worker_pool.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {
@@ -18,6 +21,8 @@ constexpr uint64_t kRowGroupSalt = 0x7209;
 constexpr uint64_t kRowSalt = 0x7200;
 
 constexpr int64_t kSampleOverheadBytes = 64;
+// Rows per worker in one transform batch (see the header's Threading).
+constexpr int64_t kBatchRowsPerWorker = 64;
 
 // One row of a window before the shuffle.
 struct RowRef {
@@ -29,81 +34,17 @@ struct RowRef {
   int64_t arrays_slot = 0;
 };
 
-template <typename ListT, typename ValueT>
-Status CopyTokens(const ListT& list, int64_t i, std::vector<int32_t>* out,
-                  const std::string& where) {
-  const auto& values = static_cast<const ValueT&>(*list.values());
-  const int64_t begin = list.value_offset(i);
-  const int64_t len = list.value_length(i);
-  out->resize(static_cast<size_t>(len));
-  const auto* raw = values.raw_values();
-  for (int64_t k = 0; k < len; ++k) {
-    const auto v = raw[begin + k];
-    if constexpr (sizeof(v) > sizeof(int32_t)) {
-      if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
-        return DataError(where, "token id " + std::to_string(v) + " does not fit int32");
-      }
-    }
-    (*out)[static_cast<size_t>(k)] = static_cast<int32_t>(v);
-  }
-  return Status::OK();
-}
-
-// Length, null flag, and child-null check of row `i` of a list<int> array.
-struct RowInfo {
-  int64_t length = 0;
-  bool null = false;
-  bool has_null_values = false;
-};
-
-RowInfo InfoOf(const arrow::Array& array, int64_t i) {
-  RowInfo info;
-  info.null = array.IsNull(i);
-  if (info.null) return info;
-  std::shared_ptr<arrow::Array> values;
-  int64_t begin = 0;
-  if (array.type_id() == arrow::Type::LIST) {
-    const auto& list = static_cast<const arrow::ListArray&>(array);
-    info.length = list.value_length(i);
-    begin = list.value_offset(i);
-    values = list.values();
-  } else {
-    const auto& list = static_cast<const arrow::LargeListArray&>(array);
-    info.length = list.value_length(i);
-    begin = list.value_offset(i);
-    values = list.values();
-  }
-  if (values->null_count() > 0) {
-    for (int64_t k = 0; k < info.length; ++k) {
-      if (values->IsNull(begin + k)) {
-        info.has_null_values = true;
-        break;
-      }
-    }
-  }
-  return info;
-}
-
-Status Tokens(const arrow::Array& array, int64_t i, std::vector<int32_t>* out,
-              const std::string& where) {
-  const bool large = array.type_id() == arrow::Type::LARGE_LIST;
-  const bool wide = array.type()->field(0)->type()->id() == arrow::Type::INT64;
-  if (!large) {
-    const auto& list = static_cast<const arrow::ListArray&>(array);
-    return wide ? CopyTokens<arrow::ListArray, arrow::Int64Array>(list, i, out, where)
-                : CopyTokens<arrow::ListArray, arrow::Int32Array>(list, i, out, where);
-  }
-  const auto& list = static_cast<const arrow::LargeListArray&>(array);
-  return wide ? CopyTokens<arrow::LargeListArray, arrow::Int64Array>(list, i, out, where)
-              : CopyTokens<arrow::LargeListArray, arrow::Int32Array>(list, i, out, where);
-}
-
 }  // namespace
 
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
                                         int64_t window_rows) {
-  const auto& fs = files.files();
+  return EpochWindows(files.files(), seed, source_index, epoch, window_rows);
+}
+
+std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& fs,
+                                        uint64_t seed, int32_t source_index,
+                                        int64_t epoch, int64_t window_rows) {
   const auto file_order = Permutation(static_cast<int64_t>(fs.size()),
                                       DeriveSeed({seed, kFileSalt, uint64_t(source_index),
                                                   uint64_t(epoch)}));
@@ -131,32 +72,46 @@ std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
 }
 
 SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos start,
-                           Options options, std::unique_ptr<SourceFiles> files)
+                           Options options, std::unique_ptr<SourceFiles> files,
+                           std::unique_ptr<ColumnFiles> columns,
+                           std::unique_ptr<Transform> transform)
     : source_(config.sources[static_cast<size_t>(source_index)]),
       seed_(config.seed),
       source_index_(source_index),
       start_(start),
       options_(options),
-      files_(std::move(files)) {}
+      files_(std::move(files)),
+      columns_(std::move(columns)),
+      transform_(std::move(transform)),
+      total_rows_(files_ ? files_->total_rows() : columns_->total_rows()) {}
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                                          int32_t source_index,
                                                          StreamPos start, Options options) {
   const std::string key = "sources[" + std::to_string(source_index) + "]";
-  ARROW_ASSIGN_OR_RAISE(auto files,
-                        SourceFiles::Open(config.sources[size_t(source_index)], key));
+  const SourceConfig& source = config.sources[size_t(source_index)];
+  ARROW_ASSIGN_OR_RAISE(auto transform, MakeTransform(config, source_index));
+  std::unique_ptr<SourceFiles> files;
+  std::unique_ptr<ColumnFiles> columns;
+  if (source.text_column.empty() && !source.chat.enabled()) {
+    ARROW_ASSIGN_OR_RAISE(files, SourceFiles::Open(source, key));
+  } else {
+    ARROW_ASSIGN_OR_RAISE(columns, ColumnFiles::Open(source, key, transform->columns()));
+  }
+  const auto& file_list = files ? files->files() : columns->files();
   if (start.epoch < 0 || start.window < 0 || start.offset < 0) {
     return Status::Invalid(key, ": stream position must not be negative");
   }
   // A position one past the end of a window means the start of the next one.
   const int64_t window_rows = config.sources[size_t(source_index)].shuffle_window_rows;
-  auto windows = EpochWindows(*files, config.seed, source_index, start.epoch, window_rows);
+  auto windows =
+      EpochWindows(file_list, config.seed, source_index, start.epoch, window_rows);
   if (start.window < static_cast<int64_t>(windows.size()) &&
       start.offset == windows[size_t(start.window)].rows) {
     start.offset = 0;
     if (++start.window == static_cast<int64_t>(windows.size())) {
       start = StreamPos{start.epoch + 1, 0, 0};
-      windows = EpochWindows(*files, config.seed, source_index, start.epoch, window_rows);
+      windows = EpochWindows(file_list, config.seed, source_index, start.epoch, window_rows);
     }
   }
   if (start.window >= static_cast<int64_t>(windows.size()) ||
@@ -166,12 +121,14 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                            ") lies outside the source; did its files change?");
   }
   return std::unique_ptr<SourceLoader>(
-      new SourceLoader(config, source_index, start, options, std::move(files)));
+      new SourceLoader(config, source_index, start, options, std::move(files),
+                       std::move(columns), std::move(transform)));
 }
 
 SourceLoader::~SourceLoader() { Stop(); }
 
 void SourceLoader::Stop() {
+  stop_requested_.store(true, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -189,7 +146,7 @@ Result<Sample> SourceLoader::Next() {
     reader_ = std::thread([this] { ReaderLoop(); });
   }
   cv_.wait(lock, [this] { return !queue_.empty() || !error_.ok() || stopping_; });
-  if (!queue_.empty()) {
+  if (!queue_.empty() && !stopping_) {
     Sample s = std::move(queue_.front());
     queue_.pop_front();
     queued_bytes_ -= kSampleOverheadBytes +
@@ -219,16 +176,19 @@ bool SourceLoader::Push(Sample sample) {
 }
 
 void SourceLoader::ReaderLoop() {
+  pool_ = std::make_unique<WorkerPool>(source_.workers);
   Status st;
   StreamPos pos = start_;
+  const auto& file_list = this->file_list();
   while (st.ok()) {
-    const auto windows = EpochWindows(*files_, seed_, source_index_, pos.epoch,
+    const auto windows = EpochWindows(file_list, seed_, source_index_, pos.epoch,
                                       source_.shuffle_window_rows);
     for (int64_t w = pos.window; w < static_cast<int64_t>(windows.size()) && st.ok(); ++w) {
       st = ReadWindow(pos.epoch, w, windows[size_t(w)], w == pos.window ? pos.offset : 0);
     }
     pos = StreamPos{pos.epoch + 1, 0, 0};
   }
+  pool_.reset();  // joins the workers
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.IsCancelled()) error_ = st;
@@ -236,19 +196,28 @@ void SourceLoader::ReaderLoop() {
   cv_.notify_all();
 }
 
+Result<std::vector<std::shared_ptr<arrow::Array>>> SourceLoader::ReadColumns(int file,
+                                                                             int row_group) {
+  if (columns_) return columns_->ReadColumns(file, row_group);
+  ARROW_ASSIGN_OR_RAISE(auto array, files_->ReadTokens(file, row_group));
+  return std::vector<std::shared_ptr<arrow::Array>>{std::move(array)};
+}
+
 Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWindow& w,
                                 int64_t first_offset) {
-  std::vector<std::shared_ptr<arrow::Array>> arrays;
+  std::vector<Columns> arrays;  // one entry per row group of the window
   std::vector<RowRef> rows;
   rows.reserve(static_cast<size_t>(w.rows));
+  const auto& file_list = this->file_list();
   for (const auto& [file, rg] : w.row_groups) {
-    ARROW_ASSIGN_OR_RAISE(auto array, files_->ReadTokens(file, rg));
-    const auto& f = files_->files()[size_t(file)];
-    for (int64_t i = 0; i < array->length(); ++i) {
+    ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, rg));
+    const auto& f = file_list[size_t(file)];
+    const int64_t n = cols.front()->length();
+    for (int64_t i = 0; i < n; ++i) {
       rows.push_back(RowRef{file, f.row_group_first_row[size_t(rg)] + i, rg, i, i,
                             static_cast<int64_t>(arrays.size())});
     }
-    arrays.push_back(std::move(array));
+    arrays.push_back(std::move(cols));
   }
   std::vector<int64_t> order(rows.size());
   if (source_.shuffle_window_rows > 1) {
@@ -258,37 +227,57 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
   } else {
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
   }
-  for (int64_t k = first_offset; k < static_cast<int64_t>(rows.size()); ++k) {
-    const RowRef& r = rows[size_t(order[size_t(k)])];
-    const arrow::Array& array = *arrays[size_t(r.arrays_slot)];
-    Sample s;
-    s.meta.source = source_index_;
-    s.meta.file = r.file;
-    s.meta.row = r.row;
-    s.meta.epoch = epoch;
-    s.meta.pos = StreamPos{epoch, window, k};
-    const RowInfo info = InfoOf(array, r.array_index);
-    const std::string& path = files_->files()[size_t(r.file)].path;
-    if (info.null || info.has_null_values) {
-      if (source_.on_error == OnError::kFail) {
-        return DataError(DataLocation(path, r.row_group, r.row),
-                         std::string(info.null ? "null" : "null token in") + " column '" +
-                             source_.tokens_column +
-                             "' (set on_error: skip to skip such rows)");
-      }
-      s.meta.skip = SkipReason::kNull;
-    } else if (info.length == 0) {
-      s.meta.skip = SkipReason::kEmpty;
-    } else {
-      s.meta.tokens = info.length;
-      if (options_.read_payloads) {
-        auto payload = std::make_shared<Payload>();
-        ARROW_RETURN_NOT_OK(Tokens(array, r.array_index, &payload->tokens,
-                                   DataLocation(path, r.row_group, r.row)));
-        s.payload = PayloadRef(std::move(payload));
-      }
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t max_rows = kBatchRowsPerWorker * pool_->threads();
+  const int64_t max_bytes = std::max<int64_t>(1, options_.read_ahead_bytes / 4);
+  std::vector<RowOutput> out;
+  std::vector<Status> status;
+  for (int64_t k = first_offset; k < n;) {
+    // The batch [k, end): at most max_rows rows and about max_bytes of payload.
+    int64_t end = k, bytes = 0;
+    while (end < n && end - k < max_rows && (end == k || bytes < max_bytes)) {
+      const RowRef& r = rows[size_t(order[size_t(end)])];
+      bytes += transform_->EstimateBytes(arrays[size_t(r.arrays_slot)], r.array_index);
+      ++end;
     }
-    if (!Push(std::move(s))) return Status::Cancelled("stopping");
+    const int64_t m = end - k;
+    out.assign(size_t(m), RowOutput{});
+    status.assign(size_t(m), Status::OK());
+    auto where = [&](const RowRef& r) {
+      return DataLocation(file_list[size_t(r.file)].path, r.row_group, r.row);
+    };
+    pool_->ParallelFor(m, [&](int64_t j) {
+      if (stop_requested_.load(std::memory_order_relaxed)) return;
+      const RowRef& r = rows[size_t(order[size_t(k + j)])];
+      status[size_t(j)] = transform_->Apply(arrays[size_t(r.arrays_slot)], r.array_index,
+                                            options_.read_payloads, where(r),
+                                            &out[size_t(j)]);
+    });
+    if (stop_requested_.load(std::memory_order_relaxed)) {
+      return Status::Cancelled("stopping");
+    }
+    for (int64_t j = 0; j < m; ++j) {
+      const RowRef& r = rows[size_t(order[size_t(k + j)])];
+      ARROW_RETURN_NOT_OK(status[size_t(j)]);
+      RowOutput& o = out[size_t(j)];
+      Sample s;
+      s.meta.source = source_index_;
+      s.meta.file = r.file;
+      s.meta.row = r.row;
+      s.meta.epoch = epoch;
+      s.meta.pos = StreamPos{epoch, window, k + j};
+      s.meta.skip = o.skip;
+      if (o.skip == SkipReason::kNull && source_.on_error == OnError::kFail) {
+        return DataError(where(r),
+                         o.null_what + " (set on_error: skip to skip such rows)");
+      }
+      if (o.skip == SkipReason::kNone) {
+        s.meta.tokens = o.tokens;
+        if (o.payload) s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
+      }
+      if (!Push(std::move(s))) return Status::Cancelled("stopping");
+    }
+    k = end;
   }
   return Status::OK();
 }

@@ -9,13 +9,21 @@
 // Cursor. A StreamPos (epoch, window, offset) names a point in the order; a loader made at
 // a StreamPos starts there without replaying anything before it.
 //
+// Transforms. Each row goes through the source's Transform (token column pass-through,
+// text tokenization, chat template; source/transform.h).
+//
 // Threading. A loader owns one reader thread, started lazily by the first Next() (a source
-// that is never asked costs nothing). The thread reads ahead into a queue bounded by
-// `read_ahead_bytes` of payload and blocks when it is full; Next() blocks while it is
-// empty. Next() is called from one consumer thread; Stop() and the destructor may be
-// called from any thread and join the reader.
+// that is never asked costs nothing). The reader reads a window's row groups, then
+// transforms its rows in batches on `sources[].workers` threads (itself plus a pool),
+// each result in its own slot, and queues them in the seeded order: the stream is the
+// same for any worker count. A batch holds at most 64 rows per worker and about a quarter
+// of `read_ahead_bytes` of estimated payload. The queue is bounded by `read_ahead_bytes`
+// of payload and the reader blocks when it is full; Next() blocks while it is empty.
+// Next() is called from one consumer thread; Stop() and the destructor may be called
+// from any thread, cut the current batch short and join the reader and its pool.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -23,11 +31,15 @@
 #include <thread>
 
 #include "braid/config/config.h"
+#include "braid/source/column_files.h"
 #include "braid/source/sample.h"
 #include "braid/source/source_files.h"
 #include "braid/status.h"
 
 namespace braid {
+
+class Transform;
+class WorkerPool;
 
 /// The row groups of one shuffle window, in read order: (file, row group) pairs.
 struct ShuffleWindow {
@@ -39,6 +51,10 @@ struct ShuffleWindow {
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
                                         int64_t window_rows);
+/// The same over a file list (ColumnFiles::files() of a text or chat source).
+std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& files,
+                                        uint64_t seed, int32_t source_index,
+                                        int64_t epoch, int64_t window_rows);
 
 class SourceLoader : public SampleStream {
  public:
@@ -58,17 +74,24 @@ class SourceLoader : public SampleStream {
   /// until the reader thread has it. Errors (bad file, null with on_error: fail) are
   /// returned in stream order and then repeated.
   Result<Sample> Next() override;
-  int64_t rows_per_epoch() const override { return files_->total_rows(); }
+  int64_t rows_per_epoch() const override { return total_rows_; }
 
   /// Stops and joins the reader thread. Later Next() calls return Cancelled.
   void Stop();
 
+  /// REQUIRES: a tokens_column source (text and chat sources read through ColumnFiles).
   const SourceFiles& files() const { return *files_; }
+  /// The source's files in sorted path order, for any kind of source.
+  const std::vector<SourceFiles::File>& file_list() const {
+    return files_ ? files_->files() : columns_->files();
+  }
 
  private:
   SourceLoader(const Config& config, int32_t source_index, StreamPos start,
-               Options options, std::unique_ptr<SourceFiles> files);
+               Options options, std::unique_ptr<SourceFiles> files,
+               std::unique_ptr<ColumnFiles> columns, std::unique_ptr<Transform> transform);
   void ReaderLoop();
+  Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
   Status ReadWindow(int64_t epoch, int64_t window, const ShuffleWindow& w,
                     int64_t first_offset);
   // Queues one sample; false when stopping.
@@ -79,7 +102,12 @@ class SourceLoader : public SampleStream {
   const int32_t source_index_;
   const StreamPos start_;
   const Options options_;
-  std::unique_ptr<SourceFiles> files_;  // used by the reader thread only
+  std::unique_ptr<SourceFiles> files_;    // tokens_column; used by the reader thread only
+  std::unique_ptr<ColumnFiles> columns_;  // text / chat; used by the reader thread only
+  std::unique_ptr<Transform> transform_;  // const; shared by the workers
+  std::unique_ptr<WorkerPool> pool_;      // made and used by the reader thread
+  int64_t total_rows_ = 0;
+  std::atomic<bool> stop_requested_{false};  // Stop() was called; workers cut short
 
   std::mutex mu_;
   std::condition_variable cv_;

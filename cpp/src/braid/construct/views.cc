@@ -1,0 +1,121 @@
+#include "braid/construct/views.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace braid {
+namespace {
+
+bool Wanted(const std::string& name, int64_t pp, int64_t num_stages) {
+  if (name == "position_ids" || name == "cu_seqlens") return true;
+  if (name == "labels" || name == "loss_mask") return pp == num_stages - 1;
+  return pp == 0;  // input_ids, source_ids and any other input tensor
+}
+
+// Chunks r and 2*cp-1-r of every row of a per-token tensor [rows, seq_len].
+Tensor SplitRows(const Tensor& t, int64_t cp, int64_t r) {
+  const int64_t rows = t.shape[0], seq_len = t.shape[1];
+  const int64_t chunk = seq_len / (2 * cp);
+  Tensor out = Tensor::Zeros(t.name, t.dtype, {rows, seq_len / cp});
+  const size_t elem = DTypeSize(t.dtype);
+  const auto* src = t.storage->data();
+  auto* dst = out.storage->data();
+  for (int64_t row = 0; row < rows; ++row) {
+    const auto* row_src = src + size_t(row * seq_len) * elem;
+    auto* row_dst = dst + size_t(row * (seq_len / cp)) * elem;
+    std::memcpy(row_dst, row_src + size_t(r * chunk) * elem, size_t(chunk) * elem);
+    std::memcpy(row_dst + size_t(chunk) * elem,
+                row_src + size_t((2 * cp - 1 - r) * chunk) * elem, size_t(chunk) * elem);
+  }
+  return out;
+}
+
+// The rank's cu_seqlens: for each of its chunks in local order, the global piece
+// boundaries strictly inside the chunk, then the chunk's end, all in local coordinates.
+Tensor SplitCuSeqlens(const Tensor& cu, int64_t rows, int64_t seq_len, int64_t cp,
+                      int64_t r) {
+  const int64_t chunk = seq_len / (2 * cp);
+  const auto* g = cu.data<int32_t>();
+  const int64_t n = cu.num_elements();
+  std::vector<int32_t> local{0};
+  int64_t base = 0;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t c : {r, 2 * cp - 1 - r}) {
+      const int64_t g0 = row * seq_len + c * chunk, g1 = g0 + chunk;
+      const int32_t* i = std::upper_bound(g, g + n, int32_t(g0));  // cu is ascending
+      for (; i < g + n && *i < g1; ++i) local.push_back(int32_t(base + (*i - g0)));
+      base += chunk;
+      local.push_back(int32_t(base));
+    }
+  }
+  Tensor out = Tensor::Zeros("cu_seqlens", DType::kInt32, {int64_t(local.size())});
+  std::memcpy(out.storage->data(), local.data(), local.size() * sizeof(int32_t));
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ViewTensorNames(int64_t pp, int64_t num_stages) {
+  std::vector<std::string> names;
+  for (const char* n : {"input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                        "source_ids"}) {
+    if (Wanted(n, pp, num_stages)) names.push_back(n);
+  }
+  return names;
+}
+
+Status CheckContextSplit(int64_t seq_len, int64_t cp) {
+  if (cp > 1 && seq_len % (2 * cp) != 0) {
+    return ConfigError("batch.seq_len",
+                       "must be a multiple of 2 * topology.cp (" + std::to_string(2 * cp) +
+                           ") to split sequences for context parallelism, got " +
+                           std::to_string(seq_len));
+  }
+  return Status::OK();
+}
+
+Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
+                      const RankCoords& coords) {
+  if (coords.tp < 0 || coords.tp >= topology.tp || coords.pp < 0 ||
+      coords.pp >= topology.pp || coords.cp < 0 || coords.cp >= topology.cp) {
+    return ConfigError("rank", "coordinates (tp " + std::to_string(coords.tp) + ", pp " +
+                                   std::to_string(coords.pp) + ", cp " +
+                                   std::to_string(coords.cp) +
+                                   ") are outside the topology");
+  }
+  if (coords.dp != batch.dp) {
+    return ConfigError("rank", "DP rank " + std::to_string(coords.dp) +
+                                   " asked for a micro-batch of DP rank " +
+                                   std::to_string(batch.dp));
+  }
+  Batch view;
+  view.step = batch.step;
+  view.dp = batch.dp;
+  view.micro_batch = batch.micro_batch;
+  const int64_t cp = topology.cp;
+  const Tensor* ids = batch.Find("input_ids");
+  int64_t rows = 0, seq_len = 0;
+  if (cp > 1) {
+    if (ids == nullptr || ids->shape.size() != 2) {
+      return Status::Invalid("a context-parallel view needs input_ids [mbs, seq_len]");
+    }
+    rows = ids->shape[0];
+    seq_len = ids->shape[1];
+    ARROW_RETURN_NOT_OK(CheckContextSplit(seq_len, cp));
+  }
+  for (const Tensor& t : batch.tensors) {
+    if (!Wanted(t.name, coords.pp, topology.pp)) continue;
+    if (cp == 1) {
+      view.tensors.push_back(t);  // shares storage
+    } else if (t.name == "cu_seqlens") {
+      view.tensors.push_back(SplitCuSeqlens(t, rows, seq_len, cp, coords.cp));
+    } else if (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == seq_len) {
+      view.tensors.push_back(SplitRows(t, cp, coords.cp));
+    } else {
+      view.tensors.push_back(t);  // not per-token (e.g. image_grid): whole, shared
+    }
+  }
+  return view;
+}
+
+}  // namespace braid

@@ -1,0 +1,139 @@
+// Planner time per step at scale: dp=1024, 306 (and 1,000) sources, ~16k sequences per
+// step, metadata only (no payloads), as `braid plan` runs it.
+//
+// The streams are a metadata-only SampleStream over one shared table of long-tail document
+// lengths (testing::RandomDocs lengths), each source in its own seeded order; MemoryStream
+// would copy every document's tokens per source, gigabytes at 1,000 sources.
+//
+//   BRAID_BUILD_BENCHMARKS=ON scripts/dev-build build/h4 && build/h4/planner_benchmark
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <vector>
+
+#include "braid/plan/planner.h"
+#include "braid/testing/parquet_fixture.h"
+#include "braid/util/rng_internal.h"
+
+namespace braid {
+namespace {
+
+// Lengths only; Next() hands out metadata in a per-source seeded order, one window per
+// epoch (the planner never looks at windows).
+class LengthStream : public SampleStream {
+ public:
+  LengthStream(std::shared_ptr<const std::vector<int64_t>> lengths, int32_t source,
+               uint64_t seed)
+      : lengths_(std::move(lengths)), source_(source), seed_(seed) {}
+
+  Result<Sample> Next() override {
+    if (order_.empty() || offset_ == int64_t(order_.size())) {
+      if (!order_.empty()) ++epoch_;
+      order_ = internal::Permutation(
+          int64_t(lengths_->size()),
+          internal::DeriveSeed({seed_, uint64_t(source_), uint64_t(epoch_)}));
+      offset_ = 0;
+    }
+    const int64_t row = order_[size_t(offset_)];
+    Sample s;
+    s.meta.source = source_;
+    s.meta.file = static_cast<int32_t>(row / 1000);
+    s.meta.row = row % 1000;
+    s.meta.epoch = epoch_;
+    s.meta.tokens = (*lengths_)[size_t(row)];
+    s.meta.pos = StreamPos{epoch_, 0, offset_};
+    ++offset_;
+    return s;
+  }
+  int64_t rows_per_epoch() const override { return int64_t(lengths_->size()); }
+
+ private:
+  std::shared_ptr<const std::vector<int64_t>> lengths_;
+  int32_t source_;
+  uint64_t seed_;
+  std::vector<int64_t> order_;
+  int64_t epoch_ = 0;
+  int64_t offset_ = 0;
+};
+
+std::shared_ptr<const std::vector<int64_t>> Lengths(int64_t seq_len) {
+  testing::LengthSpec spec;
+  spec.median_tokens = 600;
+  spec.sigma = 1.2;
+  spec.max_tokens = 4 * seq_len;
+  spec.near_fraction = 0.01;
+  spec.near_tokens = seq_len;
+  auto docs = testing::RandomDocs(20000, spec, 99, /*vocab=*/16);
+  auto out = std::make_shared<std::vector<int64_t>>();
+  for (const auto& d : docs) out->push_back(int64_t(d.size()));
+  return out;
+}
+
+// Args: sources, dp, micro-batches per rank (mbs 1), seq_len, algorithm.
+void BM_PlanStep(benchmark::State& state) {
+  const int64_t num_sources = state.range(0);
+  const int64_t dp = state.range(1);
+  const int64_t per_rank = state.range(2);
+  const int64_t seq_len = state.range(3);
+  Config config;
+  config.seed = 1234;
+  config.topology.dp = dp;
+  config.batch.seq_len = seq_len;
+  config.batch.global_tokens = dp * per_rank * seq_len;
+  config.balance.linear = double(seq_len);
+  config.balance.algorithm = static_cast<BalanceAlgorithm>(state.range(4));
+  const auto lengths = Lengths(seq_len);
+  std::vector<std::unique_ptr<LengthStream>> owned;
+  std::vector<SampleStream*> streams;
+  for (int64_t i = 0; i < num_sources; ++i) {
+    SourceConfig s;
+    s.name = "s" + std::to_string(i);
+    s.path = "memory://" + s.name;
+    s.tokens_column = "input_ids";
+    s.weight.points = {{0, 1.0 + double(i % 7)}};  // uneven weights
+    config.sources.push_back(s);
+    owned.push_back(std::make_unique<LengthStream>(lengths, int32_t(i), config.seed));
+    streams.push_back(owned.back().get());
+  }
+  auto planner = Planner::Make(config, streams, Planner::InitialState(config));
+  if (!planner.ok()) {
+    state.SkipWithError(planner.status().ToString().c_str());
+    return;
+  }
+  double imbalance = 0;
+  int64_t steps = 0, pieces = 0;
+  for (auto _ : state) {
+    auto plan = (*planner)->PlanStep();
+    if (!plan.ok()) {
+      state.SkipWithError(plan.status().ToString().c_str());
+      return;
+    }
+    imbalance += plan->imbalance;
+    for (const auto& r : plan->ranks) {
+      for (const auto& mb : r.micro_batches) {
+        for (const auto& seq : mb.sequences) pieces += int64_t(seq.docs.size());
+      }
+    }
+    ++steps;
+    benchmark::DoNotOptimize(plan->ranks.data());
+  }
+  state.counters["sequences"] = double(config.sequences_per_step());
+  state.counters["pieces/step"] = double(pieces) / double(std::max<int64_t>(steps, 1));
+  state.counters["imbalance"] = imbalance / double(std::max<int64_t>(steps, 1));
+}
+
+// 306 sources, dp=1024, 16 sequences per rank = 16,384 sequences of 4096 (64M tokens).
+BENCHMARK(BM_PlanStep)
+    ->ArgNames({"sources", "dp", "per_rank", "seq_len", "algo"})
+    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp)})
+    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kGreedy)})
+    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kNone)})
+    ->Args({306, 1024, 16, 1024, int(BalanceAlgorithm::kKarmarkarKarp)})
+    ->Args({1000, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp)})
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+
+}  // namespace
+}  // namespace braid
+
+BENCHMARK_MAIN();

@@ -1,0 +1,123 @@
+#include "braid/source/inspect.h"
+
+#include <algorithm>
+
+#include <arrow/api.h>
+#include <arrow/filesystem/api.h>
+#include <parquet/arrow/reader.h>
+#include <parquet/file_reader.h>
+
+#include "braid/source/source_files.h"
+
+namespace braid {
+namespace {
+
+bool IsIntegerList(const arrow::DataType& type) {
+  if (type.id() != arrow::Type::LIST && type.id() != arrow::Type::LARGE_LIST) return false;
+  const auto id = type.field(0)->type()->id();
+  return id == arrow::Type::INT32 || id == arrow::Type::INT64;
+}
+
+int64_t Percentile(std::vector<int64_t>* sorted_lengths, double q) {
+  if (sorted_lengths->empty()) return 0;
+  const size_t k = static_cast<size_t>(q * static_cast<double>(sorted_lengths->size() - 1));
+  return (*sorted_lengths)[k];
+}
+
+}  // namespace
+
+Result<Inspection> Inspect(const std::string& path, const std::string& column) {
+  std::shared_ptr<arrow::fs::FileSystem> fs;
+  std::vector<std::string> paths;
+  ARROW_RETURN_NOT_OK(ResolveFiles(path, "inspect", &fs, &paths));
+  Inspection out;
+  out.column = column;
+  std::vector<int64_t> lengths;
+  for (const auto& file_path : paths) {
+    InspectedFile f;
+    f.path = file_path;
+    auto input = fs->OpenInputFile(file_path);
+    if (!input.ok()) return StorageError(file_path, input.status().message());
+    auto size = (*input)->GetSize();
+    f.bytes = size.ok() ? *size : 0;
+    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
+    if (!reader.ok()) {
+      return DataError(file_path, "not a readable Parquet file: " + reader.status().message());
+    }
+    std::shared_ptr<arrow::Schema> schema;
+    const Status st = (*reader)->GetSchema(&schema);
+    if (!st.ok()) return DataError(file_path, "cannot read the schema: " + st.message());
+    if (out.files.empty()) {
+      out.schema = schema->ToString();
+      if (out.column.empty()) {
+        for (const auto& field : schema->fields()) {
+          if (IsIntegerList(*field->type())) {
+            out.column = field->name();
+            break;
+          }
+        }
+      }
+    }
+    const auto metadata = (*reader)->parquet_reader()->metadata();
+    f.rows = metadata->num_rows();
+    f.row_groups = metadata->num_row_groups();
+    out.rows += f.rows;
+    out.files.push_back(f);
+    if (out.column.empty()) continue;
+    const int index = schema->GetFieldIndex(out.column);
+    if (index < 0) return DataError(file_path, "no column '" + out.column + "'");
+    if (!IsIntegerList(*schema->field(index)->type())) {
+      return DataError(file_path, "column '" + out.column + "' has type " +
+                                      schema->field(index)->type()->ToString() +
+                                      ", expected list<int32> or list<int64>");
+    }
+    for (int rg = 0; rg < metadata->num_row_groups(); ++rg) {
+      std::shared_ptr<arrow::ChunkedArray> chunked;
+      Status read;
+      try {
+        read = (*reader)->RowGroup(rg)->Column(index)->Read(&chunked);
+      } catch (const std::exception& e) {
+        read = Status::IOError(e.what());
+      }
+      if (!read.ok()) {
+        return DataError(DataLocation(file_path, rg, -1), "cannot read column '" +
+                                                               out.column + "': " +
+                                                               read.message());
+      }
+      for (const auto& chunk : chunked->chunks()) {
+        for (int64_t i = 0; i < chunk->length(); ++i) {
+          if (chunk->IsNull(i)) {
+            ++out.nulls;
+            continue;
+          }
+          const int64_t n =
+              chunk->type_id() == arrow::Type::LIST
+                  ? static_cast<const arrow::ListArray&>(*chunk).value_length(i)
+                  : static_cast<const arrow::LargeListArray&>(*chunk).value_length(i);
+          lengths.push_back(n);
+        }
+      }
+    }
+  }
+  for (int64_t n : lengths) {
+    if (n == 0) {
+      ++out.empty;
+      continue;
+    }
+    out.tokens += n;
+    size_t bucket = 0;
+    while ((int64_t{2} << bucket) <= n) ++bucket;
+    if (out.buckets.size() <= bucket) out.buckets.resize(bucket + 1, 0);
+    ++out.buckets[bucket];
+  }
+  std::sort(lengths.begin(), lengths.end());
+  if (!lengths.empty()) {
+    out.min_tokens = lengths.front();
+    out.max_tokens = lengths.back();
+    out.p50_tokens = Percentile(&lengths, 0.5);
+    out.p99_tokens = Percentile(&lengths, 0.99);
+  }
+  return out;
+}
+
+}  // namespace braid

@@ -1,0 +1,356 @@
+#include "braid/source/transform.h"
+
+#include <limits>
+#include <string_view>
+
+#include <arrow/api.h>
+
+namespace braid {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Token column: list<int32|int64>, passed through.
+
+template <typename ListT, typename ValueT>
+Status CopyTokens(const ListT& list, int64_t i, std::vector<int32_t>* out,
+                  const std::string& where) {
+  const auto& values = static_cast<const ValueT&>(*list.values());
+  const int64_t begin = list.value_offset(i);
+  const int64_t len = list.value_length(i);
+  out->resize(static_cast<size_t>(len));
+  const auto* raw = values.raw_values();
+  for (int64_t k = 0; k < len; ++k) {
+    const auto v = raw[begin + k];
+    if constexpr (sizeof(v) > sizeof(int32_t)) {
+      if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
+        return DataError(where, "token id " + std::to_string(v) + " does not fit int32");
+      }
+    }
+    (*out)[static_cast<size_t>(k)] = static_cast<int32_t>(v);
+  }
+  return Status::OK();
+}
+
+// Length, null flag, and child-null check of row `i` of a list<int> array.
+struct ListInfo {
+  int64_t length = 0;
+  bool null = false;
+  bool has_null_values = false;
+};
+
+ListInfo InfoOf(const arrow::Array& array, int64_t i) {
+  ListInfo info;
+  info.null = array.IsNull(i);
+  if (info.null) return info;
+  std::shared_ptr<arrow::Array> values;
+  int64_t begin = 0;
+  if (array.type_id() == arrow::Type::LIST) {
+    const auto& list = static_cast<const arrow::ListArray&>(array);
+    info.length = list.value_length(i);
+    begin = list.value_offset(i);
+    values = list.values();
+  } else {
+    const auto& list = static_cast<const arrow::LargeListArray&>(array);
+    info.length = list.value_length(i);
+    begin = list.value_offset(i);
+    values = list.values();
+  }
+  if (values->null_count() > 0) {
+    for (int64_t k = 0; k < info.length; ++k) {
+      if (values->IsNull(begin + k)) {
+        info.has_null_values = true;
+        break;
+      }
+    }
+  }
+  return info;
+}
+
+Status CopyRow(const arrow::Array& array, int64_t i, std::vector<int32_t>* out,
+               const std::string& where) {
+  const bool large = array.type_id() == arrow::Type::LARGE_LIST;
+  const bool wide = array.type()->field(0)->type()->id() == arrow::Type::INT64;
+  if (!large) {
+    const auto& list = static_cast<const arrow::ListArray&>(array);
+    return wide ? CopyTokens<arrow::ListArray, arrow::Int64Array>(list, i, out, where)
+                : CopyTokens<arrow::ListArray, arrow::Int32Array>(list, i, out, where);
+  }
+  const auto& list = static_cast<const arrow::LargeListArray&>(array);
+  return wide ? CopyTokens<arrow::LargeListArray, arrow::Int64Array>(list, i, out, where)
+              : CopyTokens<arrow::LargeListArray, arrow::Int32Array>(list, i, out, where);
+}
+
+class TokenColumnTransform : public Transform {
+ public:
+  explicit TokenColumnTransform(std::string column) : column_(std::move(column)) {}
+  std::vector<ColumnSpec> columns() const override { return {}; }
+  int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
+    return InfoOf(*cols[0], i).length * int64_t{sizeof(int32_t)};
+  }
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const std::string& where,
+               RowOutput* out) const override {
+    const ListInfo info = InfoOf(*cols[0], i);
+    if (info.null || info.has_null_values) {
+      out->skip = SkipReason::kNull;
+      out->null_what =
+          std::string(info.null ? "null" : "null token in") + " column '" + column_ + "'";
+      return Status::OK();
+    }
+    if (info.length == 0) {
+      out->skip = SkipReason::kEmpty;
+      return Status::OK();
+    }
+    out->tokens = info.length;
+    if (want_payload) {
+      out->payload = std::make_shared<Payload>();
+      ARROW_RETURN_NOT_OK(CopyRow(*cols[0], i, &out->payload->tokens, where));
+    }
+    return Status::OK();
+  }
+
+ private:
+  const std::string column_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Strings.
+
+bool IsString(const arrow::DataType& t) {
+  return t.id() == arrow::Type::STRING || t.id() == arrow::Type::LARGE_STRING ||
+         t.id() == arrow::Type::STRING_VIEW;
+}
+
+std::string CheckString(const arrow::DataType& t) {
+  return IsString(t) ? "" : "a string column";
+}
+
+// Row `i` of a string array; false if null.
+bool StringAt(const arrow::Array& a, int64_t i, std::string_view* out) {
+  if (a.IsNull(i)) return false;
+  switch (a.type_id()) {
+    case arrow::Type::STRING:
+      *out = static_cast<const arrow::StringArray&>(a).GetView(i);
+      break;
+    case arrow::Type::LARGE_STRING:
+      *out = static_cast<const arrow::LargeStringArray&>(a).GetView(i);
+      break;
+    default:
+      *out = static_cast<const arrow::StringViewArray&>(a).GetView(i);
+      break;
+  }
+  return true;
+}
+
+int64_t StringBytes(const arrow::Array& a, int64_t i) {
+  std::string_view v;
+  return StringAt(a, i, &v) ? static_cast<int64_t>(v.size()) : 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Text column: tokenized, with BOS / EOS.
+
+class TextTransform : public Transform {
+ public:
+  TextTransform(std::string column, std::string key, std::shared_ptr<const Tokenizer> tok)
+      : column_(std::move(column)), key_(std::move(key)), tok_(std::move(tok)) {}
+  std::vector<ColumnSpec> columns() const override {
+    return {{column_, key_, CheckString}};
+  }
+  int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
+    return StringBytes(*cols[0], i);  // ~4 bytes of text per 4-byte token
+  }
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const std::string& where,
+               RowOutput* out) const override {
+    std::string_view text;
+    if (!StringAt(*cols[0], i, &text)) {
+      out->skip = SkipReason::kNull;
+      out->null_what = "null column '" + column_ + "'";
+      return Status::OK();
+    }
+    if (text.empty()) {
+      out->skip = SkipReason::kEmpty;
+      return Status::OK();
+    }
+    auto payload = std::make_shared<Payload>();
+    auto& ids = payload->tokens;
+    if (tok_->add_bos()) ids.push_back(tok_->bos_id());
+    const Status st = tok_->Encode(text, &ids);
+    if (!st.ok()) return DataError(where, st.message());
+    if (tok_->add_eos()) ids.push_back(tok_->eos_id());
+    if (ids.empty()) {
+      out->skip = SkipReason::kEmpty;
+      return Status::OK();
+    }
+    out->tokens = static_cast<int64_t>(ids.size());
+    if (want_payload) out->payload = std::move(payload);
+    return Status::OK();
+  }
+
+ private:
+  const std::string column_;
+  const std::string key_;
+  const std::shared_ptr<const Tokenizer> tok_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Chat: prompt/response columns or a messages list. Template in docs/sources.md:
+//   [BOS] for each message: ids(role + ":") ids(content) [EOS after an assistant turn]
+// loss_mask is 1 on an assistant turn's content ids and its EOS, 0 elsewhere.
+
+struct Turn {
+  std::string_view role;
+  std::string_view content;
+};
+
+class ChatTransform : public Transform {
+ public:
+  ChatTransform(ChatColumns chat, std::string key, std::shared_ptr<const Tokenizer> tok)
+      : chat_(std::move(chat)), key_(std::move(key)), tok_(std::move(tok)) {}
+
+  std::vector<ColumnSpec> columns() const override {
+    if (!chat_.messages_column.empty()) {
+      return {{chat_.messages_column, key_ + ".messages_column", CheckMessages}};
+    }
+    return {{chat_.prompt_column, key_ + ".prompt_column", CheckString},
+            {chat_.response_column, key_ + ".response_column", CheckString}};
+  }
+
+  int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
+    if (!chat_.messages_column.empty()) {
+      // The content bytes of the row's messages.
+      const arrow::Array& a = *cols[0];
+      if (a.IsNull(i)) return 0;
+      int64_t begin = 0, len = 0;
+      const arrow::StructArray* s = Structs(a, i, &begin, &len);
+      int64_t bytes = 0;
+      const auto content = s->GetFieldByName("content");
+      for (int64_t k = 0; k < len; ++k) bytes += StringBytes(*content, begin + k);
+      return bytes;
+    }
+    return StringBytes(*cols[0], i) + StringBytes(*cols[1], i);
+  }
+
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const std::string& where,
+               RowOutput* out) const override {
+    std::vector<Turn> turns;
+    if (!chat_.messages_column.empty()) {
+      const arrow::Array& a = *cols[0];
+      if (a.IsNull(i)) return Null("null column '" + chat_.messages_column + "'", out);
+      int64_t begin = 0, len = 0;
+      const arrow::StructArray* s = Structs(a, i, &begin, &len);
+      const auto role = s->GetFieldByName("role");
+      const auto content = s->GetFieldByName("content");
+      for (int64_t k = 0; k < len; ++k) {
+        Turn t;
+        if (s->IsNull(begin + k) || !StringAt(*role, begin + k, &t.role) ||
+            !StringAt(*content, begin + k, &t.content)) {
+          return Null("null role or content in message " + std::to_string(k) +
+                          " of column '" + chat_.messages_column + "'",
+                      out);
+        }
+        turns.push_back(t);
+      }
+    } else {
+      Turn prompt{"user", {}}, response{"assistant", {}};
+      if (!StringAt(*cols[0], i, &prompt.content)) {
+        return Null("null column '" + chat_.prompt_column + "'", out);
+      }
+      if (!StringAt(*cols[1], i, &response.content)) {
+        return Null("null column '" + chat_.response_column + "'", out);
+      }
+      turns = {prompt, response};
+    }
+    bool any = false;
+    for (const auto& t : turns) any = any || !t.content.empty();
+    if (!any) {
+      out->skip = SkipReason::kEmpty;
+      return Status::OK();
+    }
+    auto payload = std::make_shared<Payload>();
+    auto& ids = payload->tokens;
+    auto& mask = payload->loss_mask;
+    if (tok_->add_bos()) ids.push_back(tok_->bos_id());
+    for (const auto& t : turns) {
+      const bool trained = t.role == "assistant";
+      std::string header(t.role);
+      header += ':';
+      ARROW_RETURN_NOT_OK(Encode(header, where, &ids));
+      mask.resize(ids.size(), 0);
+      ARROW_RETURN_NOT_OK(Encode(t.content, where, &ids));
+      if (trained && tok_->add_eos()) ids.push_back(tok_->eos_id());
+      mask.resize(ids.size(), trained ? 1 : 0);
+    }
+    out->tokens = static_cast<int64_t>(ids.size());
+    if (want_payload) out->payload = std::move(payload);
+    return Status::OK();
+  }
+
+ private:
+  static std::string CheckMessages(const arrow::DataType& t) {
+    const char* expected = "list<struct<role: string, content: string>>";
+    if (t.id() != arrow::Type::LIST && t.id() != arrow::Type::LARGE_LIST) return expected;
+    const auto& item = *t.field(0)->type();
+    if (item.id() != arrow::Type::STRUCT) return expected;
+    const auto& st = static_cast<const arrow::StructType&>(item);
+    const auto role = st.GetFieldByName("role");
+    const auto content = st.GetFieldByName("content");
+    if (!role || !content || !IsString(*role->type()) || !IsString(*content->type())) {
+      return expected;
+    }
+    return "";
+  }
+
+  // The struct values of row `i` of a list<struct> array: [begin, begin + len).
+  static const arrow::StructArray* Structs(const arrow::Array& a, int64_t i, int64_t* begin,
+                                           int64_t* len) {
+    if (a.type_id() == arrow::Type::LIST) {
+      const auto& l = static_cast<const arrow::ListArray&>(a);
+      *begin = l.value_offset(i);
+      *len = l.value_length(i);
+      return static_cast<const arrow::StructArray*>(l.values().get());
+    }
+    const auto& l = static_cast<const arrow::LargeListArray&>(a);
+    *begin = l.value_offset(i);
+    *len = l.value_length(i);
+    return static_cast<const arrow::StructArray*>(l.values().get());
+  }
+
+  static Status Null(const std::string& what, RowOutput* out) {
+    out->skip = SkipReason::kNull;
+    out->null_what = what;
+    return Status::OK();
+  }
+
+  Status Encode(std::string_view text, const std::string& where,
+                std::vector<int32_t>* ids) const {
+    if (text.empty()) return Status::OK();
+    const Status st = tok_->Encode(text, ids);
+    return st.ok() ? st : DataError(where, st.message());
+  }
+
+  const ChatColumns chat_;
+  const std::string key_;
+  const std::shared_ptr<const Tokenizer> tok_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transform>> MakeTransform(const Config& config,
+                                                 int32_t source_index) {
+  const SourceConfig& s = config.sources[static_cast<size_t>(source_index)];
+  const std::string key = "sources[" + std::to_string(source_index) + "]";
+  if (s.text_column.empty() && !s.chat.enabled()) {
+    return std::make_unique<TokenColumnTransform>(s.tokens_column);
+  }
+  if (config.tokenizer.model.empty()) {
+    return ConfigError(key, "text_column and chat need a root-level tokenizer");
+  }
+  ARROW_ASSIGN_OR_RAISE(auto tok, Tokenizer::Make(config.tokenizer));
+  if (!s.text_column.empty()) {
+    return std::make_unique<TextTransform>(s.text_column, key + ".text_column",
+                                           std::move(tok));
+  }
+  return std::make_unique<ChatTransform>(s.chat, key + ".chat", std::move(tok));
+}
+
+}  // namespace braid

@@ -1,0 +1,58 @@
+// Per-row transforms of a source loader: row of Arrow columns -> sample payload.
+//
+// A Transform reads one row of the columns it names and produces the sample's tokens (and
+// loss mask for chat data), or says why the row has none (null, empty). Kinds, chosen by
+// the source config (docs/sources.md):
+//   tokens_column  list<int32|int64> token ids, passed through
+//   text_column    a string, tokenized with the root tokenizer (+ BOS / EOS)
+//   chat           prompt/response strings or a messages list, tokenized with the chat
+//                  template; loss_mask = 1 on response (assistant) tokens only
+//
+// Thread-safe: Apply is const and runs on the loader's worker threads concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <arrow/array.h>
+
+#include "braid/config/config.h"
+#include "braid/source/column_files.h"
+#include "braid/source/payload.h"
+#include "braid/source/sample.h"
+#include "braid/source/tokenizer.h"
+#include "braid/status.h"
+
+namespace braid {
+
+using Columns = std::vector<std::shared_ptr<arrow::Array>>;
+
+/// What a transform made of one row.
+struct RowOutput {
+  SkipReason skip = SkipReason::kNone;
+  std::string null_what;  ///< for kNull: what was null ("null column 'text'")
+  int64_t tokens = 0;
+  std::shared_ptr<Payload> payload;  ///< set when asked for and not skipped
+};
+
+class Transform {
+ public:
+  virtual ~Transform() = default;
+  /// The columns Apply receives, in order (empty for the token column, which SourceFiles
+  /// reads).
+  virtual std::vector<ColumnSpec> columns() const = 0;
+  /// A cheap estimate of the payload bytes of row `i`, to bound work in flight.
+  virtual int64_t EstimateBytes(const Columns& cols, int64_t i) const = 0;
+  /// Transforms row `i`. A data error (e.g. a token id out of range) is returned; a null
+  /// is reported in `out` (the loader applies on_error). `where` names file/row group/row.
+  virtual Status Apply(const Columns& cols, int64_t i, bool want_payload,
+                       const std::string& where, RowOutput* out) const = 0;
+};
+
+/// The transform of config.sources[source_index]; loads the tokenizer where needed (fails
+/// naming tokenizer.model).
+Result<std::unique_ptr<Transform>> MakeTransform(const Config& config, int32_t source_index);
+
+}  // namespace braid
