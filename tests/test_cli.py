@@ -208,3 +208,62 @@ def test_inspect_reports_files_rows_and_lengths(small_dataset):
 
 def test_inspect_missing_path_is_a_data_error(tmp_path):
     check_error(braid_cli("inspect", tmp_path / "none"), 3, "none")
+
+
+def test_skipped_rows_are_counted_and_leave_other_sources_unchanged(small_dataset, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # A third source whose every fourth row is null, read with on_error: skip.
+    rows = [None if i % 4 == 0 else [9_000_000 + 1000 * i + k for k in range(1 + i % 30)]
+            for i in range(80)]
+    (tmp_path / "noisy").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(rows, type=pa.list_(pa.int32()))}),
+                   tmp_path / "noisy" / "a.parquet", row_group_size=16)
+    config = dict(small_dataset["config"])
+    noisy = {"name": "noisy", "path": str(tmp_path / "noisy"), "tokens_column": "input_ids",
+             "weight": 0.2, "on_error": "skip"}
+    with_noisy = write_config(tmp_path / "with.yaml",
+                              dict(config, sources=config["sources"] + [noisy]))
+    report = tmp_path / "report"
+    result = braid_cli("run", with_noisy, "--steps", 8, "--report", report)
+    assert result.returncode == 0, result.stderr
+    skipped = json.loads((report / "report.json").read_text())["skipped"]
+    assert skipped["noisy"] > 0 and skipped["web"] == 0 and skipped["code"] == 0
+
+    # The same job where the noisy source has its nulls fail instead: a clear data error.
+    failing = write_config(tmp_path / "fail.yaml", dict(
+        config, sources=config["sources"] + [dict(noisy, on_error="fail")]))
+    check_error(braid_cli("plan", failing, "--steps", 3), 3, "a.parquet", "(row group ",
+                ", row ", "null")
+
+    # Skips in one source never change what another source contributes to a step.
+    def web_docs(path):
+        # The web tokens of each step (where sequence boundaries cut them may differ).
+        return [sorted((d["file"], d["row"], t)
+                       for r in json.loads(line)["ranks"] for m in r["micro_batches"]
+                       for d in m["docs"] if d["src"] == "web"
+                       for t in range(d["start"], d["start"] + d["len"]))
+                for line in plan_lines(path, "--steps", 8)]
+
+    clean = [r if r is not None else [1] for r in rows]
+    (tmp_path / "clean").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array(clean, type=pa.list_(pa.int32()))}),
+                   tmp_path / "clean" / "a.parquet", row_group_size=16)
+    without = write_config(tmp_path / "without.yaml", dict(
+        config, sources=config["sources"] + [dict(noisy, path=str(tmp_path / "clean"))]))
+    assert web_docs(with_noisy) == web_docs(without)
+
+
+def test_schema_that_differs_between_files_names_the_file(small_dataset, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2, 3]], type=pa.list_(pa.int32()))}),
+                   folder / "a.parquet")
+    pq.write_table(pa.table({"input_ids": pa.array(["not tokens"])}), folder / "b.parquet")
+    path = write_config(tmp_path / "c.yaml", dict(small_dataset["config"], sources=[
+        {"name": "mixed", "path": str(folder), "tokens_column": "input_ids"}]))
+    check_error(braid_cli("plan", path, "--steps", 1), 3, "b.parquet", "string")
