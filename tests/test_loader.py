@@ -213,3 +213,21 @@ def test_new_iterator_continues_the_stream(small_dataset):
     got = take(loader, 2) + take(loader, 3)
     for want, have in zip(reference, got):
         assert torch.equal(want["input_ids"], have["input_ids"])
+
+
+def test_one_engine_serves_several_ranks_from_one_build(small_dataset):
+    import numpy as np
+    from braid import _core
+    config = braid.load_config(_topology(small_dataset, tp=2, pp=2))
+    engine = _core.make_engine(config, [1])
+    reference = _core.make_engine(config, [1])
+    for _ in range(3):
+        full = reference.next()
+        tp0, tp1, last = engine.next_views([(0, 0, 0), (1, 0, 0), (0, 1, 0)])
+        assert set(tp0) == {"input_ids", "source_ids", "position_ids", "cu_seqlens"}
+        assert set(last) == {"labels", "loss_mask", "position_ids", "cu_seqlens"}
+        for name in tp0:
+            assert np.array_equal(tp0[name], full[name])
+            assert np.shares_memory(tp0[name], tp1[name]), name  # one build, no copy
+        assert np.shares_memory(tp0["position_ids"], last["position_ids"])
+        assert np.array_equal(last["labels"], full["labels"])

@@ -93,13 +93,36 @@ void RegisterRuntime(nb::module_& m) {
              return d;
            },
            "The next micro-batch (blocks until built).")
+      .def("next_views",
+           [](Engine& e, const std::vector<std::tuple<int64_t, int64_t, int64_t>>& coords) {
+             std::vector<RankCoords> ranks;
+             for (const auto& [tp, pp, cp] : coords) {
+               ranks.push_back(RankCoords{/*dp=*/0, tp, pp, cp});
+             }
+             Result<std::vector<std::shared_ptr<const Batch>>> result;
+             {
+               nb::gil_scoped_release release;
+               result = e.NextViews(ranks);
+             }
+             nb::list out;
+             for (const auto& view : ValueOrThrow(std::move(result))) {
+               nb::dict d;
+               for (const Tensor& t : view->tensors) d[t.name.c_str()] = ToNumpy(t);
+               out.append(d);
+             }
+             return out;
+           },
+           nb::arg("coords"),
+           "The views of the next micro-batch for several (tp, pp, cp) ranks of its DP "
+           "group, from one build (TP/PP views share memory).")
       .def("state_json", &Engine::StateJson,
            "The state right after the last micro-batch returned, as JSON.")
       .def_prop_ro("local_micro_batches_per_step", &Engine::local_micro_batches_per_step);
 
   m.def("make_engine",
         [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json,
-           std::optional<std::tuple<int64_t, int64_t, int64_t>> view, bool split_context) {
+           std::optional<std::tuple<int64_t, int64_t, int64_t>> view,
+           bool split_context) {
           Engine::Options options;
           options.dp_ranks = std::move(dp_ranks);
           options.state_json = std::move(state_json);

@@ -66,10 +66,11 @@ std::vector<std::string> ViewTensorNames(int64_t pp, int64_t num_stages) {
 
 Status CheckContextSplit(int64_t seq_len, int64_t cp) {
   if (cp > 1 && seq_len % (2 * cp) != 0) {
-    return ConfigError("batch.seq_len",
-                       "must be a multiple of 2 * topology.cp (" + std::to_string(2 * cp) +
-                           ") to split sequences for context parallelism, got " +
-                           std::to_string(seq_len));
+    return ConfigError("batch.seq_len", "must be a multiple of 2 * topology.cp (" +
+                                            std::to_string(2 * cp) +
+                                            ") to split sequences for context "
+                                            "parallelism, got " +
+                                            std::to_string(seq_len));
   }
   return Status::OK();
 }

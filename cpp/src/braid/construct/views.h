@@ -1,12 +1,14 @@
 // Rank views: what one trainer rank receives of its DP group's micro-batch.
 //
-// A constructor builds each micro-batch once per DP group (construct/constructor.h); every
-// trainer rank of that group (its TP, PP and CP coordinates) then receives a *view* of it:
-//   - TP: every TP rank receives the same tensors. The view shares their storage (no copy).
-//   - PP: the first stage (pp == 0) receives input_ids and source_ids (and any other input
-//     tensor, e.g. pixel_values), the last stage (pp == PP-1) labels and loss_mask, every
-//     stage position_ids and cu_seqlens. With PP == 1 the one stage is first and last and
-//     receives everything. Middle stages receive position_ids and cu_seqlens only.
+// A constructor builds each micro-batch once per DP group (construct/constructor.h);
+// every trainer rank of that group (its TP, PP and CP coordinates) then receives a *view*
+// of it:
+//   - TP: every TP rank receives the same tensors. The view shares their storage.
+//   - PP: the first stage (pp == 0) receives input_ids and source_ids (and any other
+//     input tensor, e.g. pixel_values), the last stage (pp == PP-1) labels and
+//     loss_mask, every stage position_ids and cu_seqlens. With PP == 1 the one stage is
+//     first and last and receives everything. Middle stages receive position_ids and
+//     cu_seqlens only.
 //   - CP: with CP > 1 every sequence of length L is cut into 2*CP chunks of L/(2*CP)
 //     tokens; CP rank r receives chunks r and 2*CP-1-r, concatenated, of every per-token
 //     tensor ([mbs, L] -> [mbs, L/CP]). position_ids keep their original values (RoPE
@@ -30,10 +32,10 @@
 
 namespace braid {
 
-/// The names a rank at pipeline stage `pp` of `num_stages` receives among the constructor's
-/// standard tensors, in the constructor's order (input_ids, labels, loss_mask,
-/// position_ids, cu_seqlens, source_ids). Tensors not named here (multimodal inputs) go to
-/// the first stage.
+/// The names a rank at pipeline stage `pp` of `num_stages` receives among the
+/// constructor's standard tensors, in the constructor's order (input_ids, labels,
+/// loss_mask, position_ids, cu_seqlens, source_ids). Other tensors (multimodal inputs) go
+/// to the first stage.
 std::vector<std::string> ViewTensorNames(int64_t pp, int64_t num_stages);
 
 /// Checks that sequences of `seq_len` tokens split evenly for context parallelism `cp`:
@@ -41,10 +43,11 @@ std::vector<std::string> ViewTensorNames(int64_t pp, int64_t num_stages);
 Status CheckContextSplit(int64_t seq_len, int64_t cp);
 
 /// The view of `batch` (built for DP rank coords.dp) that the rank at `coords` receives.
-/// Fails (Invalid, naming "rank") if coords are outside `topology` or coords.dp is not the
-/// batch's DP rank, and (config error naming batch.seq_len) if the sequences do not split
-/// into 2*cp equal chunks. The result shares storage with `batch` except the CP-split
+/// Fails (config error naming "rank") if coords are outside `topology` or coords.dp is
+/// not the batch's DP rank, and (naming batch.seq_len) if the sequences do not split into
+/// 2*cp equal chunks. The result shares storage with `batch` except the CP-split
 /// tensors; it keeps the batch's step, dp and micro_batch.
-Result<Batch> ViewFor(const Batch& batch, const Topology& topology, const RankCoords& coords);
+Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
+                      const RankCoords& coords);
 
 }  // namespace braid

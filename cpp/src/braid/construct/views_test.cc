@@ -172,7 +172,8 @@ TEST_P(ViewsTest, ContextPartsReassembleToTheSequences) {
         EXPECT_EQ(doc_edges_seen, expected_doc_edges) << "cp rank " << c;
         for (size_t i = 0; i + 1 < cu.size(); ++i) {
           for (int64_t t = cu[i] + 1; t < cu[i + 1]; ++t) {
-            ASSERT_EQ(pos[size_t(t)], pos[size_t(t - 1)] + 1) << "cp rank " << c << " t " << t;
+            ASSERT_EQ(pos[size_t(t)], pos[size_t(t - 1)] + 1)
+                << "cp rank " << c << " t " << t;
           }
         }
       }

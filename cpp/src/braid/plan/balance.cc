@@ -19,16 +19,29 @@ struct Partial {
   double spread() const { return bins.front().sum - bins.back().sum; }
 };
 
+// Heaviest first, ties in the current order (a stable sort), moving each bin once.
 void SortBins(std::vector<Bin>* bins) {
-  std::stable_sort(bins->begin(), bins->end(),
-                   [](const Bin& a, const Bin& b) { return a.sum > b.sum; });
+  std::vector<std::pair<double, int32_t>> keys(bins->size());
+  bool sorted = true;
+  for (size_t i = 0; i < bins->size(); ++i) {
+    keys[i] = {-(*bins)[i].sum, static_cast<int32_t>(i)};
+    if (i > 0 && keys[i].first < keys[i - 1].first) sorted = false;
+  }
+  if (sorted) return;
+  std::sort(keys.begin(), keys.end());
+  std::vector<Bin> out;
+  out.reserve(bins->size());
+  for (const auto& k : keys) out.push_back(std::move((*bins)[size_t(k.second)]));
+  *bins = std::move(out);
 }
 
+// Item indices by cost, heaviest first, ties by index (what a stable sort gives).
 std::vector<int32_t> ByCostDescending(const std::vector<double>& costs) {
+  std::vector<std::pair<double, int32_t>> keys(costs.size());
+  for (size_t i = 0; i < costs.size(); ++i) keys[i] = {-costs[i], static_cast<int32_t>(i)};
+  std::sort(keys.begin(), keys.end());
   std::vector<int32_t> idx(costs.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::stable_sort(idx.begin(), idx.end(),
-                   [&](int32_t a, int32_t b) { return costs[size_t(a)] > costs[size_t(b)]; });
+  for (size_t i = 0; i < keys.size(); ++i) idx[i] = keys[i].second;
   return idx;
 }
 

@@ -113,19 +113,34 @@ std::vector<int64_t> Planner::Quotas(int64_t capacity) {
     if (weights[i] > 0) order.push_back(i);
   }
   auto residual = [&](size_t i) { return ideal[i] - static_cast<double>(quota[i]); };
-  while (assigned != capacity) {
+  if (assigned != capacity) {
+    // The choice of scanning `order` for the best residual before every token (largest
+    // when adding, smallest among quota > 0 when taking back; ties to the lower index),
+    // kept in a heap: O(log n) per token instead of O(n) (1,000 sources).
     const bool add = assigned < capacity;
-    size_t best = order.front();
-    bool found = false;
+    auto chosen_before = [&](size_t a, size_t b) {
+      const double ra = residual(a), rb = residual(b);
+      if (ra != rb) return add ? ra > rb : ra < rb;
+      return a < b;
+    };
+    auto heap_less = [&](size_t a, size_t b) { return chosen_before(b, a); };
+    std::vector<size_t> heap;
+    heap.reserve(order.size());
     for (size_t i : order) {
-      if (!add && quota[i] == 0) continue;
-      if (!found || (add ? residual(i) > residual(best) : residual(i) < residual(best))) {
-        best = i;
-        found = true;
+      if (add || quota[i] > 0) heap.push_back(i);
+    }
+    std::make_heap(heap.begin(), heap.end(), heap_less);
+    while (assigned != capacity) {
+      std::pop_heap(heap.begin(), heap.end(), heap_less);
+      const size_t best = heap.back();
+      heap.pop_back();
+      quota[best] += add ? 1 : -1;
+      assigned += add ? 1 : -1;
+      if (add || quota[best] > 0) {
+        heap.push_back(best);
+        std::push_heap(heap.begin(), heap.end(), heap_less);
       }
     }
-    quota[best] += add ? 1 : -1;
-    assigned += add ? 1 : -1;
   }
   for (size_t i : order) state_.sources[i].carry = residual(i);
   return quota;

@@ -23,11 +23,12 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
   }
   if (options.view) {
     const RankCoords& v = *options.view;
-    if (v.tp < 0 || v.tp >= config.topology.tp || v.pp < 0 || v.pp >= config.topology.pp ||
-        v.cp < 0 || v.cp >= config.topology.cp) {
-      return ConfigError("rank", "view coordinates (tp " + std::to_string(v.tp) + ", pp " +
-                                     std::to_string(v.pp) + ", cp " + std::to_string(v.cp) +
-                                     ") are outside the topology");
+    const Topology& t = config.topology;
+    if (v.tp < 0 || v.tp >= t.tp || v.pp < 0 || v.pp >= t.pp || v.cp < 0 ||
+        v.cp >= t.cp) {
+      return ConfigError("rank", "view coordinates (tp " + std::to_string(v.tp) +
+                                     ", pp " + std::to_string(v.pp) + ", cp " +
+                                     std::to_string(v.cp) + ") are outside the topology");
     }
   }
   std::unique_ptr<Engine> engine(new Engine(config, std::move(options)));
@@ -145,6 +146,21 @@ Result<std::shared_ptr<const Batch>> Engine::Next() {
   last_plan_ = item->plan;
   last_index_ = item->local_index;
   return item->batch;
+}
+
+Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
+    const std::vector<RankCoords>& coords) {
+  if (options_.view) {
+    return ConfigError("rank", "NextViews needs an engine made without Options::view");
+  }
+  ARROW_ASSIGN_OR_RAISE(std::shared_ptr<const Batch> batch, Next());
+  std::vector<std::shared_ptr<const Batch>> views;
+  for (RankCoords c : coords) {
+    c.dp = batch->dp;
+    ARROW_ASSIGN_OR_RAISE(Batch view, ViewFor(*batch, config_.topology, c));
+    views.push_back(std::make_shared<const Batch>(std::move(view)));
+  }
+  return views;
 }
 
 std::string Engine::StateJson() const {

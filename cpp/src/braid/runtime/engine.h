@@ -8,9 +8,9 @@
 // constructor executes.
 //
 // Micro-batches come out in (step, dp rank, micro-batch) order; with Options::view set,
-// each is this trainer rank's view of the micro-batch (TP/PP/CP, construct/views.h). Several processes that
-// each embed an Engine compute the same global plan (it is deterministic) and each builds
-// only its own ranks.
+// each is this trainer rank's view of the micro-batch (TP/PP/CP, construct/views.h).
+// Several processes that each embed an Engine compute the same global plan (it is
+// deterministic) and each builds only its own ranks.
 //
 // Thread-compatible: call Next() and StateJson() from one thread; the destructor stops and
 // joins every thread.
@@ -61,6 +61,13 @@ class Engine {
 
   /// The next micro-batch; blocks until it is built. Returns the first error any role hit.
   Result<std::shared_ptr<const Batch>> Next();
+
+  /// The views of the next micro-batch for several trainer ranks of its DP group
+  /// (coordinates' dp is ignored), from one build: TP/PP views share its buffers. Fails
+  /// (config error naming "rank") with Options::view set or coordinates outside the
+  /// topology, else as Next().
+  Result<std::vector<std::shared_ptr<const Batch>>> NextViews(
+      const std::vector<RankCoords>& coords);
 
   /// The state right after the last micro-batch Next() returned: resuming from it
   /// continues the stream exactly there.

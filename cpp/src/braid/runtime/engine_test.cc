@@ -412,6 +412,31 @@ TEST_F(EngineTest, ViewOptionGivesTheRanksViewOfTheSameMicroBatches) {
             (*full)->Find("input_ids")->storage.get());
   EXPECT_EQ(last_tp1->Find("input_ids"), nullptr);
 
+  // NextViews: the same from one Next() of an engine without a view.
+  auto reference = MakeEngine(config, whole_options);
+  auto shared = MakeEngine(config, whole_options);
+  ASSERT_TRUE(reference && shared);
+  for (int i = 0; i < 3; ++i) {
+    auto full_batch = reference->Next();
+    auto views = shared->NextViews(coords);
+    ASSERT_TRUE(full_batch.ok() && views.ok()) << views.status().ToString();
+    ASSERT_EQ(views->size(), coords.size());
+    for (size_t r = 0; r < coords.size(); ++r) {
+      RankCoords c = coords[r];
+      c.dp = 1;
+      auto want = ViewFor(**full_batch, config.topology, c);
+      ASSERT_TRUE(want.ok());
+      ExpectSameBatch(*(*views)[r], *want);
+    }
+  }
+  auto viewed = MakeEngine(config, [&] {
+    Engine::Options o = whole_options;
+    o.view = RankCoords{};
+    return o;
+  }());
+  ASSERT_NE(viewed, nullptr);
+  EXPECT_FALSE(viewed->NextViews(coords).ok());
+
   Engine::Options outside = whole_options;
   outside.view = RankCoords{0, /*tp=*/2, 0, 0};
   auto bad = Engine::Make(config, outside);

@@ -12,12 +12,6 @@
 namespace braid {
 namespace {
 
-bool IsIntegerList(const arrow::DataType& type) {
-  if (type.id() != arrow::Type::LIST && type.id() != arrow::Type::LARGE_LIST) return false;
-  const auto id = type.field(0)->type()->id();
-  return id == arrow::Type::INT32 || id == arrow::Type::INT64;
-}
-
 int64_t Percentile(std::vector<int64_t>* sorted_lengths, double q) {
   if (sorted_lengths->empty()) return 0;
   const size_t k = static_cast<size_t>(q * static_cast<double>(sorted_lengths->size() - 1));
@@ -51,7 +45,7 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
       out.schema = schema->ToString();
       if (out.column.empty()) {
         for (const auto& field : schema->fields()) {
-          if (IsIntegerList(*field->type())) {
+          if (IsTokenListType(*field->type())) {
             out.column = field->name();
             break;
           }
@@ -66,7 +60,7 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
     if (out.column.empty()) continue;
     const int index = schema->GetFieldIndex(out.column);
     if (index < 0) return DataError(file_path, "no column '" + out.column + "'");
-    if (!IsIntegerList(*schema->field(index)->type())) {
+    if (!IsTokenListType(*schema->field(index)->type())) {
       return DataError(file_path, "column '" + out.column + "' has type " +
                                       schema->field(index)->type()->ToString() +
                                       ", expected list<int32> or list<int64>");

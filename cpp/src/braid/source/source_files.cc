@@ -26,15 +26,15 @@ bool IsParquetName(const std::string& p) {
   return p.size() > 8 && p.compare(p.size() - 8, 8, ".parquet") == 0;
 }
 
-bool IsIntegerList(const arrow::DataType& type) {
+}  // namespace
+
+bool IsTokenListType(const arrow::DataType& type) {
   if (type.id() != arrow::Type::LIST && type.id() != arrow::Type::LARGE_LIST) {
     return false;
   }
   const auto value_id = type.field(0)->type()->id();
   return value_id == arrow::Type::INT32 || value_id == arrow::Type::INT64;
 }
-
-}  // namespace
 
 Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
@@ -127,45 +127,77 @@ std::string StorageUri(const SourceConfig& source) {
 
 SourceFiles::~SourceFiles() = default;
 
+ColumnSpec TokenColumnSpec(const std::string& name, const std::string& key) {
+  return ColumnSpec{name, key, [](const arrow::DataType& type) {
+                      return IsTokenListType(type) ? std::string()
+                                                   : std::string("list<int32> or list<int64>");
+                    }};
+}
+
+namespace {
+
+std::string ColumnList(const arrow::Schema& schema) {
+  std::string s;
+  for (const auto& f : schema.fields()) s += (s.empty() ? "" : ", ") + f->name();
+  return s;
+}
+
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileSystem* fs,
+                                                                const std::string& path) {
+  auto input = fs->OpenInputFile(path);
+  if (!input.ok()) return StorageError(path, input.status().message());
+  try {
+    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
+    if (!reader.ok()) {
+      return DataError(path, "not a readable Parquet file: " + reader.status().message());
+    }
+    return std::move(*reader);
+  } catch (const std::exception& e) {
+    return DataError(path, std::string("not a readable Parquet file: ") + e.what());
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
                                                        const std::string& key_path) {
+  return Open(source, key_path,
+              {TokenColumnSpec(source.tokens_column, key_path + ".tokens_column")});
+}
+
+Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
+                                                       const std::string& key_path,
+                                                       std::vector<ColumnSpec> columns) {
   std::unique_ptr<SourceFiles> out(new SourceFiles());
-  out->column_name_ = source.tokens_column;
+  out->columns_ = std::move(columns);
   std::vector<std::string> paths;
   ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths));
   for (const auto& path : paths) {
     File file;
     file.path = path;
-    auto input = out->fs_->OpenInputFile(path);
-    if (!input.ok()) return StorageError(path, input.status().message());
-    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
-    if (!reader.ok()) {
-      return DataError(path, "not a readable Parquet file: " + reader.status().message());
-    }
+    ARROW_ASSIGN_OR_RAISE(auto reader, OpenParquet(out->fs_.get(), path));
     std::shared_ptr<arrow::Schema> schema;
-    const Status schema_st = (*reader)->GetSchema(&schema);
+    const Status schema_st = reader->GetSchema(&schema);
     if (!schema_st.ok()) {
       return DataError(path, "cannot read the schema: " + schema_st.message());
     }
-    file.column = schema->GetFieldIndex(source.tokens_column);
-    if (file.column < 0) {
-      return DataError(path, "no column '" + source.tokens_column + "' (" + key_path +
-                                 ".tokens_column); columns: " +
-                                 [&] {
-                                   std::string s;
-                                   for (const auto& f : schema->fields()) {
-                                     s += (s.empty() ? "" : ", ") + f->name();
-                                   }
-                                   return s;
-                                 }());
+    std::vector<int> indices;
+    for (const auto& c : out->columns_) {
+      const int index = schema->GetFieldIndex(c.name);
+      if (index < 0) {
+        return DataError(path, "no column '" + c.name + "' (" + c.key +
+                                   "); columns: " + ColumnList(*schema));
+      }
+      const auto& type = *schema->field(index)->type();
+      const std::string expected = c.check(type);
+      if (!expected.empty()) {
+        return DataError(path, "column '" + c.name + "' (" + c.key + ") has type " +
+                                   type.ToString() + ", expected " + expected);
+      }
+      indices.push_back(index);
     }
-    const auto& type = *schema->field(file.column)->type();
-    if (!IsIntegerList(type)) {
-      return DataError(path, "column '" + source.tokens_column + "' (" + key_path +
-                                 ".tokens_column) has type " + type.ToString() +
-                                 ", expected list<int32> or list<int64>");
-    }
-    const auto metadata = (*reader)->parquet_reader()->metadata();
+    file.column = indices.empty() ? -1 : indices.front();
+    const auto metadata = reader->parquet_reader()->metadata();
     int64_t first = 0;
     for (int rg = 0; rg < metadata->num_row_groups(); ++rg) {
       const int64_t rows = metadata->RowGroup(rg)->num_rows();
@@ -176,6 +208,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     file.num_rows = first;
     out->total_rows_ += first;
     out->files_.push_back(std::move(file));
+    out->column_index_.push_back(std::move(indices));
   }
   if (out->total_rows_ == 0) {
     return DataError(source.path, key_path + ": the source has no rows");
@@ -183,47 +216,57 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   return out;
 }
 
-Result<std::shared_ptr<arrow::Array>> SourceFiles::ReadTokens(int file, int row_group) {
+Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(int file,
+                                                                            int row_group) {
   const File& f = files_[static_cast<size_t>(file)];
   const std::string where = DataLocation(f.path, row_group, -1);
   if (open_file_ != file) {
     open_reader_.reset();
     open_file_ = -1;
-    auto input = fs_->OpenInputFile(f.path);
-    if (!input.ok()) return StorageError(f.path, input.status().message());
-    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
-    if (!reader.ok()) {
-      return DataError(f.path, "not a readable Parquet file: " + reader.status().message());
-    }
-    open_reader_ = std::move(*reader);
+    ARROW_ASSIGN_OR_RAISE(open_reader_, OpenParquet(fs_.get(), f.path));
     open_file_ = file;
   }
-  std::shared_ptr<arrow::ChunkedArray> chunked;
-  Status st;
-  try {
-    st = open_reader_->RowGroup(row_group)->Column(f.column)->Read(&chunked);
-  } catch (const std::exception& e) {
-    st = Status::IOError(e.what());
+  std::vector<std::shared_ptr<arrow::Array>> out;
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    const std::string& name = columns_[c].name;
+    std::shared_ptr<arrow::ChunkedArray> chunked;
+    Status st;
+    try {
+      st = open_reader_->RowGroup(row_group)
+               ->Column(column_index_[size_t(file)][c])
+               ->Read(&chunked);
+    } catch (const std::exception& e) {
+      st = Status::IOError(e.what());
+    }
+    if (!st.ok()) {
+      open_reader_.reset();
+      open_file_ = -1;
+      return DataError(where, "cannot read column '" + name + "': " + st.message());
+    }
+    if (chunked->length() != f.row_group_rows[size_t(row_group)]) {
+      return DataError(where, "column '" + name + "' has " +
+                                  std::to_string(chunked->length()) +
+                                  " rows, footer says " +
+                                  std::to_string(f.row_group_rows[size_t(row_group)]));
+    }
+    if (chunked->num_chunks() == 0) {
+      auto empty = arrow::MakeEmptyArray(chunked->type());
+      if (!empty.ok()) return DataError(where, empty.status().message());
+      out.push_back(*empty);
+    } else if (chunked->num_chunks() == 1) {
+      out.push_back(chunked->chunk(0));
+    } else {
+      auto combined = arrow::Concatenate(chunked->chunks());
+      if (!combined.ok()) return DataError(where, combined.status().message());
+      out.push_back(*combined);
+    }
   }
-  if (!st.ok()) {
-    open_reader_.reset();
-    open_file_ = -1;
-    return DataError(where, "cannot read column '" + column_name_ + "': " + st.message());
-  }
-  if (chunked->length() != f.row_group_rows[static_cast<size_t>(row_group)]) {
-    return DataError(where, "column '" + column_name_ + "' has " +
-                                std::to_string(chunked->length()) + " rows, footer says " +
-                                std::to_string(f.row_group_rows[row_group]));
-  }
-  if (chunked->num_chunks() == 0) {
-    auto empty = arrow::MakeEmptyArray(chunked->type());
-    if (!empty.ok()) return DataError(where, empty.status().message());
-    return *empty;
-  }
-  if (chunked->num_chunks() == 1) return chunked->chunk(0);
-  auto combined = arrow::Concatenate(chunked->chunks());
-  if (!combined.ok()) return DataError(where, combined.status().message());
-  return *combined;
+  return out;
+}
+
+Result<std::shared_ptr<arrow::Array>> SourceFiles::ReadTokens(int file, int row_group) {
+  ARROW_ASSIGN_OR_RAISE(auto columns, ReadColumns(file, row_group));
+  return columns.front();
 }
 
 }  // namespace braid

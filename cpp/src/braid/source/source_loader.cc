@@ -22,7 +22,7 @@ constexpr uint64_t kRowSalt = 0x7200;
 
 constexpr int64_t kSampleOverheadBytes = 64;
 // Rows per worker in one transform batch (see the header's Threading).
-constexpr int64_t kBatchRowsPerWorker = 64;
+constexpr int64_t kBatchRowsPerWorker = 256;
 
 // One row of a window before the shuffle.
 struct RowRef {
@@ -73,7 +73,6 @@ std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& fs
 
 SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos start,
                            Options options, std::unique_ptr<SourceFiles> files,
-                           std::unique_ptr<ColumnFiles> columns,
                            std::unique_ptr<Transform> transform)
     : source_(config.sources[static_cast<size_t>(source_index)]),
       seed_(config.seed),
@@ -81,9 +80,8 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       start_(start),
       options_(options),
       files_(std::move(files)),
-      columns_(std::move(columns)),
       transform_(std::move(transform)),
-      total_rows_(files_ ? files_->total_rows() : columns_->total_rows()) {}
+      total_rows_(files_->total_rows()) {}
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                                          int32_t source_index,
@@ -91,14 +89,12 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   const std::string key = "sources[" + std::to_string(source_index) + "]";
   const SourceConfig& source = config.sources[size_t(source_index)];
   ARROW_ASSIGN_OR_RAISE(auto transform, MakeTransform(config, source_index));
-  std::unique_ptr<SourceFiles> files;
-  std::unique_ptr<ColumnFiles> columns;
-  if (source.text_column.empty() && !source.chat.enabled()) {
-    ARROW_ASSIGN_OR_RAISE(files, SourceFiles::Open(source, key));
-  } else {
-    ARROW_ASSIGN_OR_RAISE(columns, ColumnFiles::Open(source, key, transform->columns()));
+  std::vector<ColumnSpec> columns = transform->columns();
+  if (columns.empty()) {
+    columns.push_back(TokenColumnSpec(source.tokens_column, key + ".tokens_column"));
   }
-  const auto& file_list = files ? files->files() : columns->files();
+  ARROW_ASSIGN_OR_RAISE(auto files, SourceFiles::Open(source, key, std::move(columns)));
+  const auto& file_list = files->files();
   if (start.epoch < 0 || start.window < 0 || start.offset < 0) {
     return Status::Invalid(key, ": stream position must not be negative");
   }
@@ -122,7 +118,7 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   }
   return std::unique_ptr<SourceLoader>(
       new SourceLoader(config, source_index, start, options, std::move(files),
-                       std::move(columns), std::move(transform)));
+                       std::move(transform)));
 }
 
 SourceLoader::~SourceLoader() { Stop(); }
@@ -145,33 +141,47 @@ Result<Sample> SourceLoader::Next() {
     started_ = true;
     reader_ = std::thread([this] { ReaderLoop(); });
   }
+  ++waiting_;
   cv_.wait(lock, [this] { return !queue_.empty() || !error_.ok() || stopping_; });
+  --waiting_;
   if (!queue_.empty() && !stopping_) {
     Sample s = std::move(queue_.front());
     queue_.pop_front();
     queued_bytes_ -= kSampleOverheadBytes +
                      s.payload.bytes();
+    // Wake the reader only if it waits (on a full queue): a notify per sample costs more
+    // than the sample on a busy machine.
+    const bool wake = waiting_ > 0;
     lock.unlock();
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
     return s;
   }
   if (!error_.ok()) return error_;
   return Status::Cancelled("source '", source_.name, "' stopped");
 }
 
-bool SourceLoader::Push(Sample sample) {
-  const int64_t bytes = kSampleOverheadBytes +
-                        sample.payload.bytes();
+bool SourceLoader::PushBatch(std::vector<Sample>* batch) {
   std::unique_lock<std::mutex> lock(mu_);
-  // Always admit one sample into an empty queue, however large.
-  cv_.wait(lock, [&] {
-    return stopping_ || queue_.empty() || queued_bytes_ + bytes <= options_.read_ahead_bytes;
-  });
-  if (stopping_) return false;
-  queued_bytes_ += bytes;
-  queue_.push_back(std::move(sample));
+  for (Sample& sample : *batch) {
+    const int64_t bytes = kSampleOverheadBytes + sample.payload.bytes();
+    // Always admit one sample into an empty queue, however large.
+    auto room = [&] {
+      return stopping_ || queue_.empty() ||
+             queued_bytes_ + bytes <= options_.read_ahead_bytes;
+    };
+    if (!room()) {
+      if (waiting_ > 0) cv_.notify_all();  // the consumer may sleep on what is queued
+      ++waiting_;
+      cv_.wait(lock, room);
+      --waiting_;
+    }
+    if (stopping_) return false;
+    queued_bytes_ += bytes;
+    queue_.push_back(std::move(sample));
+  }
+  const bool wake = waiting_ > 0;
   lock.unlock();
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
   return true;
 }
 
@@ -198,9 +208,7 @@ void SourceLoader::ReaderLoop() {
 
 Result<std::vector<std::shared_ptr<arrow::Array>>> SourceLoader::ReadColumns(int file,
                                                                              int row_group) {
-  if (columns_) return columns_->ReadColumns(file, row_group);
-  ARROW_ASSIGN_OR_RAISE(auto array, files_->ReadTokens(file, row_group));
-  return std::vector<std::shared_ptr<arrow::Array>>{std::move(array)};
+  return files_->ReadColumns(file, row_group);
 }
 
 Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWindow& w,
@@ -232,6 +240,7 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
   const int64_t max_bytes = std::max<int64_t>(1, options_.read_ahead_bytes / 4);
   std::vector<RowOutput> out;
   std::vector<Status> status;
+  std::vector<Sample> samples;
   for (int64_t k = first_offset; k < n;) {
     // The batch [k, end): at most max_rows rows and about max_bytes of payload.
     int64_t end = k, bytes = 0;
@@ -244,7 +253,7 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     out.assign(size_t(m), RowOutput{});
     status.assign(size_t(m), Status::OK());
     auto where = [&](const RowRef& r) {
-      return DataLocation(file_list[size_t(r.file)].path, r.row_group, r.row);
+      return RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row};
     };
     pool_->ParallelFor(m, [&](int64_t j) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
@@ -256,9 +265,16 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     if (stop_requested_.load(std::memory_order_relaxed)) {
       return Status::Cancelled("stopping");
     }
-    for (int64_t j = 0; j < m; ++j) {
+    // The batch is queued under one lock with one wake-up; an error is returned after the
+    // samples before it.
+    Status error;
+    samples.clear();
+    for (int64_t j = 0; j < m && error.ok(); ++j) {
       const RowRef& r = rows[size_t(order[size_t(k + j)])];
-      ARROW_RETURN_NOT_OK(status[size_t(j)]);
+      if (!status[size_t(j)].ok()) {
+        error = status[size_t(j)];
+        break;
+      }
       RowOutput& o = out[size_t(j)];
       Sample s;
       s.meta.source = source_index_;
@@ -268,15 +284,18 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
       s.meta.pos = StreamPos{epoch, window, k + j};
       s.meta.skip = o.skip;
       if (o.skip == SkipReason::kNull && source_.on_error == OnError::kFail) {
-        return DataError(where(r),
-                         o.null_what + " (set on_error: skip to skip such rows)");
+        error = DataError(where(r).ToString(),
+                          o.null_what + " (set on_error: skip to skip such rows)");
+        break;
       }
       if (o.skip == SkipReason::kNone) {
         s.meta.tokens = o.tokens;
         if (o.payload) s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
       }
-      if (!Push(std::move(s))) return Status::Cancelled("stopping");
+      samples.push_back(std::move(s));
     }
+    if (!PushBatch(&samples)) return Status::Cancelled("stopping");
+    ARROW_RETURN_NOT_OK(error);
     k = end;
   }
   return Status::OK();

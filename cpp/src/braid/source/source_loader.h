@@ -16,7 +16,7 @@
 // that is never asked costs nothing). The reader reads a window's row groups, then
 // transforms its rows in batches on `sources[].workers` threads (itself plus a pool),
 // each result in its own slot, and queues them in the seeded order: the stream is the
-// same for any worker count. A batch holds at most 64 rows per worker and about a quarter
+// same for any worker count. A batch holds at most 256 rows per worker and about a quarter
 // of `read_ahead_bytes` of estimated payload. The queue is bounded by `read_ahead_bytes`
 // of payload and the reader blocks when it is full; Next() blocks while it is empty.
 // Next() is called from one consumer thread; Stop() and the destructor may be called
@@ -31,7 +31,6 @@
 #include <thread>
 
 #include "braid/config/config.h"
-#include "braid/source/column_files.h"
 #include "braid/source/sample.h"
 #include "braid/source/source_files.h"
 #include "braid/status.h"
@@ -51,7 +50,7 @@ struct ShuffleWindow {
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
                                         int64_t window_rows);
-/// The same over a file list (ColumnFiles::files() of a text or chat source).
+/// The same over a file list.
 std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& files,
                                         uint64_t seed, int32_t source_index,
                                         int64_t epoch, int64_t window_rows);
@@ -79,31 +78,27 @@ class SourceLoader : public SampleStream {
   /// Stops and joins the reader thread. Later Next() calls return Cancelled.
   void Stop();
 
-  /// REQUIRES: a tokens_column source (text and chat sources read through ColumnFiles).
   const SourceFiles& files() const { return *files_; }
-  /// The source's files in sorted path order, for any kind of source.
-  const std::vector<SourceFiles::File>& file_list() const {
-    return files_ ? files_->files() : columns_->files();
-  }
+  /// The source's files in sorted path order.
+  const std::vector<SourceFiles::File>& file_list() const { return files_->files(); }
 
  private:
   SourceLoader(const Config& config, int32_t source_index, StreamPos start,
                Options options, std::unique_ptr<SourceFiles> files,
-               std::unique_ptr<ColumnFiles> columns, std::unique_ptr<Transform> transform);
+               std::unique_ptr<Transform> transform);
   void ReaderLoop();
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
   Status ReadWindow(int64_t epoch, int64_t window, const ShuffleWindow& w,
                     int64_t first_offset);
-  // Queues one sample; false when stopping.
-  bool Push(Sample sample);
+  // Queues the samples in order, waking the consumer once; false when stopping.
+  bool PushBatch(std::vector<Sample>* batch);
 
   const SourceConfig source_;
   const uint64_t seed_;
   const int32_t source_index_;
   const StreamPos start_;
   const Options options_;
-  std::unique_ptr<SourceFiles> files_;    // tokens_column; used by the reader thread only
-  std::unique_ptr<ColumnFiles> columns_;  // text / chat; used by the reader thread only
+  std::unique_ptr<SourceFiles> files_;    // used by the reader thread only
   std::unique_ptr<Transform> transform_;  // const; shared by the workers
   std::unique_ptr<WorkerPool> pool_;      // made and used by the reader thread
   int64_t total_rows_ = 0;
@@ -115,6 +110,7 @@ class SourceLoader : public SampleStream {
   int64_t queued_bytes_ = 0;     // GUARDED_BY(mu_)
   Status error_;                 // GUARDED_BY(mu_); set once, after the queued samples
   bool stopping_ = false;        // GUARDED_BY(mu_)
+  int waiting_ = 0;              // GUARDED_BY(mu_) threads inside cv_.wait in Next/Push
   bool started_ = false;         // GUARDED_BY(mu_)
   std::thread reader_;
 };

@@ -13,20 +13,25 @@ namespace {
 
 template <typename ListT, typename ValueT>
 Status CopyTokens(const ListT& list, int64_t i, std::vector<int32_t>* out,
-                  const std::string& where) {
+                  const RowLocation& where) {
   const auto& values = static_cast<const ValueT&>(*list.values());
   const int64_t begin = list.value_offset(i);
   const int64_t len = list.value_length(i);
-  out->resize(static_cast<size_t>(len));
   const auto* raw = values.raw_values();
+  if constexpr (sizeof(*raw) == sizeof(int32_t)) {
+    out->assign(raw + begin, raw + begin + len);  // a memcpy, no zero fill first
+    return Status::OK();
+  }
+  out->reserve(static_cast<size_t>(len));
   for (int64_t k = 0; k < len; ++k) {
     const auto v = raw[begin + k];
     if constexpr (sizeof(v) > sizeof(int32_t)) {
       if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
-        return DataError(where, "token id " + std::to_string(v) + " does not fit int32");
+        return DataError(where.ToString(),
+                         "token id " + std::to_string(v) + " does not fit int32");
       }
     }
-    (*out)[static_cast<size_t>(k)] = static_cast<int32_t>(v);
+    out->push_back(static_cast<int32_t>(v));
   }
   return Status::OK();
 }
@@ -67,7 +72,7 @@ ListInfo InfoOf(const arrow::Array& array, int64_t i) {
 }
 
 Status CopyRow(const arrow::Array& array, int64_t i, std::vector<int32_t>* out,
-               const std::string& where) {
+               const RowLocation& where) {
   const bool large = array.type_id() == arrow::Type::LARGE_LIST;
   const bool wide = array.type()->field(0)->type()->id() == arrow::Type::INT64;
   if (!large) {
@@ -87,7 +92,7 @@ class TokenColumnTransform : public Transform {
   int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
     return InfoOf(*cols[0], i).length * int64_t{sizeof(int32_t)};
   }
-  Status Apply(const Columns& cols, int64_t i, bool want_payload, const std::string& where,
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
     const ListInfo info = InfoOf(*cols[0], i);
     if (info.null || info.has_null_values) {
@@ -159,7 +164,7 @@ class TextTransform : public Transform {
   int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
     return StringBytes(*cols[0], i);  // ~4 bytes of text per 4-byte token
   }
-  Status Apply(const Columns& cols, int64_t i, bool want_payload, const std::string& where,
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
     std::string_view text;
     if (!StringAt(*cols[0], i, &text)) {
@@ -175,7 +180,7 @@ class TextTransform : public Transform {
     auto& ids = payload->tokens;
     if (tok_->add_bos()) ids.push_back(tok_->bos_id());
     const Status st = tok_->Encode(text, &ids);
-    if (!st.ok()) return DataError(where, st.message());
+    if (!st.ok()) return DataError(where.ToString(), st.message());
     if (tok_->add_eos()) ids.push_back(tok_->eos_id());
     if (ids.empty()) {
       out->skip = SkipReason::kEmpty;
@@ -230,7 +235,7 @@ class ChatTransform : public Transform {
     return StringBytes(*cols[0], i) + StringBytes(*cols[1], i);
   }
 
-  Status Apply(const Columns& cols, int64_t i, bool want_payload, const std::string& where,
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
     std::vector<Turn> turns;
     if (!chat_.messages_column.empty()) {
@@ -321,11 +326,11 @@ class ChatTransform : public Transform {
     return Status::OK();
   }
 
-  Status Encode(std::string_view text, const std::string& where,
+  Status Encode(std::string_view text, const RowLocation& where,
                 std::vector<int32_t>* ids) const {
     if (text.empty()) return Status::OK();
     const Status st = tok_->Encode(text, ids);
-    return st.ok() ? st : DataError(where, st.message());
+    return st.ok() ? st : DataError(where.ToString(), st.message());
   }
 
   const ChatColumns chat_;

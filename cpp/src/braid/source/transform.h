@@ -19,7 +19,7 @@
 #include <arrow/array.h>
 
 #include "braid/config/config.h"
-#include "braid/source/column_files.h"
+#include "braid/source/source_files.h"
 #include "braid/source/payload.h"
 #include "braid/source/sample.h"
 #include "braid/source/tokenizer.h"
@@ -28,6 +28,14 @@
 namespace braid {
 
 using Columns = std::vector<std::shared_ptr<arrow::Array>>;
+
+/// Where a row is, for error messages; formatted only when an error needs it.
+struct RowLocation {
+  const std::string* file = nullptr;
+  int64_t row_group = -1;
+  int64_t row = -1;
+  std::string ToString() const { return DataLocation(*file, row_group, row); }
+};
 
 /// What a transform made of one row.
 struct RowOutput {
@@ -48,7 +56,7 @@ class Transform {
   /// Transforms row `i`. A data error (e.g. a token id out of range) is returned; a null
   /// is reported in `out` (the loader applies on_error). `where` names file/row group/row.
   virtual Status Apply(const Columns& cols, int64_t i, bool want_payload,
-                       const std::string& where, RowOutput* out) const = 0;
+                       const RowLocation& where, RowOutput* out) const = 0;
 };
 
 /// The transform of config.sources[source_index]; loads the tokenizer where needed (fails

@@ -19,7 +19,7 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::Drain(const std::function<void(int64_t)>& fn, int64_t n) {
   // Indices are taken in small chunks under the lock; the work runs outside it.
-  constexpr int64_t kChunk = 4;
+  constexpr int64_t kChunk = 2;
   std::unique_lock<std::mutex> lock(mu_);
   while (next_ < n) {
     const int64_t begin = next_;
