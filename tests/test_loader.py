@@ -231,3 +231,24 @@ def test_one_engine_serves_several_ranks_from_one_build(small_dataset):
             assert np.shares_memory(tp0[name], tp1[name]), name  # one build, no copy
         assert np.shares_memory(tp0["position_ids"], last["position_ids"])
         assert np.array_equal(last["labels"], full["labels"])
+
+
+@pytest.mark.parametrize("consumed", [3, 5, 9])
+def test_resume_inside_a_phase_with_another_seq_len(small_dataset, consumed):
+    # Steps 0-2 use 16-token sequences: 4 micro-batches per rank instead of 2.
+    config = dict(small_dataset["config"], phases=[{"until_step": 3, "seq_len": 16}])
+    loader = braid.Loader(config, rank=0, world_size=2)
+    assert loader.micro_batches_at(0) == 4 and loader.micro_batches_at(3) == 2
+    reference = take(braid.Loader(config, rank=0, world_size=2), consumed + 5)
+    assert reference[0]["input_ids"].shape == (1, 16)
+    assert reference[-1]["input_ids"].shape == (1, 32 if consumed + 5 > 12 else 16)
+
+    first = braid.Loader(config, rank=0, world_size=2)
+    it = iter(first)
+    for _ in range(consumed):
+        next(it)
+    resumed = braid.Loader(config, rank=0, world_size=2)
+    resumed.load_state_dict(first.state_dict())
+    for want, got in zip(reference[consumed:], take(resumed, 5)):
+        for name in want:
+            assert torch.equal(want[name], got[name]), name

@@ -28,6 +28,8 @@ void RegisterConfig(nb::module_& m) {
       .def_prop_ro("seq_len", [](const Config& c) { return c.batch.seq_len; })
       .def_prop_ro("global_tokens", [](const Config& c) { return c.batch.global_tokens; })
       .def_prop_ro("micro_batches_per_rank", &Config::micro_batches_per_rank)
+      .def("micro_batches_per_rank_at", &Config::MicroBatchesPerRankAt, nb::arg("step"),
+           "Micro-batches per DP rank at `step` (a phase's seq_len changes it).")
       .def_prop_ro("source_names",
                    [](const Config& c) {
                      std::vector<std::string> names;

@@ -117,7 +117,8 @@ void RegisterRuntime(nb::module_& m) {
            "group, from one build (TP/PP views share memory).")
       .def("state_json", &Engine::StateJson,
            "The state right after the last micro-batch returned, as JSON.")
-      .def_prop_ro("local_micro_batches_per_step", &Engine::local_micro_batches_per_step);
+      .def("local_micro_batches_per_step", &Engine::local_micro_batches_per_step,
+           nb::arg("step"), "Micro-batches this engine yields at `step` (phases change it).");
 
   m.def("make_engine",
         [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json,

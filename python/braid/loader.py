@@ -64,8 +64,16 @@ class Loader(torch.utils.data.IterableDataset):
 
     @property
     def micro_batches_per_step(self) -> int:
-        """Micro-batches this rank receives per global step."""
+        """Micro-batches this rank receives per global step at ``batch.seq_len``.
+
+        A phase with another ``seq_len`` changes it (``global_tokens`` is constant): see
+        ``micro_batches_at(step)``.
+        """
         return self._config.micro_batches_per_rank
+
+    def micro_batches_at(self, step: int) -> int:
+        """Micro-batches this rank receives at global step ``step``."""
+        return self._config.micro_batches_per_rank_at(step)
 
     def __iter__(self) -> Iterator[Dict[str, torch.Tensor]]:
         # The engine starts here (at iter(), not at the first next()), so state_dict()

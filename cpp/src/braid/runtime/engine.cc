@@ -41,7 +41,8 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
     ARROW_ASSIGN_OR_RAISE(engine->start_state_,
                           PlannerStateFromJson(engine->options_.state_json, config,
                                                &engine->skip_first_));
-    if (engine->skip_first_ >= engine->local_micro_batches_per_step()) {
+    if (engine->skip_first_ >=
+        engine->local_micro_batches_per_step(engine->start_state_.step)) {
       return ConfigError("state.consumed_micro_batches",
                          "exceeds the micro-batches per step of this rank");
     }
@@ -75,8 +76,9 @@ void Engine::Stop() {
   if (constructor_thread_.joinable()) constructor_thread_.join();
 }
 
-int64_t Engine::local_micro_batches_per_step() const {
-  return config_.micro_batches_per_rank() * static_cast<int64_t>(options_.dp_ranks.size());
+int64_t Engine::local_micro_batches_per_step(int64_t step) const {
+  return config_.MicroBatchesPerRankAt(step) *
+         static_cast<int64_t>(options_.dp_ranks.size());
 }
 
 void Engine::PlannerLoop() {
@@ -167,7 +169,7 @@ std::string Engine::StateJson() const {
   if (last_plan_ == nullptr) {
     return PlannerStateToJson(start_state_, config_, skip_first_);
   }
-  if (last_index_ + 1 >= local_micro_batches_per_step()) {
+  if (last_index_ + 1 >= local_micro_batches_per_step(last_plan_->step)) {
     return PlannerStateToJson(last_plan_->state_after, config_, 0);
   }
   return PlannerStateToJson(last_plan_->state_before, config_, last_index_ + 1);

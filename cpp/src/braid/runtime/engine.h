@@ -74,7 +74,7 @@ class Engine {
   std::string StateJson() const;
 
   /// Micro-batches per step that this process receives.
-  int64_t local_micro_batches_per_step() const;
+  int64_t local_micro_batches_per_step(int64_t step) const;
 
  private:
   struct PlanItem {

@@ -125,7 +125,7 @@ TEST_F(EngineTest, EveryMicroBatchArrivesInOrderWithThePlannedTokens) {
   };
   auto engine = MakeEngine(config, options);
   ASSERT_NE(engine, nullptr);
-  EXPECT_EQ(engine->local_micro_batches_per_step(), 8);
+  EXPECT_EQ(engine->local_micro_batches_per_step(0), 8);
   constexpr int64_t kSteps = 8;
   const auto batches = Take(engine.get(), kSteps * 8);
   ASSERT_EQ(batches.size(), size_t(kSteps * 8));
@@ -192,8 +192,8 @@ TEST_F(EngineTest, TwoEnginesWithOneRankEachEqualOneWithBoth) {
   auto r0 = MakeEngine(config, o0);
   auto r1 = MakeEngine(config, o1);
   ASSERT_TRUE(both && r0 && r1);
-  EXPECT_EQ(r0->local_micro_batches_per_step(), 4);
-  EXPECT_EQ(both->local_micro_batches_per_step(), 8);
+  EXPECT_EQ(r0->local_micro_batches_per_step(0), 4);
+  EXPECT_EQ(both->local_micro_batches_per_step(0), 8);
   for (int step = 0; step < 5; ++step) {
     const auto all = Take(both.get(), 8);
     const auto a = Take(r0.get(), 4);

@@ -79,8 +79,8 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
   const auto t0 = std::chrono::steady_clock::now();
   ARROW_ASSIGN_OR_RAISE(auto engine, Engine::Make(config, std::move(options)));
   // Micro-batches per step change with a phase's seq_len (global_tokens is constant).
-  const int64_t local_ranks =
-      engine->local_micro_batches_per_step() / config.micro_batches_per_rank();
+  const int64_t local_ranks = engine->local_micro_batches_per_step(0) /
+                              config.MicroBatchesPerRankAt(0);
   auto last = t0;
   double imbalance_sum = 0, sequential_sum = 0;
   std::vector<double> target_sum(n, 0.0);
