@@ -137,3 +137,39 @@ def test_storage_key_needs_a_uri(tmp_path):
         braid.Loader(config_for(str(tmp_path / "*.parquet"),
                                 storage={"endpoint": "http://127.0.0.1:1"}),
                      rank=0, world_size=2)
+
+
+def test_local_cache_serves_remote_files_and_keeps_its_size(s3_server, s3_dataset, tmp_path):
+    client = s3_server["client"]
+    names = [f"data/train-{f:05d}-of-00002.parquet" for f in range(2)]
+    for name in names:
+        client.put_object(Bucket=BUCKET, Key=f"cached/{name}",
+                          Body=(s3_dataset / name).read_bytes())
+    storage = {"endpoint": s3_server["url"], "region": "us-east-1"}
+    cache = tmp_path / "cache"
+    config = config_for(f"s3://{BUCKET}/cached/data/*.parquet", storage=storage)
+    config["runtime"] = {"cache": {"dir": str(cache), "max_bytes": 10 << 20}}
+    first = batches(config, n=4)
+    local = batches(config_for(str(s3_dataset / "data" / "*.parquet")), n=4)
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, local))
+    copies = {p.name: p.stat().st_ino for p in cache.iterdir()}
+    assert sorted(n.split("-", 1)[1] for n in copies) == [n.split("/")[1] for n in names]
+
+    # A second job reuses the copies (same files, not copied again).
+    batches(config, n=4)
+    assert {p.name: p.stat().st_ino for p in cache.iterdir()} == copies
+
+    # A changed object gets a fresh copy; the stream follows the new content.
+    docs = [[7_000_000 + 1000 * i + k for k in range(20)] for i in range(30)]
+    client.put_object(Bucket=BUCKET, Key=f"cached/{names[1]}", Body=parquet_bytes(docs))
+    changed = batches(config, n=8)
+    assert len(list(cache.iterdir())) == 3
+    seen = {int(t) // 1_000_000 for b in changed for t in b["input_ids"].flatten()}
+    assert 7 in seen
+
+    # A cache too small for two files keeps the most recent copy only.
+    one_file = (s3_dataset / names[0]).stat().st_size
+    small = tmp_path / "small"
+    config["runtime"] = {"cache": {"dir": str(small), "max_bytes": one_file + 16}}
+    batches(config, n=1)
+    assert sum(p.stat().st_size for p in small.iterdir()) <= one_file + 16

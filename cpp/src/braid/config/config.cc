@@ -391,7 +391,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   }
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(
-        CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps"}));
+        CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
@@ -411,6 +411,22 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                             PositiveInt(rt["prefetch_steps"], "runtime.prefetch_steps"));
     }
   }
+  // --- Storage: a local cache of remote files, shared by every source ---
+  std::string cache_dir;
+  int64_t cache_max_bytes = 0;
+  if (root["runtime"] && root["runtime"]["cache"]) {
+    const YAML::Node cache = root["runtime"]["cache"];
+    ARROW_RETURN_NOT_OK(CheckMap(cache, "runtime.cache", {"dir", "max_bytes"}));
+    for (const char* required : {"dir", "max_bytes"}) {
+      if (!cache[required]) return ConfigError(Join("runtime.cache", required), "is required");
+    }
+    ARROW_ASSIGN_OR_RAISE(cache_dir, Scalar<std::string>(cache["dir"], "runtime.cache.dir",
+                                                         "a folder path"));
+    if (cache_dir.empty()) return ConfigError("runtime.cache.dir", "must not be empty");
+    cache_dir = ResolvePath(cache_dir, base_dir);
+    ARROW_ASSIGN_OR_RAISE(cache_max_bytes,
+                          PositiveInt(cache["max_bytes"], "runtime.cache.max_bytes"));
+  }
   const YAML::Node sources = root["sources"];
   if (!sources) return ConfigError("sources", "is required");
   if (!sources.IsSequence() || sources.size() == 0) {
@@ -429,6 +445,8 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                          "text_column and chat need a root-level tokenizer: {type: "
                          "sentencepiece, model: PATH}");
     }
+    src.cache_dir = cache_dir;
+    src.cache_max_bytes = cache_max_bytes;
     c.sources.push_back(std::move(src));
   }
   // --- Planner: phases (docs/planner.md) ---

@@ -77,6 +77,8 @@ struct SourceConfig {
   // --- Storage (docs/config.md). Credentials come from the environment. ---
   std::string storage_endpoint;  ///< e.g. "http://127.0.0.1:9000" for a local S3 server
   std::string storage_region;
+  std::string cache_dir;        ///< runtime.cache.dir, copied here; empty: no cache
+  int64_t cache_max_bytes = 0;  ///< runtime.cache.max_bytes
 };
 
 struct Topology {

@@ -1,6 +1,10 @@
 #include "braid/source/source_files.h"
 
 #include <fnmatch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include <algorithm>
 
@@ -159,6 +163,67 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileS
 
 }  // namespace
 
+Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
+                               const arrow::fs::FileInfo& info, const std::string& dir,
+                               int64_t max_bytes) {
+  namespace stdfs = std::filesystem;
+  const std::string& path = info.path();
+  const int64_t size = info.size();
+  if (size > max_bytes) return std::string();
+  std::error_code ec;
+  stdfs::create_directories(dir, ec);
+  if (ec) return StorageError(dir, "cannot create the cache folder: " + ec.message());
+  const std::string key = path + "|" + std::to_string(size) + "|" +
+                          std::to_string(info.mtime().time_since_epoch().count());
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : key) h = (h ^ ch) * 0x100000001b3ULL;
+  char prefix[20];
+  std::snprintf(prefix, sizeof(prefix), "%016llx-", static_cast<unsigned long long>(h));
+  const stdfs::path local =
+      stdfs::path(dir) / (prefix + stdfs::path(path).filename().string());
+  if (stdfs::exists(local, ec) && static_cast<int64_t>(stdfs::file_size(local, ec)) == size) {
+    stdfs::last_write_time(local, stdfs::file_time_type::clock::now(), ec);  // recently used
+    return local.string();
+  }
+  // Evict the least recently used copies until this one fits.
+  std::vector<std::pair<stdfs::file_time_type, stdfs::path>> entries;
+  int64_t used = 0;
+  for (const auto& e : stdfs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file() || e.path().extension() == ".partial") continue;
+    used += static_cast<int64_t>(e.file_size(ec));
+    entries.emplace_back(e.last_write_time(ec), e.path());
+  }
+  std::sort(entries.begin(), entries.end());
+  for (const auto& [time, p] : entries) {
+    if (used + size <= max_bytes) break;
+    used -= static_cast<int64_t>(stdfs::file_size(p, ec));
+    stdfs::remove(p, ec);
+  }
+  const stdfs::path partial = local.string() + "." + std::to_string(::getpid()) + ".partial";
+  {
+    auto in = remote->OpenInputStream(path);
+    if (!in.ok()) return StorageError(path, in.status().message());
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    if (!out) return StorageError(partial.string(), "cannot write to the cache folder");
+    while (true) {
+      auto chunk = (*in)->Read(int64_t{4} << 20);
+      if (!chunk.ok()) return StorageError(path, chunk.status().message());
+      if ((*chunk)->size() == 0) break;
+      out.write(reinterpret_cast<const char*>((*chunk)->data()), (*chunk)->size());
+    }
+    if (!out) return StorageError(partial.string(), "cannot write to the cache folder");
+  }
+  stdfs::rename(partial, local, ec);
+  if (ec) return StorageError(local.string(), "cannot move into the cache: " + ec.message());
+  return local.string();
+}
+
+Result<std::unique_ptr<parquet::arrow::FileReader>> SourceFiles::OpenFile(
+    const std::string& remote, const std::string& cached) {
+  if (!cached.empty()) return OpenParquet(local_fs_.get(), cached);
+  return OpenParquet(fs_.get(), remote);
+}
+
 Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
                                                        const std::string& key_path) {
   return Open(source, key_path,
@@ -172,10 +237,20 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   out->columns_ = std::move(columns);
   std::vector<std::string> paths;
   ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths));
+  const bool cache = !source.cache_dir.empty() && out->fs_->type_name() != "local";
+  if (cache) out->local_fs_ = std::make_shared<arrow::fs::LocalFileSystem>();
   for (const auto& path : paths) {
     File file;
     file.path = path;
-    ARROW_ASSIGN_OR_RAISE(auto reader, OpenParquet(out->fs_.get(), path));
+    std::string cached;
+    if (cache) {
+      auto info = out->fs_->GetFileInfo(path);
+      if (!info.ok()) return StorageError(path, info.status().message());
+      ARROW_ASSIGN_OR_RAISE(cached, CachedCopy(out->fs_.get(), *info, source.cache_dir,
+                                               source.cache_max_bytes));
+    }
+    out->cached_paths_.push_back(cached);
+    ARROW_ASSIGN_OR_RAISE(auto reader, out->OpenFile(path, cached));
     std::shared_ptr<arrow::Schema> schema;
     const Status schema_st = reader->GetSchema(&schema);
     if (!schema_st.ok()) {
@@ -223,7 +298,7 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(int 
   if (open_file_ != file) {
     open_reader_.reset();
     open_file_ = -1;
-    ARROW_ASSIGN_OR_RAISE(open_reader_, OpenParquet(fs_.get(), f.path));
+    ARROW_ASSIGN_OR_RAISE(open_reader_, OpenFile(f.path, cached_paths_[size_t(file)]));
     open_file_ = file;
   }
   std::vector<std::shared_ptr<arrow::Array>> out;

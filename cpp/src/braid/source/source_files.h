@@ -38,6 +38,15 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
 /// True for list<int32>, list<int64> and their large_list forms: a token column.
 bool IsTokenListType(const arrow::DataType& type);
 
+/// A local copy of the remote file `info` under `dir`, made on first use and reused while
+/// the remote file keeps its size and modification time (they are part of the copy's
+/// name); least recently used copies are removed to keep the folder under `max_bytes`.
+/// Returns "" when the file alone exceeds max_bytes (read it remotely). Safe for several
+/// processes sharing `dir` (copies are written aside and renamed into place).
+Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
+                               const arrow::fs::FileInfo& info, const std::string& dir,
+                               int64_t max_bytes);
+
 /// The source's path with its storage options (endpoint, region) as URI query
 /// parameters, which Arrow's S3 and GCS filesystems read; other paths unchanged.
 std::string StorageUri(const SourceConfig& source);
@@ -86,7 +95,13 @@ class SourceFiles {
  private:
   SourceFiles() = default;
 
+  // Opens `remote` through fs_, or its cached copy `cached` when that is not empty.
+  Result<std::unique_ptr<parquet::arrow::FileReader>> OpenFile(const std::string& remote,
+                                                               const std::string& cached);
+
   std::shared_ptr<arrow::fs::FileSystem> fs_;
+  std::shared_ptr<arrow::fs::FileSystem> local_fs_;  // set when remote files are cached
+  std::vector<std::string> cached_paths_;            // per file; "" or none: read from fs_
   std::vector<ColumnSpec> columns_;
   std::vector<File> files_;
   std::vector<std::vector<int>> column_index_;  // per file, per ColumnSpec
