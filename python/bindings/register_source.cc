@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "braid/config/config.h"
+#include "braid/source/image.h"
 #include "braid/source/source_loader.h"
 #include "braid/source/tokenizer.h"
 #include "braid/testing/sentencepiece_fixture.h"
@@ -101,6 +102,19 @@ void RegisterSource(nb::module_& m) {
       },
       nb::arg("model"), nb::arg("text"),
       "The ids of text under a SentencePiece model (no BOS/EOS), for tests.");
+
+  m.def(
+      "encode_test_jpeg",
+      [](nb::bytes rgb, int width, int height) {
+        if (rgb.size() != size_t(width) * size_t(height) * 3) {
+          ThrowIfError(Status::Invalid("rgb must hold width * height * 3 bytes"));
+        }
+        std::string jpeg = ValueOrThrow(
+            EncodeJpeg(static_cast<const uint8_t*>(rgb.data()), width, height));
+        return nb::bytes(jpeg.data(), jpeg.size());
+      },
+      nb::arg("rgb"), nb::arg("width"), nb::arg("height"),
+      "JPEG bytes (quality 95, 4:4:4) of packed RGB8 pixels, for image tests.");
 
   m.def(
       "sentencepiece_encode",

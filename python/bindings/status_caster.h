@@ -46,5 +46,6 @@ void RegisterRuntime(nanobind::module_& m);
 void RegisterTesting(nanobind::module_& m);
 void RegisterSource(nanobind::module_& m);
 void RegisterInspect(nanobind::module_& m);
+void RegisterPlan(nanobind::module_& m);  // data plane builder (register_plan.cc)
 
 }  // namespace braid::python

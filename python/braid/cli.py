@@ -141,6 +141,24 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:  # --- planner: calibrate ---
+    from braid import calibrate
+
+    try:
+        fit = calibrate.calibrate(args.timings, args.config, args.out,
+                                  intercept=not args.no_intercept)
+    except calibrate.CalibrateError as e:
+        print(f"braid: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(calibrate.format_fit(fit, intercept=not args.no_intercept))
+    print(f"wrote {args.out} (balance.cost.attn, balance.cost.linear)")
+    if (os.path.dirname(os.path.abspath(args.out))
+            != os.path.dirname(os.path.abspath(args.config))):
+        print("note: relative paths in the config now resolve from the new file's folder",
+              file=sys.stderr)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="braid", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -175,6 +193,16 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--column", help="token column (default: the first list<int>)")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
+
+    # --- planner: calibrate (docs/planner.md) ---
+    cal = sub.add_parser("calibrate", help="fit balance.cost.attn/linear from step timings")
+    cal.add_argument("timings", help="CSV: step_time_s and seq_lens (or sum_l2, sum_l)")
+    cal.add_argument("config")
+    cal.add_argument("--out", required=True, help="the new config (YAML; .json: JSON)")
+    cal.add_argument("--no-intercept", action="store_true",
+                     help="fit without a fixed per-step term")
+    cal.set_defaults(func=_cmd_calibrate)
+    # --- end planner: calibrate ---
     return p
 
 

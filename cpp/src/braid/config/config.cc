@@ -246,12 +246,55 @@ Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string
 }
 // --- end transforms ---
 
+// --- Images (docs/sources.md): image_column + image: {patch_size, max_pixels,
+// image_token_id}, only together with text_column (the caption) ---
+Status ParseSourceImage(const YAML::Node& node, const std::string& path,
+                        SourceConfig* src) {
+  if (!node["image_column"]) {
+    if (node["image"]) return ConfigError(Join(path, "image"), "needs image_column");
+    return Status::OK();
+  }
+  const std::string col_key = Join(path, "image_column");
+  ARROW_ASSIGN_OR_RAISE(src->image_column,
+                        Scalar<std::string>(node["image_column"], col_key, "a string"));
+  if (src->image_column.empty()) return ConfigError(col_key, "must not be empty");
+  if (src->text_column.empty()) {
+    return ConfigError(col_key, "needs text_column (the caption)");
+  }
+  const std::string key = Join(path, "image");
+  const YAML::Node image = node["image"];
+  if (!image) return ConfigError(Join(key, "image_token_id"), "is required");
+  ARROW_RETURN_NOT_OK(CheckMap(image, key, {"patch_size", "max_pixels", "image_token_id"}));
+  if (image["patch_size"]) {
+    ARROW_ASSIGN_OR_RAISE(src->image_patch_size,
+                          PositiveInt(image["patch_size"], Join(key, "patch_size")));
+  }
+  if (image["max_pixels"]) {
+    ARROW_ASSIGN_OR_RAISE(src->image_max_pixels,
+                          PositiveInt(image["max_pixels"], Join(key, "max_pixels")));
+  }
+  if (src->image_max_pixels < src->image_patch_size * src->image_patch_size) {
+    return ConfigError(Join(key, "max_pixels"), "must be at least patch_size^2");
+  }
+  if (!image["image_token_id"]) {
+    return ConfigError(Join(key, "image_token_id"), "is required");
+  }
+  ARROW_ASSIGN_OR_RAISE(src->image_token_id,
+                        Scalar<int64_t>(image["image_token_id"],
+                                        Join(key, "image_token_id"), "an integer"));
+  if (src->image_token_id < 0 || src->image_token_id > 2147483647) {
+    return ConfigError(Join(key, "image_token_id"), "must be an int32 >= 0");
+  }
+  return Status::OK();
+}
+// --- end images ---
+
 Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path,
                                  const std::string& base_dir) {
   ARROW_RETURN_NOT_OK(CheckMap(node, path,
                                {"name", "path", "tokens_column", "text_column",
                                 "image_column", "weight", "oversize", "on_error",
-                                "storage",
+                                "storage", "image",
                                 "shuffle_window", "chat", "workers"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
@@ -264,11 +307,11 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                         Scalar<std::string>(node["path"], Join(path, "path"), "a string"));
   if (p.empty()) return ConfigError(Join(path, "path"), "must not be empty");
   src.path = ResolvePath(p, base_dir);
-  if (node["image_column"]) {
-    return ConfigError(Join(path, "image_column"),
-                       "image transforms are not supported in this version");
+  if (node["image_column"] && !node["text_column"]) {  // images
+    return ConfigError(Join(path, "image_column"), "needs text_column (the caption)");
   }
   ARROW_RETURN_NOT_OK(ParseSourceTransform(node, path, &src));
+  ARROW_RETURN_NOT_OK(ParseSourceImage(node, path, &src));  // images
   if (node["weight"]) {
     ARROW_ASSIGN_OR_RAISE(src.weight, ParseWeight(node["weight"], Join(path, "weight")));
   }
@@ -371,7 +414,21 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     }
     // --- end planner ---
     if (const YAML::Node cost = bal["cost"]) {
-      ARROW_RETURN_NOT_OK(CheckMap(cost, "balance.cost", {"attn", "linear"}));
+      ARROW_RETURN_NOT_OK(
+          CheckMap(cost, "balance.cost", {"attn", "linear", "vision", "mode"}));
+      // --- Planner: vision cost term (docs/planner.md) ---
+      if (cost["vision"]) {
+        ARROW_ASSIGN_OR_RAISE(c.balance.vision,
+                              Weight(cost["vision"], "balance.cost.vision"));
+      }
+      if (cost["mode"]) {
+        ARROW_ASSIGN_OR_RAISE(c.balance.cost_mode,
+                              Enum<BalanceConfig::CostMode>(
+                                  cost["mode"], "balance.cost.mode",
+                                  {{"backbone", BalanceConfig::CostMode::kBackbone},
+                                   {"hybrid", BalanceConfig::CostMode::kHybrid}}));
+      }
+      // --- end planner: vision cost term ---
       if (cost["attn"]) {
         ARROW_ASSIGN_OR_RAISE(c.balance.attn, Weight(cost["attn"], "balance.cost.attn"));
       }
@@ -531,6 +588,10 @@ std::string Config::Fingerprint() const {
     if (!s.text_column.empty() || s.chat.enabled()) {
       os << ":text=" << s.text_column << ":chat=" << s.chat.prompt_column << ','
          << s.chat.response_column << ',' << s.chat.messages_column;
+    }
+    if (!s.image_column.empty()) {  // images
+      os << ":image=" << s.image_column << ',' << s.image_patch_size << ','
+         << s.image_max_pixels << ',' << s.image_token_id;
     }
   }
   if (!tokenizer.model.empty()) {

@@ -73,6 +73,12 @@ struct SourceConfig {
   std::string text_column;  ///< string column, tokenized with Config::tokenizer
   ChatColumns chat;         ///< chat / instruction columns, tokenized with the tokenizer
   int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
+  // --- Images (docs/sources.md, image-caption transform); only with text_column. ---
+  std::string image_column;       ///< binary column of encoded JPEG / PNG bytes
+  int64_t image_patch_size = 14;  ///< image.patch_size
+  int64_t image_max_pixels = 262144;  ///< image.max_pixels
+  int64_t image_token_id = -1;    ///< image.image_token_id (required with image_column)
+  // --- end images ---
 
   // --- Storage (docs/config.md). Credentials come from the environment. ---
   std::string storage_endpoint;  ///< e.g. "http://127.0.0.1:9000" for a local S3 server
@@ -96,6 +102,12 @@ struct BatchConfig {
 struct BalanceConfig {
   double attn = 1.0;    ///< cost coefficient of L^2 (causal attention)
   double linear = 0.0;  ///< cost coefficient of L (MLP, projections)
+  // --- Planner: vision cost term (docs/planner.md) ---
+  double vision = 0.0;  ///< cost coefficient of a document's image tokens (vision encoder)
+  /// kHybrid: sequence cost = backbone + vision * image tokens; kBackbone: vision ignored.
+  enum class CostMode { kBackbone, kHybrid };
+  CostMode cost_mode = CostMode::kHybrid;
+  // --- end planner: vision cost term ---
   BalanceAlgorithm algorithm = BalanceAlgorithm::kKarmarkarKarp;
   // --- Planner: splitting levers (docs/planner.md) ---
   /// How a document longer than `max_piece` (0: the step's seq_len) is cut before

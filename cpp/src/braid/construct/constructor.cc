@@ -1,6 +1,63 @@
 #include "braid/construct/constructor.h"
 
+#include <algorithm>
+
 namespace braid {
+namespace {
+
+// --- Images (docs/sources.md): a piece carries an image's patches only if it holds all
+// of the image's placeholder tokens; a piece with part of them is an error. ---
+Status CollectImages(int64_t step, const DocPiece& d, const TokenPayload& payload,
+                     std::vector<const ImagePatches*>* images) {
+  for (size_t k = 0; k < payload->images.size(); ++k) {
+    const int64_t begin = payload->image_start[k];
+    const int64_t end = begin + payload->images[k].num_patches();
+    const int64_t overlap =
+        std::max<int64_t>(0, std::min(end, d.start + d.len) - std::max(begin, d.start));
+    if (overlap == end - begin) {
+      images->push_back(&payload->images[k]);
+    } else if (overlap > 0) {
+      return Status::Invalid("step ", step, ": sources[", d.source, "] file ", d.file,
+                             " row ", d.row, ": an image was split (the piece holds ",
+                             overlap, " of its ", end - begin,
+                             " placeholder tokens); set oversize: skip or raise seq_len");
+    }
+  }
+  return Status::OK();
+}
+
+// pixel_values float32 [total_patches, 3*p*p] and image_grid int32 [num_images, 2].
+Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>& images) {
+  int64_t total = 0;
+  int64_t width = -1;
+  for (const ImagePatches* im : images) {
+    const int64_t n = im->num_patches();
+    const int64_t w = n > 0 ? static_cast<int64_t>(im->pixels.size()) / n : 0;
+    if (width >= 0 && w != width) {
+      return Status::Invalid("images of one micro-batch have different patch sizes (",
+                             w, " and ", width, " values per patch)");
+    }
+    width = w;
+    total += n;
+  }
+  Tensor pixels = Tensor::Zeros("pixel_values", DType::kFloat32, {total, width});
+  Tensor grid =
+      Tensor::Zeros("image_grid", DType::kInt32, {static_cast<int64_t>(images.size()), 2});
+  float* out = pixels.data<float>();
+  int32_t* g = grid.data<int32_t>();
+  for (const ImagePatches* im : images) {
+    out = std::copy(im->pixels.begin(), im->pixels.end(), out);
+    *g++ = im->grid_h;
+    *g++ = im->grid_w;
+  }
+  std::vector<Tensor> result;
+  result.push_back(std::move(pixels));
+  result.push_back(std::move(grid));
+  return result;
+}
+// --- end images ---
+
+}  // namespace
 
 Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch) {
   const MicroBatch& mb = plan.ranks[size_t(dp)].micro_batches[size_t(micro_batch)];
@@ -27,6 +84,9 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   auto* src = source_ids.data<int32_t>();
   auto* cu = cu_seqlens.data<int32_t>();
   int64_t piece_index = 0;
+  // Images of the pieces, in token order (payloads kept alive until copied).
+  std::vector<TokenPayload> image_owners;
+  std::vector<const ImagePatches*> images;
   for (int64_t r = 0; r < rows; ++r) {
     const Sequence& seq = mb.sequences[size_t(r)];
     int64_t t = r * seq_len;
@@ -37,6 +97,8 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
       ARROW_ASSIGN_OR_RAISE(TokenPayload payload, d.payload.Get());
       const std::vector<int32_t>& doc = payload->tokens;
       const std::vector<uint8_t>& targets = payload->loss_mask;
+      ARROW_RETURN_NOT_OK(CollectImages(plan.step, d, payload, &images));
+      if (!payload->images.empty()) image_owners.push_back(payload);
       for (int64_t k = 0; k < d.len; ++k, ++t) {
         const int64_t at = d.start + k;
         ids[t] = doc[size_t(at)];
@@ -60,6 +122,10 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   batch.tensors.push_back(std::move(position_ids));
   batch.tensors.push_back(std::move(cu_seqlens));
   batch.tensors.push_back(std::move(source_ids));
+  if (!images.empty()) {
+    ARROW_ASSIGN_OR_RAISE(std::vector<Tensor> image_tensors, ImageTensors(images));
+    for (auto& tensor : image_tensors) batch.tensors.push_back(std::move(tensor));
+  }
   return batch;
 }
 

@@ -110,7 +110,10 @@ Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
       view.tensors.push_back(t);  // shares storage
     } else if (t.name == "cu_seqlens") {
       view.tensors.push_back(SplitCuSeqlens(t, rows, seq_len, cp, coords.cp));
-    } else if (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == seq_len) {
+    } else if (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == seq_len &&
+               t.name != "pixel_values" && t.name != "image_grid") {
+      // (Image tensors are per patch / per image, never split, even when their shape
+      // happens to equal [mbs, seq_len]; every CP rank gets them whole.)
       view.tensors.push_back(SplitRows(t, cp, coords.cp));
     } else {
       view.tensors.push_back(t);  // not per-token (e.g. image_grid): whole, shared

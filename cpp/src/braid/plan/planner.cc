@@ -32,7 +32,8 @@ void CutLongPieces(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece
   out.reserve(pieces->size() + pieces->size() / 4);
   for (DocPiece& p : *pieces) {
     const int64_t total = p.doc_tokens;
-    if (total <= cap) {
+    // A multimodal document that fits a sequence is never cut (docs/planner.md).
+    if (total <= cap || (p.image_tokens > 0 && total <= seq_len)) {
       out.push_back(std::move(p));
       continue;
     }
@@ -45,16 +46,94 @@ void CutLongPieces(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece
     while (cut(k + 1) <= p.start) ++k;
     int64_t at = p.start;
     while (at < end) {
-      const int64_t stop = std::min(end, cut(k + 1));
+      int64_t stop = std::min(end, cut(k + 1));
+      // Never inside the image tokens that lead a multimodal document.
+      if (at == 0 && p.image_tokens > 0) stop = std::min(end, std::max(stop, p.image_tokens));
       DocPiece part = p;
       part.start = at;
       part.len = stop - at;
+      if (at != p.start) part.image_tokens = 0;
       out.push_back(std::move(part));
       at = stop;
-      ++k;
+      while (at < end && cut(k + 1) <= at) ++k;
     }
   }
   *pieces = std::move(out);
+}
+
+// Packing with multimodal pieces (docs/planner.md). A piece that starts a multimodal
+// document (image_tokens > 0) is atomic: one longer than L first gives its first L tokens
+// (which hold every image token) as an atomic head and the rest as text. Atomic pieces go
+// first, each into the first sequence with room for it from the one the interleaved order
+// would have put it in (wrapping around); text pieces then fill the rooms in order, cut
+// where a room ends. Each sequence keeps its pieces in interleave order. An atomic piece
+// that fits no room (a step packed nearly full of them) is packed as text: cut.
+void PackMultimodal(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece> pieces,
+                    std::vector<Sequence>* sequences) {
+  const size_t n_seq = sequences->size();
+  std::vector<int64_t> room(n_seq, seq_len);
+  std::vector<std::vector<std::pair<size_t, DocPiece>>> parts(n_seq);
+  std::vector<std::pair<size_t, DocPiece>> text;
+  text.reserve(pieces.size());
+  int64_t flow = 0;  // tokens before the piece in interleave order
+  size_t index = 0;
+  auto atomic = [&](DocPiece piece) {
+    const size_t natural = std::min(size_t(flow / seq_len), n_seq - 1);
+    flow += piece.len;
+    for (size_t j = 0; j < n_seq; ++j) {
+      const size_t k = (natural + j) % n_seq;
+      if (room[k] >= piece.len) {
+        room[k] -= piece.len;
+        parts[k].emplace_back(index++, std::move(piece));
+        return;
+      }
+    }
+    text.emplace_back(index++, std::move(piece));  // the last resort: cut
+  };
+  for (DocPiece& piece : pieces) {
+    if (piece.image_tokens > 0 && piece.len > seq_len) {
+      DocPiece head = piece;
+      head.len = seq_len;
+      piece.start += seq_len;
+      piece.len -= seq_len;
+      piece.image_tokens = 0;
+      atomic(std::move(head));
+    } else if (piece.image_tokens > 0) {
+      atomic(std::move(piece));
+      continue;
+    }
+    flow += piece.len;
+    text.emplace_back(index++, std::move(piece));
+  }
+  size_t k = 0;
+  for (auto& [i, piece] : text) {
+    while (piece.len > 0 && k < n_seq) {
+      if (room[k] == 0) {
+        ++k;
+        continue;
+      }
+      DocPiece part = piece;
+      part.len = std::min(room[k], piece.len);
+      piece.start += part.len;
+      piece.len -= part.len;
+      piece.image_tokens = 0;
+      room[k] -= part.len;
+      parts[k].emplace_back(i, std::move(part));
+    }
+  }
+  for (size_t q = 0; q < n_seq; ++q) {
+    auto& list = parts[q];
+    std::stable_sort(list.begin(), list.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    Sequence& seq = (*sequences)[q];
+    seq.docs.clear();
+    seq.docs.reserve(list.size());
+    for (auto& [i, part] : list) {
+      seq.tokens += part.len;
+      seq.cost += PieceCost(b, part.len, part.image_tokens);
+      seq.docs.push_back(std::move(part));
+    }
+  }
 }
 
 }  // namespace
@@ -147,7 +226,7 @@ std::vector<int64_t> Planner::Quotas(int64_t capacity) {
 }
 
 Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
-                     std::vector<DocPiece>* pieces) {
+                     std::vector<DocPiece>* pieces, int64_t* drawn) {
   auto& cursor = state_.sources[size_t(source)];
   Sample& head = heads_[size_t(source)];
   const SourceConfig& src = config_.sources[size_t(source)];
@@ -161,6 +240,11 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
       // boundary that shortened seq_len) is finished, never skipped half-way.
       if (!skip && src.oversize == Oversize::kSkip && cursor.head_start == 0 &&
           head.meta.tokens > seq_len) {
+        head.meta.skip = SkipReason::kOversize;
+        skip = true;
+      }
+      // Images that do not fit one sequence cannot be placed uncut: skipped, any mode.
+      if (!skip && cursor.head_start == 0 && head.meta.image_tokens > seq_len) {
         head.meta.skip = SkipReason::kOversize;
         skip = true;
       }
@@ -204,6 +288,12 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
                              std::to_string(doc_tokens) +
                              "; the source's files changed since the state was saved");
     }
+    // A multimodal document is not cut inside its image tokens (nor at all when it fits
+    // a sequence): a quota too small for it ends here, the carry owes the rest.
+    if (cursor.head_start == 0 && head.meta.image_tokens > 0 &&
+        need < (doc_tokens <= seq_len ? doc_tokens : head.meta.image_tokens)) {
+      break;
+    }
     const int64_t take = std::min(need, doc_tokens - cursor.head_start);
     DocPiece piece;
     piece.source = source;
@@ -213,6 +303,7 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
     piece.start = cursor.head_start;
     piece.len = take;
     piece.doc_tokens = doc_tokens;
+    piece.image_tokens = cursor.head_start == 0 ? head.meta.image_tokens : 0;
     piece.payload = head.payload;
     pieces->push_back(std::move(piece));
     need -= take;
@@ -224,6 +315,8 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
       head = Sample{};
     }
   }
+  if (need > 0) cursor.carry += static_cast<double>(need);  // a deferred document
+  *drawn = quota - need;
   return Status::OK();
 }
 
@@ -242,8 +335,8 @@ Result<StepPlan> Planner::PlanStep() {
   pieces.reserve(pieces_hint_ + pieces_hint_ / 8 + 16);  // last step's count
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (plan.source_tokens[i] > 0) {
-      ARROW_RETURN_NOT_OK(
-          Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len, &pieces));
+      ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len,
+                               &pieces, &plan.source_tokens[i]));
     }
   }
   // 3. Interleave and pack in that order.
@@ -282,20 +375,26 @@ Result<StepPlan> Planner::PlanStep() {
     }
     for (size_t k = 0; k < sequences.size(); ++k) sequences[k].docs.reserve(size_t(parts[k]));
   }
-  size_t current = 0;
-  for (DocPiece& piece : pieces) {
-    while (piece.len > 0) {
-      Sequence& seq = sequences[current];
-      const int64_t room = seq_len - seq.tokens;
-      DocPiece part = piece;
-      part.len = std::min(room, piece.len);
-      piece.start += part.len;
-      piece.len -= part.len;
-      seq.tokens += part.len;
-      seq.cost += PieceCost(config_.balance, part.len);
-      seq.docs.push_back(std::move(part));
-      if (seq.tokens == seq_len) ++current;
+  bool multimodal = false;
+  for (const DocPiece& piece : pieces) multimodal = multimodal || piece.image_tokens > 0;
+  if (!multimodal) {  // text: pack in order, cut where a sequence fills
+    size_t current = 0;
+    for (DocPiece& piece : pieces) {
+      while (piece.len > 0) {
+        Sequence& seq = sequences[current];
+        const int64_t room = seq_len - seq.tokens;
+        DocPiece part = piece;
+        part.len = std::min(room, piece.len);
+        piece.start += part.len;
+        piece.len -= part.len;
+        seq.tokens += part.len;
+        seq.cost += PieceCost(config_.balance, part.len);
+        seq.docs.push_back(std::move(part));
+        if (seq.tokens == seq_len) ++current;
+      }
     }
+  } else {
+    PackMultimodal(config_.balance, seq_len, std::move(pieces), &sequences);
   }
   // 4. Balance over DP ranks, then cut each rank's sequences into micro-batches.
   std::vector<double> costs(sequences.size());

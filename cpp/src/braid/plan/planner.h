@@ -9,8 +9,15 @@
 //  3. Pack. The drawn pieces are interleaved in a seeded order and packed in that order into
 //     S sequences of exactly L tokens; a piece that crosses a sequence boundary is split.
 //     Documents longer than L follow `oversize` (split | truncate | skip).
+//     Multimodal documents (image_tokens > 0) that fit in L are never cut: a quota that
+//     cannot hold one leaves it for the next step (the carry owes the source the
+//     tokens), and the packer places them first, each whole in the first sequence with
+//     room from where the interleave order would have put it, then fills the rooms with
+//     text in order. Longer ones are cut only after their image tokens (an atomic first
+//     L tokens); one with more image tokens than L is skipped (counted).
 //  4. Balance. The S sequences are split over dp ranks with equal counts by the configured
-//     algorithm on cost(doc) = attn*len^2 + linear*len summed per sequence; each rank's
+//     algorithm on cost(doc) = attn*len^2 + linear*len (+ vision*image_tokens in the
+//     hybrid cost mode) summed per sequence; each rank's
 //     sequences form its micro-batches.
 // Steps 1-3 do not depend on dp, so the documents of a step are the same for any dp.
 //
@@ -27,10 +34,16 @@
 
 namespace braid {
 
-/// Cost of one document piece of `len` tokens.
-inline double PieceCost(const BalanceConfig& b, int64_t len) {
+/// Cost of one document piece of `len` tokens (image placeholders included) carrying
+/// `image_tokens` vision tokens: backbone attn*len^2 + linear*len, plus, in the hybrid
+/// cost mode, the vision encoder's vision*image_tokens.
+inline double PieceCost(const BalanceConfig& b, int64_t len, int64_t image_tokens = 0) {
   const double l = static_cast<double>(len);
-  return b.attn * l * l + b.linear * l;
+  double c = b.attn * l * l + b.linear * l;
+  if (image_tokens > 0 && b.cost_mode == BalanceConfig::CostMode::kHybrid) {
+    c += b.vision * static_cast<double>(image_tokens);
+  }
+  return c;
 }
 
 class Planner {
@@ -52,7 +65,10 @@ class Planner {
  private:
   Planner(const Config& config, std::vector<SampleStream*> streams, PlannerState state);
   std::vector<int64_t> Quotas(int64_t capacity);
-  Status Draw(int32_t source, int64_t quota, int64_t seq_len, std::vector<DocPiece>* pieces);
+  /// Draws up to `quota` tokens; `*drawn` gets the tokens drawn (less than the quota
+  /// when a multimodal document is left for the next step).
+  Status Draw(int32_t source, int64_t quota, int64_t seq_len, std::vector<DocPiece>* pieces,
+              int64_t* drawn);
 
   const Config config_;
   std::vector<SampleStream*> streams_;

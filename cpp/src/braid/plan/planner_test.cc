@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <optional>
@@ -36,6 +37,7 @@ struct MemorySource {
   Oversize oversize = Oversize::kSplit;
   std::vector<int64_t> null_rows;
   int64_t window_rows = 64;
+  std::vector<int64_t> image_tokens;  ///< per global row (MemoryStream::Options)
 };
 
 MemorySource Src(std::string name, WeightSchedule weight,
@@ -109,6 +111,7 @@ class MemoryJob {
       o.window_rows = sources_[i].window_rows;
       o.rows_per_file = kRowsPerFile;
       o.null_rows = sources_[i].null_rows;
+      o.image_tokens = sources_[i].image_tokens;
       streams_.push_back(
           std::make_unique<MemoryStream>(sources_[i].docs, o, start.sources[i].next));
       raw.push_back(streams_.back().get());
@@ -1300,6 +1303,236 @@ TEST(PlannerSplitTest, LeversKeepTheDrawAndCapPieces) {
       }
       EXPECT_EQ(a, b) << "step " << i;
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Vision cost term and multimodal documents (balance.cost.vision / mode).
+
+// A text source and a multimodal one: every other document of `vlm` leads with
+// min(len, 32 + row % 200) image tokens; rows 7 and 8 have more image tokens than
+// `image_cap` (skipped when that exceeds seq_len).
+std::vector<MemorySource> VisionSources(int64_t image_cap = 0) {
+  auto text = Src("web", Constant(0.5), LongTailDocs(500, 21, 300, 2048, 1.2));
+  auto vlm = Src("vlm", Constant(0.5), LongTailDocs(400, 22, 400, 2048, 0.9));
+  vlm.image_tokens.resize(vlm.docs->size(), 0);
+  for (size_t r = 0; r < vlm.image_tokens.size(); r += 2) {
+    vlm.image_tokens[r] =
+        std::min<int64_t>(int64_t((*vlm.docs)[r].size()), 32 + int64_t(r) % 200);
+  }
+  if (image_cap > 0) {
+    for (size_t r : {size_t{7}, size_t{8}}) vlm.image_tokens[r] = image_cap;
+  }
+  return {std::move(text), std::move(vlm)};
+}
+
+TEST(PlannerVisionTest, MultimodalDocumentsAreNeverCutInsideTheirImages) {
+  for (int64_t seq_len : {512, 1024, -512}) {
+    const bool lever = seq_len < 0;  // split: even, max_piece: 128 (< many images)
+    seq_len = std::abs(seq_len);
+    auto sources = VisionSources(/*image_cap=*/seq_len + 1);
+    Shape shape;
+    shape.seq_len = seq_len;
+    shape.sequences = 16;
+    shape.dp = 4;
+    shape.linear = 100;
+    Config config = MakeConfig(sources, shape);
+    config.balance.vision = 50;
+    if (lever) {
+      config.balance.split = BalanceConfig::Split::kEven;
+      config.balance.max_piece = 128;
+    }
+    MemoryJob job(config, sources);
+    const auto plans = job.Plan(60);
+    ASSERT_EQ(plans.size(), 60u);
+    const auto& images = sources[1].image_tokens;
+    int64_t multimodal_pieces = 0, short_steps = 0, total = 0, vlm_total = 0;
+    for (const StepPlan& plan : plans) {
+      int64_t step_tokens = 0;
+      std::vector<int64_t> by_source(2, 0);
+      for (const RankPlan& rank : plan.ranks) {
+        for (const MicroBatch& mb : rank.micro_batches) {
+          for (const Sequence& seq : mb.sequences) {
+            double cost = 0;
+            int64_t tokens = 0;
+            for (const DocPiece& d : seq.docs) {
+              EXPECT_GT(d.len, 0);
+              const int64_t global = int64_t(d.file) * kRowsPerFile + d.row;
+              const int64_t img = d.source == 1 ? images[size_t(global)] : 0;
+              EXPECT_LE(img, seq_len) << "image tokens beyond seq_len are skipped";
+              EXPECT_EQ(d.image_tokens, d.start == 0 ? img : 0);
+              if (img > 0) {
+                ++multimodal_pieces;
+                // No cut inside the image tokens, none at all when the document fits.
+                EXPECT_FALSE(d.start > 0 && d.start < img);
+                EXPECT_GE(d.start + d.len, std::min(d.doc_tokens, img));
+                if (d.doc_tokens <= seq_len) {
+                  EXPECT_EQ(d.start, 0);
+                  EXPECT_EQ(d.len, d.doc_tokens);
+                }
+              }
+              if (lever && img == 0) EXPECT_LE(d.len, 128);
+              cost += PieceCost(config.balance, d.len, d.image_tokens);
+              tokens += d.len;
+              by_source[size_t(d.source)] += d.len;
+            }
+            EXPECT_EQ(seq.tokens, tokens);
+            EXPECT_LE(seq.tokens, seq_len);
+            EXPECT_NEAR(seq.cost, cost, 1e-9 * std::max(1.0, cost));
+            step_tokens += seq.tokens;
+          }
+        }
+      }
+      EXPECT_EQ(by_source, plan.source_tokens);
+      EXPECT_LE(step_tokens, config.batch.global_tokens);
+      if (step_tokens < config.batch.global_tokens) ++short_steps;
+      total += step_tokens;
+      vlm_total += by_source[1];
+    }
+    CheckCoverage(plans, config);
+    EXPECT_GT(multimodal_pieces, 100);
+    // Deferred documents leave a little padding; the carry keeps the shares on target.
+    EXPECT_GT(double(total), 0.97 * 60 * double(config.batch.global_tokens));
+    EXPECT_NEAR(double(vlm_total) / double(total), 0.5, 0.02);
+    EXPECT_GE(plans.back().state_after.sources[1].skipped, 2);
+    std::printf("seq_len %lld%s: %lld multimodal pieces, %lld of 60 steps short, fill %.4f\n",
+                (long long)seq_len, lever ? " (even, max_piece 128)" : "",
+                (long long)multimodal_pieces, (long long)short_steps,
+                double(total) / (60.0 * double(config.batch.global_tokens)));
+  }
+}
+
+TEST(PlannerVisionTest, HybridAddsTheVisionTermAndBackboneIgnoresIt) {
+  auto sources = VisionSources();
+  Shape shape;
+  shape.seq_len = 1024;
+  shape.sequences = 8;
+  shape.dp = 2;
+  Config hybrid = MakeConfig(sources, shape);
+  hybrid.balance.vision = 1e4;
+  Config backbone = hybrid;
+  backbone.balance.cost_mode = BalanceConfig::CostMode::kBackbone;
+  const auto a = MemoryJob(hybrid, sources).Plan(5);
+  const auto b = MemoryJob(backbone, sources).Plan(5);
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), 5u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(PieceSet(a[i]), PieceSet(b[i]));  // the same documents, the same pieces
+    double ca = 0, cb = 0, extra = 0;
+    for (const RankPlan& r : a[i].ranks) ca += r.cost;
+    for (const RankPlan& r : b[i].ranks) cb += r.cost;
+    for (const RankPlan& r : a[i].ranks) {
+      for (const MicroBatch& mb : r.micro_batches) {
+        for (const Sequence& s : mb.sequences) {
+          for (const DocPiece& d : s.docs) extra += 1e4 * double(d.image_tokens);
+        }
+      }
+    }
+    EXPECT_GT(extra, 0);
+    EXPECT_NEAR(ca, cb + extra, 1e-9 * ca);
+  }
+  EXPECT_EQ(PieceCost(hybrid.balance, 10, 3), 100 + 3e4);
+  EXPECT_EQ(PieceCost(backbone.balance, 10, 3), 100);
+}
+
+TEST(PlannerVisionTest, ParsesVisionAndModeAndNamesBadValues) {
+  const std::string base = R"(
+batch: {global_tokens: 4096, seq_len: 1024}
+sources:
+  - {name: a, path: /x/a, tokens_column: t}
+)";
+  auto def = ParseConfig(base, "/");
+  ASSERT_TRUE(def.ok()) << def.status().ToString();
+  EXPECT_EQ(def->balance.vision, 0.0);
+  EXPECT_EQ(def->balance.cost_mode, BalanceConfig::CostMode::kHybrid);
+  auto ok = ParseConfig(base + "balance: {cost: {attn: 2, vision: 0.5, mode: backbone}}\n",
+                        "/");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->balance.vision, 0.5);
+  EXPECT_EQ(ok->balance.attn, 2.0);
+  EXPECT_EQ(ok->balance.cost_mode, BalanceConfig::CostMode::kBackbone);
+  for (const std::string bad : {"balance: {cost: {vision: -1}}\n",
+                                "balance: {cost: {mode: vision}}\n"}) {
+    auto r = ParseConfig(base + bad, "/");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("balance.cost.")) << r.status().ToString();
+  }
+}
+
+TEST(PlannerVisionTest, TextOnlySourcesPlanAsBefore) {
+  // Image tokens 0 everywhere and a vision coefficient: nothing changes.
+  auto sources = ThreeSources();
+  Shape shape;
+  const Config base = MakeConfig(sources, shape);
+  Config vision = base;
+  vision.balance.vision = 123;
+  EXPECT_EQ(MemoryJob(base, sources).PlanJson(10), MemoryJob(vision, sources).PlanJson(10));
+}
+
+TEST(PlannerVisionTest, ResumeWithMultimodalDocumentsContinuesExactly) {
+  auto sources = VisionSources(/*image_cap=*/600);
+  Shape shape;
+  shape.seq_len = 512;
+  const Config config = MakeConfig(sources, shape);
+  const auto full = MemoryJob(config, sources).PlanJson(40);
+  ASSERT_EQ(full.size(), 40u);
+  for (int64_t cut : {1, 13, 27}) {
+    MemoryJob first(config, sources);
+    auto head = first.PlanJson(cut);
+    auto restored = PlannerStateFromJson(PlannerStateToJson(first.planner().state(), config),
+                                         config);
+    ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+    MemoryJob second(config, sources, *restored);
+    auto rest = second.PlanJson(40 - cut);
+    head.insert(head.end(), rest.begin(), rest.end());
+    EXPECT_EQ(head, full) << "cut at " << cut;
+  }
+  EXPECT_NE(full[0].find("\"img\":"), std::string::npos);
+}
+
+// Balancing on the hybrid cost beats balancing on the backbone alone when the vision
+// encoder's work is large, measured with the hybrid cost.
+TEST(PlannerVisionTest, HybridModeBalancesTheVisionWork) {
+  auto sources = VisionSources();
+  Shape shape;
+  shape.seq_len = 1024;
+  shape.sequences = 64;
+  shape.dp = 16;
+  shape.linear = 1024;
+  for (double vision : {4.0 * 1024, 256.0 * 1024, 4.0 * 1024 * 1024}) {
+    Config hybrid = MakeConfig(sources, shape);
+    hybrid.balance.vision = vision;  // per image token (a text token's linear: 1024)
+    Config backbone = hybrid;
+    backbone.balance.cost_mode = BalanceConfig::CostMode::kBackbone;
+    auto measured = [&](const StepPlan& plan) {
+      double max_cost = 0, total = 0;
+      for (const RankPlan& r : plan.ranks) {
+        double c = 0;
+        for (const MicroBatch& mb : r.micro_batches) {
+          for (const Sequence& s : mb.sequences) {
+            for (const DocPiece& d : s.docs) {
+              c += PieceCost(hybrid.balance, d.len, d.image_tokens);
+            }
+          }
+        }
+        max_cost = std::max(max_cost, c);
+        total += c;
+      }
+      return max_cost / (total / double(plan.ranks.size()));
+    };
+    double h = 0, b = 0;
+    const auto hp = MemoryJob(hybrid, sources).Plan(20);
+    const auto bp = MemoryJob(backbone, sources).Plan(20);
+    ASSERT_EQ(hp.size(), 20u);
+    ASSERT_EQ(bp.size(), 20u);
+    for (size_t i = 0; i < hp.size(); ++i) {
+      h += measured(hp[i]) / 20;
+      b += measured(bp[i]) / 20;
+      EXPECT_NEAR(measured(hp[i]), hp[i].imbalance, 1e-9);
+    }
+    std::printf("vision %.0f: imbalance under the hybrid cost, mean of 20 steps (dp 16, "
+                "4 seq/rank): hybrid %.4f, backbone %.4f\n", vision, h, b);
+    EXPECT_LE(h, b);
   }
 }
 

@@ -38,6 +38,7 @@ std::string StepPlanToJson(const StepPlan& plan, const Config& config) {
           doc["epoch"] = d.epoch;
           doc["start"] = d.start;
           doc["len"] = d.len;
+          if (d.image_tokens > 0) doc["img"] = d.image_tokens;  // multimodal only
           if (several) doc["seq"] = s;
           docs.push_back(std::move(doc));
         }

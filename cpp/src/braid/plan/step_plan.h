@@ -26,6 +26,10 @@ struct DocPiece {
   int64_t start = 0;       ///< token offset of the piece in the document
   int64_t len = 0;
   int64_t doc_tokens = 0;  ///< length of the whole (possibly truncated) document
+  /// The document's image (vision) tokens, on the piece that starts the document only
+  /// (start == 0: image placeholders lead the document); 0 on every other piece and on
+  /// text. Counted in `len` like any token; adds balance.cost.vision * image_tokens.
+  int64_t image_tokens = 0;
   PayloadRef payload;      ///< empty when planning without payloads
 };
 

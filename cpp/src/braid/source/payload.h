@@ -17,6 +17,17 @@
 
 namespace braid {
 
+/// One decoded image cut into patches (source/image.h): `pixels` holds
+/// grid_h * grid_w patches in row-major grid order, each 3 * p * p floats, channel-first
+/// within the patch ([c][y][x]). Its grid_h * grid_w placeholder tokens are in `tokens`.
+struct ImagePatches {
+  int32_t grid_h = 0;
+  int32_t grid_w = 0;
+  std::vector<float> pixels;
+
+  int64_t num_patches() const { return int64_t{grid_h} * grid_w; }
+};
+
 /// What a constructor needs of a sample: its tokens and, where the transform says which
 /// tokens are targets (chat data), a per-token loss mask.
 struct Payload {
@@ -24,10 +35,19 @@ struct Payload {
   /// Empty: every token is a target. Else one 0/1 per token: 1 where predicting that
   /// token is trained (e.g. response tokens of a chat).
   std::vector<uint8_t> loss_mask;
+  /// Images of an image-caption sample, in token order. INVARIANT: image k's placeholders
+  /// are the tokens [image_start[k], image_start[k] + images[k].num_patches()).
+  std::vector<ImagePatches> images;
+  std::vector<int64_t> image_start;
 
   /// Bytes held, for read-ahead accounting.
   int64_t bytes() const {
-    return static_cast<int64_t>(tokens.size() * sizeof(int32_t) + loss_mask.size());
+    int64_t b =
+        static_cast<int64_t>(tokens.size() * sizeof(int32_t) + loss_mask.size());
+    for (const auto& im : images) {
+      b += static_cast<int64_t>(im.pixels.size() * sizeof(float));
+    }
+    return b + static_cast<int64_t>(image_start.size() * sizeof(int64_t));
   }
 };
 

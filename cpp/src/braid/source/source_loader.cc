@@ -290,6 +290,7 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
       }
       if (o.skip == SkipReason::kNone) {
         s.meta.tokens = o.tokens;
+        s.meta.image_tokens = o.image_tokens;
         if (o.payload) s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
       }
       samples.push_back(std::move(s));

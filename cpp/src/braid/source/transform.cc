@@ -1,9 +1,12 @@
 #include "braid/source/transform.h"
 
+#include <algorithm>
 #include <limits>
 #include <string_view>
 
 #include <arrow/api.h>
+
+#include "braid/source/image.h"
 
 namespace braid {
 namespace {
@@ -338,6 +341,114 @@ class ChatTransform : public Transform {
   const std::shared_ptr<const Tokenizer> tok_;
 };
 
+// ---------------------------------------------------------------------------------------
+// Image + caption: [BOS] image_token_id x num_patches, ids(caption) [EOS]. loss_mask is 0
+// on BOS and the placeholders, 1 on the caption and EOS. The image is always decoded (also
+// without a payload) so that skips and token counts never depend on want_payload.
+
+bool IsBinary(const arrow::DataType& t) {
+  return t.id() == arrow::Type::BINARY || t.id() == arrow::Type::LARGE_BINARY ||
+         t.id() == arrow::Type::BINARY_VIEW;
+}
+
+// Row `i` of a binary array; false if null.
+bool BinaryAt(const arrow::Array& a, int64_t i, std::string_view* out) {
+  if (a.IsNull(i)) return false;
+  switch (a.type_id()) {
+    case arrow::Type::BINARY:
+      *out = static_cast<const arrow::BinaryArray&>(a).GetView(i);
+      break;
+    case arrow::Type::LARGE_BINARY:
+      *out = static_cast<const arrow::LargeBinaryArray&>(a).GetView(i);
+      break;
+    default:
+      *out = static_cast<const arrow::BinaryViewArray&>(a).GetView(i);
+      break;
+  }
+  return true;
+}
+
+class ImageCaptionTransform : public Transform {
+ public:
+  ImageCaptionTransform(const SourceConfig& s, std::string key,
+                        std::shared_ptr<const Tokenizer> tok)
+      : image_column_(s.image_column),
+        text_column_(s.text_column),
+        key_(std::move(key)),
+        image_token_id_(static_cast<int32_t>(s.image_token_id)),
+        options_{s.image_patch_size, s.image_max_pixels},
+        tok_(std::move(tok)) {}
+
+  std::vector<ColumnSpec> columns() const override {
+    auto check_binary = [](const arrow::DataType& t) -> std::string {
+      return IsBinary(t) ? "" : "a binary column (encoded JPEG / PNG bytes)";
+    };
+    return {{image_column_, key_ + ".image_column", check_binary},
+            {text_column_, key_ + ".text_column", CheckString}};
+  }
+
+  int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
+    std::string_view image;
+    const int64_t encoded = BinaryAt(*cols[0], i, &image) ? int64_t(image.size()) : 0;
+    return std::min(encoded * 64, options_.max_pixels * 12) + StringBytes(*cols[1], i);
+  }
+
+  Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
+               RowOutput* out) const override {
+    std::string_view image, caption;
+    if (!BinaryAt(*cols[0], i, &image)) {
+      return Null("null column '" + image_column_ + "'", out);
+    }
+    if (!StringAt(*cols[1], i, &caption)) {
+      return Null("null column '" + text_column_ + "'", out);
+    }
+    if (image.empty()) {
+      out->skip = SkipReason::kEmpty;
+      return Status::OK();
+    }
+    Result<ImagePatches> patches = DecodeImage(image, options_);
+    if (!patches.ok()) {
+      // Bad bytes follow on_error like a null: fail naming the row, or a counted skip.
+      return Null(patches.status().message() + " (column '" + image_column_ + "')", out);
+    }
+    auto payload = std::make_shared<Payload>();
+    auto& ids = payload->tokens;
+    auto& mask = payload->loss_mask;
+    if (tok_->add_bos()) ids.push_back(tok_->bos_id());
+    const int64_t n = patches->num_patches();
+    payload->image_start.push_back(static_cast<int64_t>(ids.size()));
+    ids.insert(ids.end(), size_t(n), image_token_id_);
+    mask.resize(ids.size(), 0);
+    if (!caption.empty()) {
+      const Status st = tok_->Encode(caption, &ids);
+      if (!st.ok()) return DataError(where.ToString(), st.message());
+    }
+    if (tok_->add_eos()) ids.push_back(tok_->eos_id());
+    mask.resize(ids.size(), 1);
+    out->tokens = static_cast<int64_t>(ids.size());
+    out->image_tokens = n;
+    if (want_payload) {
+      payload->images.push_back(std::move(*patches));
+      out->payload = std::move(payload);
+    }
+    return Status::OK();
+  }
+
+ private:
+  static Status Null(const std::string& what, RowOutput* out) {
+    out->skip = SkipReason::kNull;
+    out->null_what = what;
+    return Status::OK();
+  }
+
+  const std::string image_column_;
+  const std::string text_column_;
+  const std::string key_;
+  const int32_t image_token_id_;
+  const ImageOptions options_;
+  const std::shared_ptr<const Tokenizer> tok_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<Transform>> MakeTransform(const Config& config,
@@ -351,6 +462,9 @@ Result<std::unique_ptr<Transform>> MakeTransform(const Config& config,
     return ConfigError(key, "text_column and chat need a root-level tokenizer");
   }
   ARROW_ASSIGN_OR_RAISE(auto tok, Tokenizer::Make(config.tokenizer));
+  if (!s.image_column.empty()) {
+    return std::make_unique<ImageCaptionTransform>(s, key, std::move(tok));
+  }
   if (!s.text_column.empty()) {
     return std::make_unique<TextTransform>(s.text_column, key + ".text_column",
                                            std::move(tok));

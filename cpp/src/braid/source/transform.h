@@ -7,6 +7,10 @@
 //   text_column    a string, tokenized with the root tokenizer (+ BOS / EOS)
 //   chat           prompt/response strings or a messages list, tokenized with the chat
 //                  template; loss_mask = 1 on response (assistant) tokens only
+//   image_column + text_column
+//                  an encoded image (JPEG / PNG, source/image.h) and its caption:
+//                  [BOS] image placeholders, caption ids [EOS]; loss_mask = 0 on the
+//                  placeholders; the payload carries the image's patches
 //
 // Thread-safe: Apply is const and runs on the loader's worker threads concurrently.
 #pragma once
@@ -42,6 +46,7 @@ struct RowOutput {
   SkipReason skip = SkipReason::kNone;
   std::string null_what;  ///< for kNull: what was null ("null column 'text'")
   int64_t tokens = 0;
+  int64_t image_tokens = 0;  ///< image placeholder tokens among `tokens`
   std::shared_ptr<Payload> payload;  ///< set when asked for and not skipped
 };
 

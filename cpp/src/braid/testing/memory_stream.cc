@@ -62,6 +62,9 @@ Result<Sample> MemoryStream::Next() {
     s.meta.skip = SkipReason::kEmpty;
   } else {
     s.meta.tokens = static_cast<int64_t>((*docs_)[size_t(global)].size());
+    if (size_t(global) < options_.image_tokens.size()) {
+      s.meta.image_tokens = options_.image_tokens[size_t(global)];
+    }
     if (options_.payloads) s.payload = payloads_[size_t(global)];
   }
   if (++pos_.offset == WindowRows(pos_.window)) {

@@ -31,6 +31,8 @@ class MemoryStream : public SampleStream {
         1000;              ///< global row r is (file r / rows_per_file, row r % ..)
     bool payloads = true;  ///< false: metadata only, payload null
     std::vector<int64_t> null_rows;  ///< global rows flagged SkipReason::kNull
+    /// Per global row, SampleMeta::image_tokens (rows beyond its size: 0, text).
+    std::vector<int64_t> image_tokens;
   };
 
   using Docs = std::vector<std::vector<int32_t>>;

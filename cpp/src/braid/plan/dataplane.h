@@ -1,0 +1,86 @@
+// The data plane as a small language (DESIGN.md, docs/dataplane.md): a builder of the
+// declarative primitives mix / distribute / cost / balance / broadcast_at over a base
+// Config (seed, sources, batch), compiled by Plan() into the same Config the equivalent
+// YAML produces. The planner, the runtime and `braid plan` then run it unchanged.
+//
+//   DataPlane plane(base);
+//   plane.Mix("web", 0.7).Mix("code", WeightSchedule{{{0, 0.1}, {1000, 0.3}}})
+//        .Distribute("dp").Cost(1.0, 4096).Balance("karmarkar_karp").BroadcastAt("tp");
+//   ARROW_ASSIGN_OR_RAISE(Config config, plane.Plan());
+//
+// Errors name the primitive ("mix.web: must be a finite number >= 0, got -1",
+// "balance: unknown method 'x' ..."). The first bad call is kept in status() and returned
+// by Plan(); later calls are still recorded but cannot clear it.
+//
+// Thread-compatible: a DataPlane is a plain value; Plan() is const.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/status.h"
+
+namespace braid {
+
+class DataPlane {
+ public:
+  /// Starts from `base`: its seed, sources, batch, topology, phases and runtime. Weights
+  /// and balance start as the base's (so a DataPlane with no calls plans the base).
+  explicit DataPlane(Config base);
+
+  // --- mix(schedule) ---
+  /// Source `source`'s weight: a constant (share of tokens, relative).
+  DataPlane& Mix(const std::string& source, double weight);
+  /// Source `source`'s weight as a function of the step (piecewise linear, or piecewise
+  /// constant with `stepwise`), as `sources[].weight: {schedule|steps: ...}` in YAML.
+  DataPlane& Mix(const std::string& source, WeightSchedule weight);
+  /// Several sources at once, in order; unnamed sources keep their weight.
+  DataPlane& Mix(const std::vector<std::pair<std::string, WeightSchedule>>& weights);
+
+  // --- distribute(axis) ---
+  /// Which ranks get different buckets of each step's sequences: "dp" (the default, one
+  /// bucket per DP rank). "cp" and "world" would give CP ranks / every rank its own
+  /// bucket; the runtime builds one micro-batch per DP group, so Plan() accepts them only
+  /// where they name the same buckets as "dp" (cp == 1; world size == dp).
+  DataPlane& Distribute(const std::string& axis);
+
+  // --- cost(fn) ---
+  /// Cost of a document piece of `len` tokens: attn * len^2 + linear * len
+  /// (`balance.cost` in YAML). Both >= 0.
+  DataPlane& Cost(double attn, double linear);
+
+  // --- balance(method) ---
+  /// "karmarkar_karp" | "greedy" | "none" (`balance.algorithm`).
+  DataPlane& Balance(const std::string& method);
+
+  // --- broadcast_at(dim) ---
+  /// A parallel dimension whose ranks receive the same micro-batches: "tp" (copies) or
+  /// "pp" (every stage its view of the same micro-batch). Megatron's layout, which the
+  /// runtime implements, broadcasts at both; "dp" and "cp" cannot be broadcast at (DP
+  /// ranks get different buckets, CP ranks slices). Calls accumulate.
+  DataPlane& BroadcastAt(const std::string& dim);
+
+  /// The compiled, validated config (ValidateConfig), or the first error.
+  Result<Config> Plan() const;
+
+  /// OK, or the first bad call's error.
+  const Status& status() const { return status_; }
+  const std::string& distribute_axis() const { return axis_; }
+  /// The dimensions given to BroadcastAt, in call order ({"tp", "pp"} if none).
+  std::vector<std::string> broadcast_dims() const;
+
+ private:
+  void Fail(Status st);
+  int SourceIndex(const std::string& name) const;
+
+  Config config_;
+  Status status_;
+  bool mixed_ = false;
+  std::string axis_ = "dp";
+  std::vector<std::string> broadcast_;
+};
+
+}  // namespace braid

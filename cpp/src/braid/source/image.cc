@@ -1,0 +1,257 @@
+#include "braid/source/image.h"
+
+#include <spng.h>
+#include <turbojpeg.h>
+#include <webp/decode.h>
+#include <webp/encode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+
+namespace braid {
+namespace {
+
+constexpr int64_t kMaxSide = 1 << 15;  // larger images are refused (memory)
+
+Status DecodeError(const std::string& what) {
+  return Status::Invalid("cannot decode image: ", what);
+}
+
+struct Rgb {
+  int64_t width = 0;
+  int64_t height = 0;
+  std::vector<uint8_t> pixels;  // packed RGB8
+};
+
+struct TjCloser {
+  void operator()(void* h) const { tjDestroy(h); }
+};
+using TjHandle = std::unique_ptr<void, TjCloser>;
+
+Status DecodeJpeg(std::string_view bytes, const ImageOptions& options, Rgb* out) {
+  TjHandle tj(tjInitDecompress());
+  if (!tj) return DecodeError("cannot start the JPEG decoder");
+  const auto* buf = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto len = static_cast<unsigned long>(bytes.size());
+  int w = 0, h = 0, subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj.get(), buf, len, &w, &h, &subsamp, &colorspace) != 0) {
+    return DecodeError(std::string("JPEG: ") + tjGetErrorStr2(tj.get()));
+  }
+  if (w <= 0 || h <= 0 || w > kMaxSide || h > kMaxSide) {
+    return DecodeError("JPEG of " + std::to_string(w) + "x" + std::to_string(h) +
+                       " pixels is empty or too large");
+  }
+  // Decode at the smallest DCT scale that still covers the target size.
+  int64_t th = 0, tw = 0;
+  ImageTargetSize(h, w, options, &th, &tw);
+  int num_factors = 0;
+  const tjscalingfactor* factors = tjGetScalingFactors(&num_factors);
+  int sw = w, sh = h;
+  for (int k = 0; factors != nullptr && k < num_factors; ++k) {
+    const tjscalingfactor f = factors[k];
+    if (f.num > f.denom) continue;
+    const int fw = TJSCALED(w, f), fh = TJSCALED(h, f);
+    if (fw >= tw && fh >= th && int64_t{fw} * fh < int64_t{sw} * sh) {
+      sw = fw;
+      sh = fh;
+    }
+  }
+  out->width = sw;
+  out->height = sh;
+  out->pixels.resize(size_t(sw) * size_t(sh) * 3);
+  if (tjDecompress2(tj.get(), buf, len, out->pixels.data(), sw, /*pitch=*/0, sh, TJPF_RGB,
+                    /*flags=*/0) != 0) {
+    // Warnings (e.g. a truncated tail) still give an image; only errors fail.
+    if (tjGetErrorCode(tj.get()) == TJERR_FATAL) {
+      return DecodeError(std::string("JPEG: ") + tjGetErrorStr2(tj.get()));
+    }
+  }
+  return Status::OK();
+}
+
+struct SpngCloser {
+  void operator()(spng_ctx* c) const { spng_ctx_free(c); }
+};
+using SpngCtx = std::unique_ptr<spng_ctx, SpngCloser>;
+
+Status DecodePng(std::string_view bytes, Rgb* out) {
+  SpngCtx ctx(spng_ctx_new(0));
+  if (!ctx) return DecodeError("cannot start the PNG decoder");
+  spng_set_image_limits(ctx.get(), kMaxSide, kMaxSide);
+  int err = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
+  spng_ihdr ihdr{};
+  if (err == 0) err = spng_get_ihdr(ctx.get(), &ihdr);
+  size_t size = 0;
+  if (err == 0) err = spng_decoded_image_size(ctx.get(), SPNG_FMT_RGB8, &size);
+  if (err == 0) {
+    out->width = ihdr.width;
+    out->height = ihdr.height;
+    out->pixels.resize(size);
+    err = spng_decode_image(ctx.get(), out->pixels.data(), size, SPNG_FMT_RGB8, 0);
+  }
+  if (err != 0) return DecodeError(std::string("PNG: ") + spng_strerror(err));
+  if (out->width <= 0 || out->height <= 0 ||
+      size != size_t(out->width) * size_t(out->height) * 3) {
+    return DecodeError("PNG: unexpected decoded size");
+  }
+  return Status::OK();
+}
+
+Status DecodeWebp(std::string_view bytes, Rgb* out) {
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  int w = 0, h = 0;
+  if (!WebPGetInfo(data, bytes.size(), &w, &h)) return DecodeError("WebP: bad header");
+  if (w <= 0 || h <= 0 || w > kMaxSide || h > kMaxSide) {
+    return DecodeError("WebP of " + std::to_string(w) + "x" + std::to_string(h) +
+                       " pixels is empty or too large");
+  }
+  out->width = w;
+  out->height = h;
+  out->pixels.resize(size_t(w) * size_t(h) * 3);
+  if (WebPDecodeRGBInto(data, bytes.size(), out->pixels.data(), out->pixels.size(),
+                        /*output_stride=*/w * 3) == nullptr) {
+    return DecodeError("WebP: corrupt data");
+  }
+  return Status::OK();
+}
+
+// Bilinear resize (half-pixel centres) of `src` to th x tw, normalized to [-1, 1] and
+// written straight into patch layout.
+ImagePatches Patchify(const Rgb& src, int64_t th, int64_t tw, int64_t p) {
+  ImagePatches out;
+  out.grid_h = static_cast<int32_t>(th / p);
+  out.grid_w = static_cast<int32_t>(tw / p);
+  out.pixels.resize(size_t(th * tw * 3));
+  struct Tap {
+    int64_t i0, i1;
+    float w1;
+  };
+  auto taps = [](int64_t dst, int64_t n) {
+    std::vector<Tap> t(static_cast<size_t>(dst));
+    const double scale = static_cast<double>(n) / static_cast<double>(dst);
+    for (int64_t i = 0; i < dst; ++i) {
+      double f = (static_cast<double>(i) + 0.5) * scale - 0.5;
+      f = std::clamp(f, 0.0, static_cast<double>(n - 1));
+      const auto i0 = static_cast<int64_t>(std::floor(f));
+      t[size_t(i)] = {i0, std::min(i0 + 1, n - 1), static_cast<float>(f - double(i0))};
+    }
+    return t;
+  };
+  const std::vector<Tap> ys = taps(th, src.height), xs = taps(tw, src.width);
+  const uint8_t* px = src.pixels.data();
+  const int64_t stride = src.width * 3;
+  const int64_t pp = p * p;
+  for (int64_t y = 0; y < th; ++y) {
+    const Tap ty = ys[size_t(y)];
+    const uint8_t* r0 = px + ty.i0 * stride;
+    const uint8_t* r1 = px + ty.i1 * stride;
+    const int64_t gy = y / p, py = y % p;
+    for (int64_t x = 0; x < tw; ++x) {
+      const Tap tx = xs[size_t(x)];
+      float* patch = out.pixels.data() + ((gy * out.grid_w + x / p) * 3) * pp +
+                     py * p + x % p;
+      for (int c = 0; c < 3; ++c) {
+        const float a0 = r0[tx.i0 * 3 + c], a1 = r0[tx.i1 * 3 + c];
+        const float b0 = r1[tx.i0 * 3 + c], b1 = r1[tx.i1 * 3 + c];
+        const float a = a0 + tx.w1 * (a1 - a0);
+        const float b = b0 + tx.w1 * (b1 - b0);
+        const float v = a + ty.w1 * (b - a);
+        patch[c * pp] = (v / 255.0f - 0.5f) / 0.5f;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void ImageTargetSize(int64_t height, int64_t width, const ImageOptions& options,
+                     int64_t* target_height, int64_t* target_width) {
+  const int64_t p = options.patch_size;
+  const double area = static_cast<double>(height) * static_cast<double>(width);
+  const double scale =
+      std::min(1.0, std::sqrt(static_cast<double>(options.max_pixels) / area));
+  auto patches = [&](int64_t side) {
+    return std::max<int64_t>(
+        1, std::llround(static_cast<double>(side) * scale / static_cast<double>(p)));
+  };
+  int64_t gh = patches(height), gw = patches(width);
+  while (gh * gw * p * p > options.max_pixels && (gh > 1 || gw > 1)) {
+    if (gh >= gw) {
+      --gh;
+    } else {
+      --gw;
+    }
+  }
+  *target_height = gh * p;
+  *target_width = gw * p;
+}
+
+Result<ImagePatches> DecodeImage(std::string_view bytes, const ImageOptions& options) {
+  Rgb rgb;
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (bytes.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
+    ARROW_RETURN_NOT_OK(DecodeJpeg(bytes, options, &rgb));
+  } else if (bytes.size() >= 8 && b[0] == 0x89 && b[1] == 'P' && b[2] == 'N' &&
+             b[3] == 'G') {
+    ARROW_RETURN_NOT_OK(DecodePng(bytes, &rgb));
+  } else if (bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" &&
+             bytes.substr(8, 4) == "WEBP") {
+    ARROW_RETURN_NOT_OK(DecodeWebp(bytes, &rgb));
+  } else {
+    return DecodeError("not a JPEG, PNG or WebP (" + std::to_string(bytes.size()) +
+                       " bytes)");
+  }
+  int64_t th = 0, tw = 0;
+  ImageTargetSize(rgb.height, rgb.width, options, &th, &tw);
+  return Patchify(rgb, th, tw, options.patch_size);
+}
+
+Result<std::string> EncodeJpeg(const uint8_t* rgb, int width, int height, int quality) {
+  TjHandle tj(tjInitCompress());
+  if (!tj) return Status::Invalid("cannot start the JPEG encoder");
+  unsigned char* buf = nullptr;
+  unsigned long size = 0;
+  if (tjCompress2(tj.get(), rgb, width, /*pitch=*/0, height, TJPF_RGB, &buf, &size,
+                  TJSAMP_444, quality, /*flags=*/0) != 0) {
+    if (buf != nullptr) tjFree(buf);
+    return Status::Invalid("JPEG encoding failed: ", tjGetErrorStr2(tj.get()));
+  }
+  std::string out(reinterpret_cast<const char*>(buf), size);
+  tjFree(buf);
+  return out;
+}
+
+Result<std::string> EncodeWebpLossless(const uint8_t* rgb, int width, int height) {
+  uint8_t* buf = nullptr;
+  const size_t size = WebPEncodeLosslessRGB(rgb, width, height, width * 3, &buf);
+  if (size == 0 || buf == nullptr) return Status::Invalid("WebP encoding failed");
+  std::string out(reinterpret_cast<const char*>(buf), size);
+  WebPFree(buf);
+  return out;
+}
+
+Result<std::string> EncodePng(const uint8_t* rgb, int width, int height) {
+  SpngCtx ctx(spng_ctx_new(SPNG_CTX_ENCODER));
+  if (!ctx) return Status::Invalid("cannot start the PNG encoder");
+  spng_set_option(ctx.get(), SPNG_ENCODE_TO_BUFFER, 1);
+  spng_ihdr ihdr{};
+  ihdr.width = static_cast<uint32_t>(width);
+  ihdr.height = static_cast<uint32_t>(height);
+  ihdr.bit_depth = 8;
+  ihdr.color_type = SPNG_COLOR_TYPE_TRUECOLOR;
+  spng_set_ihdr(ctx.get(), &ihdr);
+  int err = spng_encode_image(ctx.get(), rgb, size_t(width) * size_t(height) * 3,
+                              SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE);
+  if (err != 0) return Status::Invalid("PNG encoding failed: ", spng_strerror(err));
+  size_t len = 0;
+  void* png = spng_get_png_buffer(ctx.get(), &len, &err);
+  if (png == nullptr) return Status::Invalid("PNG encoding failed: ", spng_strerror(err));
+  std::string out(static_cast<const char*>(png), len);
+  free(png);
+  return out;
+}
+
+}  // namespace braid

@@ -1,0 +1,46 @@
+// Image decoding for the image-caption transform: encoded bytes -> normalized patches.
+//
+// DecodeImage decodes JPEG (libjpeg-turbo's TurboJPEG API, using its DCT scaling to
+// decode near the target size), PNG (libspng) or WebP (libwebp) to RGB, resizes it
+// bilinearly to the target size (ImageTargetSize), normalizes every channel to (x / 255 - 0.5) / 0.5, i.e.
+// [-1, 1], and cuts it into a grid of patch_size x patch_size patches (docs/sources.md).
+//
+// Thread-safe: free functions without shared state (each call has its own decoder).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "braid/source/payload.h"
+#include "braid/status.h"
+
+namespace braid {
+
+struct ImageOptions {
+  int64_t patch_size = 14;
+  int64_t max_pixels = 262144;
+};
+
+/// The resized (height, width) of an h x w image: scaled down (never up) keeping the
+/// aspect ratio so that height * width <= max_pixels, then each side rounded to the
+/// nearest multiple of patch_size (at least one patch); if rounding up overshot
+/// max_pixels, the longer side loses patches until it fits (or is one patch).
+void ImageTargetSize(int64_t height, int64_t width, const ImageOptions& options,
+                     int64_t* target_height, int64_t* target_width);
+
+/// Decodes `bytes` (JPEG, PNG or WebP) to patches: grid (target_h / p, target_w / p), pixels
+/// [grid_h * grid_w][3][p][p] float32 (row-major grid order, channel-first in a patch).
+/// Fails with Invalid "cannot decode image: ..." for bytes of another format, or corrupt.
+Result<ImagePatches> DecodeImage(std::string_view bytes, const ImageOptions& options);
+
+/// Encodes packed RGB8 pixels (height * width * 3 bytes) as JPEG / PNG / lossless WebP;
+/// for tests and
+/// tools that make images.
+Result<std::string> EncodeJpeg(const uint8_t* rgb, int width, int height,
+                               int quality = 95);
+Result<std::string> EncodePng(const uint8_t* rgb, int width, int height);
+Result<std::string> EncodeWebpLossless(const uint8_t* rgb, int width, int height);
+
+}  // namespace braid

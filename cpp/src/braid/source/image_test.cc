@@ -1,0 +1,449 @@
+// The image-caption transform: decoding (JPEG via TurboJPEG, PNG via libspng), target
+// sizes, normalization and patch layout, the transform through the source loader (tokens,
+// loss mask, bad bytes), and the constructor's pixel_values / image_grid tensors.
+#include "braid/source/image.h"
+
+#include <arrow/api.h>
+#include <arrow/io/file.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <parquet/arrow/writer.h>
+#include <sentencepiece_processor.h>
+
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "braid/construct/constructor.h"
+#include "braid/construct/views.h"
+#include "braid/source/source_loader.h"
+#include "braid/testing/sentencepiece_fixture.h"
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr float kJpegTolerance = 0.03f;  // ~4 of 255 levels, after normalization
+
+std::vector<uint8_t> Solid(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
+  std::vector<uint8_t> px(size_t(w) * size_t(h) * 3);
+  for (size_t i = 0; i < px.size(); i += 3) {
+    px[i] = r;
+    px[i + 1] = g;
+    px[i + 2] = b;
+  }
+  return px;
+}
+
+float Norm(uint8_t v) { return (float(v) / 255.0f - 0.5f) / 0.5f; }
+
+std::string Jpeg(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
+  auto px = Solid(w, h, r, g, b);
+  auto out = EncodeJpeg(px.data(), w, h);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  return out.ok() ? *out : "";
+}
+
+std::string Png(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
+  auto px = Solid(w, h, r, g, b);
+  auto out = EncodePng(px.data(), w, h);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  return out.ok() ? *out : "";
+}
+
+// Every value of channel c in every patch, against `expected`.
+void ExpectSolid(const ImagePatches& im, int64_t p, const float expected[3], float tol) {
+  ASSERT_EQ(int64_t(im.pixels.size()), im.num_patches() * 3 * p * p);
+  for (int64_t k = 0; k < im.num_patches(); ++k) {
+    for (int64_t c = 0; c < 3; ++c) {
+      for (int64_t i = 0; i < p * p; ++i) {
+        ASSERT_NEAR(im.pixels[size_t((k * 3 + c) * p * p + i)], expected[c], tol)
+            << "patch " << k << " channel " << c;
+      }
+    }
+  }
+}
+
+TEST(ImageTargetSizeTest, KeepsAspectRoundsToPatchesAndFitsMaxPixels) {
+  int64_t h = 0, w = 0;
+  ImageTargetSize(100, 100, {}, &h, &w);  // small: not scaled up, rounded to 7 patches
+  EXPECT_EQ(h, 98);
+  EXPECT_EQ(w, 98);
+  ImageTargetSize(5, 3, {}, &h, &w);  // tiny: at least one patch
+  EXPECT_EQ(h, 14);
+  EXPECT_EQ(w, 14);
+  ImageTargetSize(1000, 500, {}, &h, &w);  // rounding up overshoots: 52x26 -> 51x26
+  EXPECT_EQ(h, 51 * 14);
+  EXPECT_EQ(w, 26 * 14);
+  EXPECT_LE(h * w, 262144);
+  ImageTargetSize(768, 1024, {.patch_size = 16, .max_pixels = 16 * 16 * 12}, &h, &w);
+  EXPECT_EQ(h, 3 * 16);
+  EXPECT_EQ(w, 4 * 16);
+}
+
+TEST(ImageConfigTest, ImageColumnNeedsTextColumnAndTokenId) {
+  const std::string head = "batch: {global_tokens: 64, seq_len: 64}\n"
+                           "tokenizer: {model: tok.model}\nsources:\n";
+  auto good = ParseConfig(head +
+                              "  - {name: c, path: c.parquet, image_column: img, "
+                              "text_column: cap, "
+                              "image: {image_token_id: 9, patch_size: 16}}\n",
+                          "/base");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->sources[0].image_column, "img");
+  EXPECT_EQ(good->sources[0].image_token_id, 9);
+  EXPECT_EQ(good->sources[0].image_patch_size, 16);
+  EXPECT_EQ(good->sources[0].image_max_pixels, 262144);
+  struct Bad {
+    std::string source, key;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {"image_column: img, tokens_column: ids", "sources[0].image_column"},
+           {"image_column: img, text_column: cap", "sources[0].image.image_token_id"},
+           {"image_column: img, text_column: cap, image: {patch_size: 14}",
+            "sources[0].image.image_token_id"},
+           {"image_column: img, text_column: cap, image: {image_token_id: -1}",
+            "sources[0].image.image_token_id"},
+           {"image_column: img, text_column: cap, "
+            "image: {image_token_id: 1, max_pixels: 9}",
+            "sources[0].image.max_pixels"},
+           {"image_column: img, text_column: cap, image: {image_token_id: 1, size: 9}",
+            "sources[0].image.size"},
+           {"text_column: cap, image: {image_token_id: 1}", "sources[0].image"}}) {
+    auto c = ParseConfig(head + "  - {name: c, path: c.parquet, " + bad.source + "}\n",
+                         "/base");
+    ASSERT_FALSE(c.ok()) << bad.source;
+    EXPECT_THAT(c.status().message(), ::testing::StartsWith(bad.key + ":"))
+        << c.status().message();
+  }
+}
+
+TEST(DecodeImageTest, SolidJpegDecodesToItsNormalizedColour) {
+  const float expected[3] = {Norm(200), Norm(100), Norm(50)};
+  auto im = DecodeImage(Jpeg(64, 48, 200, 100, 50), {});
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  EXPECT_EQ(im->grid_h, 3);  // 48 / 14 = 3.4 -> 3
+  EXPECT_EQ(im->grid_w, 5);  // 64 / 14 = 4.6 -> 5
+  ExpectSolid(*im, 14, expected, kJpegTolerance);
+
+  // A large JPEG is decoded at a DCT scale, then resized: same colour, small grid.
+  auto big = DecodeImage(Jpeg(1024, 768, 200, 100, 50), {.patch_size = 14,
+                                                          .max_pixels = 14 * 14 * 16});
+  ASSERT_TRUE(big.ok()) << big.status().ToString();
+  EXPECT_EQ(big->grid_h, 3);
+  EXPECT_EQ(big->grid_w, 5);
+  ExpectSolid(*big, 14, expected, kJpegTolerance);
+}
+
+TEST(DecodeImageTest, PngIsExactAndPatchesAreChannelFirst) {
+  const float expected[3] = {Norm(10), Norm(255), Norm(0)};
+  auto im = DecodeImage(Png(30, 40, 10, 255, 0), {});
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  EXPECT_EQ(im->grid_h, 3);  // 40 / 14 = 2.9 -> 3
+  EXPECT_EQ(im->grid_w, 2);  // 30 / 14 = 2.1 -> 2
+  ExpectSolid(*im, 14, expected, 1e-5f);
+
+  // Left half red, right half blue, 28x28 with 14-pixel patches: patches 0 and 2 (left
+  // column of the row-major grid) are red, 1 and 3 blue; [c][y][x] inside a patch.
+  std::vector<uint8_t> px(28 * 28 * 3, 0);
+  for (int y = 0; y < 28; ++y) {
+    for (int x = 0; x < 28; ++x) px[size_t((y * 28 + x) * 3 + (x < 14 ? 0 : 2))] = 255;
+  }
+  auto png = EncodePng(px.data(), 28, 28);
+  ASSERT_TRUE(png.ok());
+  auto halves = DecodeImage(*png, {});
+  ASSERT_TRUE(halves.ok()) << halves.status().ToString();
+  ASSERT_EQ(halves->grid_h, 2);
+  ASSERT_EQ(halves->grid_w, 2);
+  const float red[3] = {1, -1, -1}, blue[3] = {-1, -1, 1};
+  for (int k = 0; k < 4; ++k) {
+    ImagePatches one;
+    one.grid_h = one.grid_w = 1;
+    const auto first = halves->pixels.begin() + k * 588;
+    one.pixels.assign(first, first + 588);
+    ExpectSolid(one, 14, k % 2 == 0 ? red : blue, 1e-5f);
+  }
+}
+
+TEST(DecodeImageTest, LosslessWebpIsExact) {
+  auto px = Solid(30, 20, 40, 80, 120);
+  auto webp = EncodeWebpLossless(px.data(), 30, 20);
+  ASSERT_TRUE(webp.ok()) << webp.status().ToString();
+  auto im = DecodeImage(*webp, {});
+  ASSERT_TRUE(im.ok()) << im.status().ToString();
+  EXPECT_EQ(im->grid_h, 1);  // 20 / 14 = 1.4 -> 1
+  EXPECT_EQ(im->grid_w, 2);  // 30 / 14 = 2.1 -> 2
+  const float expected[3] = {Norm(40), Norm(80), Norm(120)};
+  ExpectSolid(*im, 14, expected, 1e-5f);
+  auto broken = DecodeImage(std::string_view(*webp).substr(0, 20), {});
+  ASSERT_FALSE(broken.ok());
+  EXPECT_THAT(broken.status().message(), HasSubstr("cannot decode image: WebP"));
+}
+
+TEST(DecodeImageTest, UndecodableBytesAreInvalid) {
+  auto garbage = DecodeImage("definitely not an image", {});
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_TRUE(garbage.status().IsInvalid());
+  EXPECT_THAT(garbage.status().message(), HasSubstr("cannot decode image"));
+  std::string png = Png(20, 20, 1, 2, 3);
+  auto truncated = DecodeImage(std::string_view(png).substr(0, png.size() / 2), {});
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_THAT(truncated.status().message(), HasSubstr("cannot decode image: PNG"));
+  std::string jpeg = Jpeg(20, 20, 1, 2, 3);
+  auto broken = DecodeImage(std::string_view(jpeg).substr(0, 40), {});
+  ASSERT_FALSE(broken.ok());
+  EXPECT_THAT(broken.status().message(), HasSubstr("cannot decode image: JPEG"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Through the source loader.
+
+Status WriteImageFile(const std::string& path,
+                      const std::vector<std::optional<std::string>>& images,
+                      const std::vector<std::string>& captions) {
+  arrow::BinaryBuilder ib;
+  arrow::StringBuilder cb;
+  for (size_t i = 0; i < images.size(); ++i) {
+    ARROW_RETURN_NOT_OK(images[i] ? ib.Append(*images[i]) : ib.AppendNull());
+    ARROW_RETURN_NOT_OK(cb.Append(captions[i]));
+  }
+  ARROW_ASSIGN_OR_RAISE(auto ia, ib.Finish());
+  ARROW_ASSIGN_OR_RAISE(auto ca, cb.Finish());
+  auto table = arrow::Table::Make(
+      arrow::schema({arrow::field("image", arrow::binary()),
+                     arrow::field("caption", arrow::utf8())}),
+      {ia, ca});
+  ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
+  return parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
+                                    /*chunk_size=*/4);
+}
+
+class ImageSourceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::ScopedTempDir("braid-image");
+    ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                                dir_->Sub("tok"), 100)
+                    .ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static Config ImageConfig(const std::string& path, OnError on_error) {
+    Config c;
+    c.seed = 2;
+    c.batch.seq_len = 256;
+    c.batch.global_tokens = 256;
+    c.tokenizer.model = dir_->Sub("tok.model");
+    SourceConfig s;
+    s.name = "captions";
+    s.path = path;
+    s.image_column = "image";
+    s.text_column = "caption";
+    s.image_token_id = 7;
+    s.shuffle_window_rows = 1;
+    s.on_error = on_error;
+    s.workers = 2;
+    c.sources.push_back(s);
+    return c;
+  }
+
+  static std::vector<int32_t> Encode(const std::string& text) {
+    sentencepiece::SentencePieceProcessor sp;
+    EXPECT_TRUE(sp.Load(dir_->Sub("tok.model")).ok());
+    std::vector<int> ids;
+    EXPECT_TRUE(sp.Encode(text, &ids).ok());
+    return {ids.begin(), ids.end()};
+  }
+
+  static testing::ScopedTempDir* dir_;
+};
+
+testing::ScopedTempDir* ImageSourceTest::dir_ = nullptr;
+
+TEST_F(ImageSourceTest, TokensArePlaceholdersThenCaptionWithMaskAndPatches) {
+  const std::string path = dir_->Sub("good.parquet");
+  const std::vector<std::string> captions = {"the quick brown fox.", "a data loader."};
+  ASSERT_TRUE(WriteImageFile(path, {Jpeg(28, 42, 200, 100, 50), Png(70, 14, 0, 0, 255)},
+                             captions)
+                  .ok());
+  auto loader = SourceLoader::Make(ImageConfig(path, OnError::kFail), 0, StreamPos{}, {});
+  ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  const int64_t patches[2] = {3 * 2, 1 * 5};
+  for (int i = 0; i < 2; ++i) {
+    auto s = (*loader)->Next();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    const int64_t row = s->meta.row;
+    const int64_t n = patches[row];
+    std::vector<int32_t> expected(size_t(n), 7);
+    for (int32_t id : Encode(captions[size_t(row)])) expected.push_back(id);
+    expected.push_back(2);  // EOS
+    auto payload = s->payload.Get();
+    ASSERT_TRUE(payload.ok());
+    EXPECT_EQ((*payload)->tokens, expected);
+    EXPECT_EQ(s->meta.tokens, int64_t(expected.size()));
+    EXPECT_EQ(s->meta.image_tokens, n);
+    std::vector<uint8_t> mask(expected.size(), 1);
+    std::fill(mask.begin(), mask.begin() + n, 0);
+    EXPECT_EQ((*payload)->loss_mask, mask);
+    ASSERT_EQ((*payload)->images.size(), 1u);
+    EXPECT_EQ((*payload)->images[0].num_patches(), n);
+    EXPECT_EQ((*payload)->image_start, std::vector<int64_t>{0});
+    EXPECT_GE((*payload)->bytes(), n * 588 * 4);
+  }
+}
+
+TEST_F(ImageSourceTest, UndecodableImageFailsNamingRowOrIsASkip) {
+  const std::string path = dir_->Sub("bad.parquet");
+  std::vector<std::optional<std::string>> images;
+  std::vector<std::string> captions;
+  for (int i = 0; i < 10; ++i) {
+    images.push_back(Png(14, 14, uint8_t(i), 0, 0));
+    captions.push_back("caption " + std::to_string(i) + ".");
+  }
+  images[5] = "garbage bytes";
+  images[7] = std::nullopt;
+  ASSERT_TRUE(WriteImageFile(path, images, captions).ok());
+
+  auto fail = SourceLoader::Make(ImageConfig(path, OnError::kFail), 0, StreamPos{}, {});
+  ASSERT_TRUE(fail.ok());
+  Status st;
+  for (int i = 0; i < 12 && st.ok(); ++i) st = (*fail)->Next().status();
+  ASSERT_FALSE(st.ok());
+  EXPECT_THAT(st.message(), HasSubstr("bad.parquet"));
+  EXPECT_THAT(st.message(), HasSubstr("row group 1"));
+  EXPECT_THAT(st.message(), HasSubstr("row 5"));
+  EXPECT_THAT(st.message(), HasSubstr("cannot decode image"));
+
+  auto skip = SourceLoader::Make(ImageConfig(path, OnError::kSkip), 0, StreamPos{}, {});
+  ASSERT_TRUE(skip.ok());
+  std::set<int64_t> skipped;
+  for (int i = 0; i < 10; ++i) {
+    auto s = (*skip)->Next();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    if (s->meta.skip != SkipReason::kNone) {
+      EXPECT_EQ(s->meta.skip, SkipReason::kNull);
+      skipped.insert(s->meta.row);
+    } else {
+      EXPECT_EQ(s->meta.image_tokens, 1);
+    }
+  }
+  EXPECT_EQ(skipped, (std::set<int64_t>{5, 7}));
+}
+
+// ---------------------------------------------------------------------------------------
+// The constructor: pixel tensors for whole images, an error for a split one.
+
+PayloadRef ImagePayload(int32_t grid_h, int32_t grid_w, float value, int64_t caption) {
+  auto p = std::make_shared<Payload>();
+  const int64_t n = int64_t{grid_h} * grid_w;
+  p->tokens.assign(size_t(n), 7);
+  for (int64_t k = 0; k < caption; ++k) p->tokens.push_back(int32_t(100 + k));
+  p->loss_mask.assign(p->tokens.size(), 1);
+  std::fill(p->loss_mask.begin(), p->loss_mask.begin() + n, 0);
+  p->images.push_back({grid_h, grid_w, std::vector<float>(size_t(n * 12), value)});
+  p->image_start = {0};
+  return PayloadRef(TokenPayload(p));
+}
+
+StepPlan OneSequencePlan(std::vector<DocPiece> docs, int64_t seq_len) {
+  StepPlan plan;
+  plan.seq_len = seq_len;
+  plan.ranks.resize(1);
+  plan.ranks[0].micro_batches.resize(1);
+  Sequence seq;
+  seq.docs = std::move(docs);
+  plan.ranks[0].micro_batches[0].sequences.push_back(seq);
+  return plan;
+}
+
+DocPiece Piece(PayloadRef payload, int64_t start, int64_t len, int64_t row) {
+  DocPiece d;
+  d.row = row;
+  d.start = start;
+  d.len = len;
+  d.doc_tokens = int64_t(payload->tokens.size());
+  d.payload = std::move(payload);
+  return d;
+}
+
+TEST(ImageConstructorTest, WholeImagesBecomePixelValuesInTokenOrder) {
+  // Text doc, image doc (2x3 patches + 4 caption), image doc (1x1 + 2): 6+4+1+2+text 3.
+  PayloadRef text = MakeTokenPayload({1, 2, 3});
+  PayloadRef a = ImagePayload(2, 3, 0.25f, 4);
+  PayloadRef b = ImagePayload(1, 1, -0.5f, 2);
+  auto batch = BuildMicroBatch(
+      OneSequencePlan({Piece(text, 0, 3, 0), Piece(a, 0, 10, 1), Piece(b, 0, 3, 2)}, 16),
+      0, 0);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  const Tensor* pixels = batch->Find("pixel_values");
+  const Tensor* grid = batch->Find("image_grid");
+  ASSERT_NE(pixels, nullptr);
+  ASSERT_NE(grid, nullptr);
+  EXPECT_EQ(pixels->shape, (std::vector<int64_t>{7, 12}));
+  EXPECT_EQ(grid->shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(std::vector<int32_t>(grid->data<int32_t>(), grid->data<int32_t>() + 4),
+            (std::vector<int32_t>{2, 3, 1, 1}));
+  EXPECT_EQ(pixels->data<float>()[0], 0.25f);
+  EXPECT_EQ(pixels->data<float>()[6 * 12], -0.5f);
+  // Placeholders in input_ids == rows of pixel_values; no loss on placeholder targets.
+  const Tensor* ids = batch->Find("input_ids");
+  const Tensor* mask = batch->Find("loss_mask");
+  int64_t placeholders = 0;
+  for (int64_t t = 0; t < 16; ++t) placeholders += ids->data<int64_t>()[t] == 7;
+  EXPECT_EQ(placeholders, 7);
+  for (int64_t t = 3; t < 3 + 5; ++t) EXPECT_EQ(mask->data<float>()[t], 0.0f) << t;
+  EXPECT_EQ(mask->data<float>()[3 + 5], 1.0f);  // last placeholder predicts the caption
+
+  // A text-only batch has no image tensors.
+  auto plain = BuildMicroBatch(OneSequencePlan({Piece(text, 0, 3, 0)}, 4), 0, 0);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->Find("pixel_values"), nullptr);
+  EXPECT_EQ(plain->Find("image_grid"), nullptr);
+}
+
+TEST(ImageConstructorTest, APieceWithPartOfAnImageIsAnError) {
+  PayloadRef a = ImagePayload(2, 3, 0.25f, 4);
+  // The caption-only tail of a cut document carries no image and is fine.
+  auto tail = BuildMicroBatch(OneSequencePlan({Piece(a, 6, 4, 9)}, 4), 0, 0);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  EXPECT_EQ(tail->Find("pixel_values"), nullptr);
+  auto split = BuildMicroBatch(OneSequencePlan({Piece(a, 0, 4, 9)}, 4), 0, 0);
+  ASSERT_FALSE(split.ok());
+  EXPECT_TRUE(split.status().IsInvalid());
+  EXPECT_THAT(split.status().message(), HasSubstr("sources[0] file 0 row 9"));
+  EXPECT_THAT(split.status().message(), HasSubstr("an image was split"));
+  EXPECT_THAT(split.status().message(), HasSubstr("oversize: skip or raise seq_len"));
+}
+
+TEST(ImageConstructorTest, ContextParallelViewsKeepImageTensorsWhole) {
+  // A 1x1 image of 12 values in a 12-token sequence: pixel_values [1, 12] has the shape
+  // of a per-token tensor [mbs, seq_len], yet must reach every CP rank whole.
+  auto p = std::make_shared<Payload>();
+  p->tokens = {7, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12};
+  p->images.push_back({1, 1, std::vector<float>(12, 0.5f)});
+  p->image_start = {0};
+  PayloadRef ref{TokenPayload(p)};
+  auto batch = BuildMicroBatch(OneSequencePlan({Piece(ref, 0, 12, 0)}, 12), 0, 0);
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->Find("pixel_values")->shape, (std::vector<int64_t>{1, 12}));
+  Topology topology;
+  topology.cp = 2;
+  topology.pp = 2;
+  for (int64_t cp = 0; cp < 2; ++cp) {
+    auto view = ViewFor(*batch, topology, RankCoords{0, 0, 0, cp});
+    ASSERT_TRUE(view.ok()) << view.status().ToString();
+    EXPECT_EQ(view->Find("input_ids")->shape, (std::vector<int64_t>{1, 6}));
+    ASSERT_NE(view->Find("pixel_values"), nullptr);
+    EXPECT_EQ(view->Find("pixel_values")->shape, (std::vector<int64_t>{1, 12}));
+    EXPECT_EQ(view->Find("image_grid")->shape, (std::vector<int64_t>{1, 2}));
+    auto last = ViewFor(*batch, topology, RankCoords{0, 0, 1, cp});
+    ASSERT_TRUE(last.ok());
+    EXPECT_EQ(last->Find("pixel_values"), nullptr);  // only the first stage's input
+  }
+}
+
+}  // namespace
+}  // namespace braid

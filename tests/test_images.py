@@ -1,0 +1,147 @@
+"""The image-caption transform end to end through braid.Loader: placeholder tokens,
+pixel_values / image_grid, loss mask, and undecodable images (fail or counted skip)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+import zlib
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import braid
+from braid import _core
+
+IMAGE_TOKEN = 1000  # outside the tiny vocabulary, so it never collides with a caption id
+CAPTION = "the quick brown fox reads parquet files."
+
+
+def png(width: int, height: int, rgb) -> bytes:
+    """A solid-colour 8-bit RGB PNG, written by hand (PNG is simple)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+    row = b"\x00" + bytes(rgb) * width  # filter 0 per scanline
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(row * height))
+            + chunk(b"IEND", b""))
+
+
+def norm(v: int) -> float:
+    return (v / 255.0 - 0.5) / 0.5
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    rng = random.Random(1)
+    words = CAPTION.rstrip(".").split() + "data loader mixes many sources".split()
+    text = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 10))) + "."
+            for _ in range(300)]
+    prefix = tmp_path_factory.mktemp("spm") / "tok"
+    return _core.train_tiny_sentencepiece(text, str(prefix), 60)
+
+
+def config(model: str, path: Path, seq_len: int, **source) -> Dict:
+    src = {"name": "captions", "path": str(path), "image_column": "image",
+           "text_column": "caption", "shuffle_window": 4, "workers": 2,
+           "image": {"patch_size": 14, "image_token_id": IMAGE_TOKEN}}
+    src.update(source)
+    return {
+        "seed": 5,
+        "topology": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
+        "batch": {"global_tokens": 2 * seq_len, "seq_len": seq_len, "micro_batch_size": 1},
+        "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+        "sources": [src],
+    }
+
+
+def test_loader_batches_carry_whole_images(tmp_path: Path, model: str):
+    # 28 wide x 42 high -> a 3 x 2 grid of 14-pixel patches. Every document has the same
+    # length D and seq_len = 2 * D, so the planner never cuts one: images arrive whole.
+    colours = [(200, 100, 50), (0, 0, 255), (255, 255, 255), (10, 20, 30)] * 4
+    images = [png(28, 42, c) for c in colours]
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()),
+                             "caption": [CAPTION] * len(images)}),
+                   tmp_path / "c.parquet", row_group_size=4)
+    caption = list(_core.sentencepiece_tokenize(model, CAPTION))
+    doc = [IMAGE_TOKEN] * 6 + caption + [2]
+    loader = braid.Loader(config(model, tmp_path / "c.parquet", 2 * len(doc)),
+                          rank=0, world_size=1)
+    expected = [[norm(v) for v in c] for c in colours]
+    batches = 0
+    for batch in itertools.islice(iter(loader), 6):
+        batches += 1
+        ids = batch["input_ids"][0].tolist()
+        labels = batch["labels"][0].tolist()
+        mask = batch["loss_mask"][0].tolist()
+        assert ids == doc + doc  # placeholders, then the caption and EOS
+        pixels = batch["pixel_values"].numpy()
+        grid = batch["image_grid"].numpy()
+        assert pixels.dtype == np.float32 and grid.dtype == np.int32
+        assert pixels.shape == (ids.count(IMAGE_TOKEN), 3 * 14 * 14)
+        assert grid.tolist() == [[3, 2], [3, 2]]
+        assert int((grid[:, 0] * grid[:, 1]).sum()) == pixels.shape[0]
+        for image in pixels.reshape(2, 6, 3, 14 * 14):  # [image][patch][channel][pixel]
+            match = [c for c in expected if np.allclose(image[0, :, 0], c, atol=1e-5)]
+            assert match, image[0, :, 0]
+            assert np.allclose(image, np.array(match[0], np.float32)[None, :, None],
+                               atol=1e-5)
+        for t in range(len(ids)):  # no loss where the target is a placeholder
+            if labels[t] == IMAGE_TOKEN:
+                assert mask[t] == 0.0
+            elif labels[t] != -100:
+                assert mask[t] == 1.0
+    assert batches == 6
+
+
+def test_jpeg_images_decode_within_tolerance(tmp_path: Path, model: str):
+    if not hasattr(_core, "encode_test_jpeg"):
+        pytest.skip("this build has no JPEG test encoder")
+    jpeg = _core.encode_test_jpeg(bytes((200, 100, 50)) * (28 * 42), 28, 42)
+    pq.write_table(pa.table({"image": pa.array([jpeg] * 8, pa.binary()),
+                             "caption": [CAPTION] * 8}), tmp_path / "j.parquet")
+    caption = list(_core.sentencepiece_tokenize(model, CAPTION))
+    doc_len = 6 + len(caption) + 1
+    loader = braid.Loader(config(model, tmp_path / "j.parquet", 2 * doc_len),
+                          rank=0, world_size=1)
+    batch = next(iter(loader))
+    pixels = batch["pixel_values"].numpy().reshape(-1, 3, 14 * 14)
+    assert pixels.shape[0] == 12
+    for c, v in enumerate((200, 100, 50)):
+        assert np.abs(pixels[:, c, :] - norm(v)).max() < 0.03
+
+
+def test_undecodable_image_fails_naming_the_row_or_is_skipped(tmp_path: Path, model: str):
+    images: List = [png(14, 14, (i, i, i)) for i in range(8)]
+    images[3] = b"not an image at all"
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()),
+                             "caption": [CAPTION] * 8}),
+                   tmp_path / "bad.parquet", row_group_size=4)
+    caption = list(_core.sentencepiece_tokenize(model, CAPTION))
+    doc_len = 1 + len(caption) + 1
+    cfg = config(model, tmp_path / "bad.parquet", 2 * doc_len)
+    with pytest.raises(braid.DataError,
+                       match=r"bad\.parquet.*row group 0.*row 3.*cannot decode image"):
+        for _ in itertools.islice(iter(braid.Loader(cfg, rank=0, world_size=1)), 8):
+            pass
+    cfg["sources"][0]["on_error"] = "skip"
+    for batch in itertools.islice(iter(braid.Loader(cfg, rank=0, world_size=1)), 8):
+        assert batch["pixel_values"].shape[0] == batch["input_ids"].eq(IMAGE_TOKEN).sum()
+
+
+def test_image_config_errors(tmp_path: Path, model: str):
+    cfg = config(model, tmp_path / "x.parquet", 64)
+    del cfg["sources"][0]["image"]["image_token_id"]
+    with pytest.raises(ValueError, match=r"sources\[0\]\.image\.image_token_id"):
+        braid.Loader(cfg, rank=0, world_size=1)
+    cfg = config(model, tmp_path / "x.parquet", 64)
+    del cfg["sources"][0]["text_column"]
+    with pytest.raises(ValueError, match="image_column"):
+        braid.Loader(cfg, rank=0, world_size=1)
