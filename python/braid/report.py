@@ -29,17 +29,20 @@ def _plots(summary: dict, directory: str) -> List[str]:
     paths = []
     steps = list(range(len(summary["step_imbalance"])))
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        path = os.path.join(directory, name)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(steps, summary["step_imbalance"], lw=1)
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_xlabel("step")
     ax.set_ylabel("max / mean rank cost")
     ax.set_title("Imbalance across DP ranks per step")
-    fig.tight_layout()
-    path = os.path.join(directory, "imbalance.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    save(fig, "imbalance.png")
 
     names = list(summary["source_share"])
     fig, ax = plt.subplots(figsize=(7, 3.5))
@@ -52,20 +55,12 @@ def _plots(summary: dict, directory: str) -> List[str]:
     ax.set_ylabel("share of tokens")
     ax.set_title("Mix: target vs achieved token share")
     ax.legend()
-    fig.tight_layout()
-    path = os.path.join(directory, "source_share.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    save(fig, "source_share.png")
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(steps, [s * 1000 for s in summary["step_seconds"]], lw=1)
     ax.set_xlabel("step")
     ax.set_ylabel("ms to deliver the step")
     ax.set_title("Loader time per step (all simulated ranks)")
-    fig.tight_layout()
-    path = os.path.join(directory, "step_time.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    save(fig, "step_time.png")
     return paths

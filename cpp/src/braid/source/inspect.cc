@@ -30,16 +30,11 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
   for (const auto& file_path : paths) {
     InspectedFile f;
     f.path = file_path;
-    auto input = fs->OpenInputFile(file_path);
-    if (!input.ok()) return StorageError(file_path, input.status().message());
-    auto size = (*input)->GetSize();
-    f.bytes = size.ok() ? *size : 0;
-    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
-    if (!reader.ok()) {
-      return DataError(file_path, "not a readable Parquet file: " + reader.status().message());
-    }
+    auto info = fs->GetFileInfo(file_path);
+    f.bytes = info.ok() ? info->size() : 0;
+    ARROW_ASSIGN_OR_RAISE(auto reader, OpenParquet(fs.get(), file_path));
     std::shared_ptr<arrow::Schema> schema;
-    const Status st = (*reader)->GetSchema(&schema);
+    const Status st = reader->GetSchema(&schema);
     if (!st.ok()) return DataError(file_path, "cannot read the schema: " + st.message());
     if (out.files.empty()) {
       out.schema = schema->ToString();
@@ -52,7 +47,7 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
         }
       }
     }
-    const auto metadata = (*reader)->parquet_reader()->metadata();
+    const auto metadata = reader->parquet_reader()->metadata();
     f.rows = metadata->num_rows();
     f.row_groups = metadata->num_row_groups();
     out.rows += f.rows;
@@ -69,7 +64,7 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
       std::shared_ptr<arrow::ChunkedArray> chunked;
       Status read;
       try {
-        read = (*reader)->RowGroup(rg)->Column(index)->Read(&chunked);
+        read = reader->RowGroup(rg)->Column(index)->Read(&chunked);
       } catch (const std::exception& e) {
         read = Status::IOError(e.what());
       }

@@ -146,6 +146,8 @@ std::string ColumnList(const arrow::Schema& schema) {
   return s;
 }
 
+}  // namespace
+
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileSystem* fs,
                                                                 const std::string& path) {
   auto input = fs->OpenInputFile(path);
@@ -160,8 +162,6 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileS
     return DataError(path, std::string("not a readable Parquet file: ") + e.what());
   }
 }
-
-}  // namespace
 
 Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
                                const arrow::fs::FileInfo& info, const std::string& dir,

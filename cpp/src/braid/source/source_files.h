@@ -35,6 +35,11 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
                     std::vector<std::string>* files);
 
+/// Opens a Parquet file's reader; a missing file is a storage error, a file that is not
+/// Parquet (bad magic, truncated footer) a data error naming it.
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileSystem* fs,
+                                                                const std::string& path);
+
 /// True for list<int32>, list<int64> and their large_list forms: a token column.
 bool IsTokenListType(const arrow::DataType& type);
 

@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "braid/testing/memory_stream.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/temp_dir.h"
 
@@ -53,19 +54,13 @@ Config OneSourceConfig(const std::string& path, uint64_t seed = 5,
   return c;
 }
 
-struct Read {
-  SampleMeta meta;
-  PayloadRef payload;
-};
+using Read = Sample;
 
-std::vector<Read> ReadN(SampleStream* stream, int64_t n) {
-  std::vector<Read> out;
-  for (int64_t i = 0; i < n; ++i) {
-    auto s = stream->Next();
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) break;
-    out.push_back({s->meta, s->payload});
-  }
+// The next n samples; a read error fails the test.
+std::vector<Sample> ReadN(SampleStream* stream, int64_t n) {
+  Status st;
+  auto out = braid::testing::ReadSamples(stream, n, &st);
+  EXPECT_TRUE(st.ok()) << st.ToString();
   return out;
 }
 

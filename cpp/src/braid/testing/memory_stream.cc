@@ -74,4 +74,18 @@ Result<Sample> MemoryStream::Next() {
   return s;
 }
 
+std::vector<Sample> ReadSamples(SampleStream* stream, int64_t n, Status* status) {
+  std::vector<Sample> out;
+  *status = Status::OK();
+  for (int64_t i = 0; i < n; ++i) {
+    auto s = stream->Next();
+    if (!s.ok()) {
+      *status = s.status();
+      break;
+    }
+    out.push_back(std::move(*s));
+  }
+  return out;
+}
+
 }  // namespace braid::testing

@@ -66,4 +66,8 @@ class MemoryStream : public SampleStream {
   int64_t next_calls_ = 0;
 };
 
+/// The next `n` samples of `stream`, or fewer: reading stops at the first error, which is
+/// stored in `*status` (OK when all `n` were read).
+std::vector<Sample> ReadSamples(SampleStream* stream, int64_t n, Status* status);
+
 }  // namespace braid::testing
