@@ -6,10 +6,13 @@ algorithm in one run and prints the mean and max imbalance (max rank cost / mean
 cost) and the ratio to sequential assignment (what per-rank loaders do). The documents of
 each step are identical across algorithms: only the assignment differs. Then the
 splitting levers (balance.split / balance.max_piece, docs/planner.md) with Karmarkar-Karp:
-they cut long documents differently (same documents and tokens per step).
+they cut long documents differently (same documents and tokens per step); and the
+token-slack lever (balance.slack): a step budget of (1 - slack) of the capacity, then
+whole pieces moved between ranks into the room. `empty` is the fraction of token slots a step
+leaves empty (padding: what slack costs in throughput).
 
     .venv/bin/python benchmarks/imbalance.py [--dp 64] [--micro-batches 8 2]
-        [--seq-len 4096 16384] [--steps 50] [--no-levers]
+        [--seq-len 4096 16384] [--steps 50] [--no-levers] [--slack 0.02 0.05]
 """
 
 from __future__ import annotations
@@ -35,6 +38,21 @@ LEVERS = (
 )
 
 
+def slack_levers(values):
+    """Token slack alone and with the piece caps above."""
+    out = []
+    for v in values:
+        out.append((f"slack={v:g}", lambda L, v=v: {"slack": v}))
+    for v in values:
+        out.append((f"max_piece=L/2,slack={v:g}", lambda L, v=v: {"max_piece": L // 2,
+                                                                   "slack": v}))
+    for v in values:
+        out.append((f"even,L/4,slack={v:g}", lambda L, v=v: {"split": "even",
+                                                             "max_piece": L // 4,
+                                                             "slack": v}))
+    return tuple(out)
+
+
 def config_for(data_dir: str, dp: int, micro_batches: int, seq_len: int,
                algorithm: str, extra: dict | None = None) -> "_core.Config":
     sources = []
@@ -52,11 +70,18 @@ def config_for(data_dir: str, dp: int, micro_batches: int, seq_len: int,
     return _core.parse_config(json.dumps(config), data_dir)
 
 
-def measure(config, steps: int):
-    imbalance = []
+def measure(config, steps: int, capacity: int):
+    imbalance, empty = [], []
+
+    def step(line: str) -> None:
+        plan = json.loads(line)
+        imbalance.append(plan["imbalance"])
+        empty.append(1 - sum(plan["source_tokens"].values()) / capacity)
+
     started = time.perf_counter()
-    _core.plan_job(config, steps, "", lambda line: imbalance.append(json.loads(line)["imbalance"]))
-    return statistics.fmean(imbalance), max(imbalance), time.perf_counter() - started
+    _core.plan_job(config, steps, "", step)
+    return (statistics.fmean(imbalance), max(imbalance), statistics.fmean(empty),
+            time.perf_counter() - started)
 
 
 def main() -> None:
@@ -66,6 +91,8 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--no-levers", action="store_true", help="algorithms only")
+    p.add_argument("--slack", type=float, nargs="*", default=[0.02, 0.05],
+                   help="balance.slack values to try (none: skip the slack lever)")
     p.add_argument("--data", help="demo data folder per seq_len: DATA/L<seq_len> "
                    "(default: a temporary one)")
     args = p.parse_args()
@@ -77,20 +104,22 @@ def main() -> None:
             if not os.path.exists(os.path.join(data_dir, "demo.yaml")):
                 _core.make_demo_dataset(data_dir, seed=1234, seq_len=seq_len)
             print(f"demo data, dp={args.dp}, seq_len={seq_len}, {args.steps} steps")
-            print(f"{'mb/rank':>8} {'algorithm':>22} {'mean':>8} {'max':>8} "
+            print(f"{'mb/rank':>8} {'algorithm':>28} {'mean':>8} {'max':>8} {'empty':>7} "
                   f"{'mean vs none':>13} {'plan s':>7}")
             for mb in args.micro_batches:
+                capacity = args.dp * mb * seq_len
                 results = {a: measure(config_for(data_dir, args.dp, mb, seq_len, a),
-                                      args.steps) for a in ALGORITHMS}
+                                      args.steps, capacity) for a in ALGORITHMS}
                 if not args.no_levers:
-                    for label, extra in LEVERS:
+                    for label, extra in LEVERS + slack_levers(args.slack):
                         results["kk " + label] = measure(
                             config_for(data_dir, args.dp, mb, seq_len, "karmarkar_karp",
-                                       extra(seq_len)), args.steps)
+                                       extra(seq_len)), args.steps, capacity)
                 none_mean = results["none"][0]
-                for a, (mean, worst, secs) in results.items():
-                    print(f"{mb:>8} {a:>22} {mean:>8.4f} {worst:>8.4f} "
-                          f"{(mean - 1) / (none_mean - 1):>12.3f}x {secs:>7.2f}", flush=True)
+                for a, (mean, worst, empty, secs) in results.items():
+                    ratio = (mean - 1) / (none_mean - 1)
+                    print(f"{mb:>8} {a:>28} {mean:>8.4f} {worst:>8.4f} {empty:>7.4f} "
+                          f"{ratio:>12.3f}x {secs:>7.2f}", flush=True)
             print()
 
 

@@ -86,8 +86,27 @@ def test_builder_is_one_cpp_object(base):
     assert plane.mix({"web": 1}) is plane
     assert plane.distribute_axis == "dp"
     assert plane.broadcast_dims == ["tp", "pp"]
-    plane.broadcast_at("pp")
+    plane.broadcast_at("pp")  # with distribute dp, TP and PP are broadcast anyway
+    assert plane.broadcast_dims == ["tp", "pp"]
+    plane.distribute("world")
     assert plane.broadcast_dims == ["pp"]
+    config = plane.plan()
+    assert config.topology["distribute"] == "world"
+    assert config.topology["broadcast_at"] == ["pp"]
+
+
+def test_phase_and_vision_cost_match_yaml(base):
+    plane = (braid.dataplane.sources(base)
+             .phase(2, seq_len=16, weights={"web": 0})
+             .cost(attn=1.0, linear=8, vision=4, mode="backbone"))
+    config = plane.plan()
+    as_yaml = dict(base, phases=[{"until_step": 2, "seq_len": 16, "weights": {"web": 0}}],
+                   balance={"cost": {"attn": 1.0, "linear": 8, "vision": 4,
+                                     "mode": "backbone"}})
+    assert config.fingerprint() == load_config(as_yaml).fingerprint()
+    assert plan_lines(config, 4) == plan_lines(as_yaml, 4)
+    with pytest.raises(braid.ConfigError, match=r"phase\[0\].weights.nope"):
+        braid.dataplane.sources(base).phase(2, weights={"nope": 1})
 
 
 @pytest.mark.parametrize("call, message", [
@@ -113,9 +132,15 @@ def test_bad_arguments_raise_config_error_naming_the_primitive(base, call, messa
     assert message in str(info.value)
 
 
-def test_world_axis_needs_world_equal_to_dp(base):
-    assert braid.dataplane.sources(base).distribute("world").plan().topology["dp"] == 2
+def test_world_axis_gives_every_rank_a_bucket_unless_broadcast(base):
+    assert braid.dataplane.sources(base).distribute("world").plan().topology["buckets"] == 2
     wide = copy.deepcopy(base)
     wide["topology"]["tp"] = 2
-    with pytest.raises(braid.ConfigError, match="distribute: axis 'world'"):
-        braid.dataplane.sources(wide).distribute("world").plan()
+    world = braid.dataplane.sources(wide).distribute("world").plan()
+    assert world.topology["buckets"] == 4
+    assert world.micro_batches_per_rank == 1
+    shared = braid.dataplane.sources(wide).distribute("world").broadcast_at("tp").plan()
+    assert shared.topology["buckets"] == 2
+    assert plan_lines(shared, 3) == plan_lines(wide, 3)
+    with pytest.raises(braid.ConfigError, match="distribute.group: must divide"):
+        braid.dataplane.sources(wide).distribute("world", group=3).plan()

@@ -4,6 +4,7 @@ pixel_values / image_grid, loss mask, and undecodable images (fail or counted sk
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import struct
 import zlib
@@ -134,6 +135,32 @@ def test_undecodable_image_fails_naming_the_row_or_is_skipped(tmp_path: Path, mo
     cfg["sources"][0]["on_error"] = "skip"
     for batch in itertools.islice(iter(braid.Loader(cfg, rank=0, world_size=1)), 8):
         assert batch["pixel_values"].shape[0] == batch["input_ids"].eq(IMAGE_TOKEN).sum()
+
+
+def test_body_that_does_not_decode_is_found_after_its_metadata(tmp_path: Path, model: str):
+    # Row 5's PNG keeps only its signature and IHDR: its token count is known from the
+    # header (metadata first), its pixels are not.
+    images: List = [png(14, 14, (i, i, i)) for i in range(8)]
+    images[5] = images[5][:33]
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()),
+                             "caption": [CAPTION] * 8}),
+                   tmp_path / "body.parquet", row_group_size=4)
+    caption = list(_core.sentencepiece_tokenize(model, CAPTION))
+    doc_len = 1 + len(caption) + 1
+    cfg = config(model, tmp_path / "body.parquet", 2 * doc_len)
+    parsed = _core.parse_config(json.dumps(cfg), "/")
+    # Metadata only: nothing is decoded, so nothing fails; the counts equal the full path's.
+    meta = _core.read_source(parsed, 0, 8, payloads=False)
+    assert meta["skipped"] == 0 and meta["tokens"] == 8 * doc_len
+    with pytest.raises(braid.DataError,
+                       match=r"body\.parquet.*row group 1.*row 5.*cannot decode image: PNG"):
+        for _ in itertools.islice(iter(braid.Loader(cfg, rank=0, world_size=1)), 8):
+            pass
+    # on_error: skip: the published sample keeps its place with a blank, untrained image.
+    cfg["sources"][0]["on_error"] = "skip"
+    full = _core.read_source(_core.parse_config(json.dumps(cfg), "/"), 0, 8)
+    assert full["tokens"] == meta["tokens"] and full["skipped"] == 0
+    assert full["loss_mask_ones"] == 7 * (len(caption) + 1)
 
 
 def test_image_config_errors(tmp_path: Path, model: str):

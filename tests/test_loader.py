@@ -252,3 +252,52 @@ def test_resume_inside_a_phase_with_another_seq_len(small_dataset, consumed):
     for want, got in zip(reference[consumed:], take(resumed, 5)):
         for name in want:
             assert torch.equal(want[name], got[name]), name
+
+
+def _step_tokens(config, world_size, steps):
+    """Per step, the sorted input tokens of every rank that has its own bucket."""
+    per_step = defaultdict(list)
+    seen_buckets = set()
+    for rank in range(world_size):
+        loader = braid.Loader(config, rank=rank, world_size=world_size)
+        if loader.bucket in seen_buckets:
+            continue
+        seen_buckets.add(loader.bucket)
+        n = loader.micro_batches_per_step
+        for i, batch in enumerate(take(loader, steps * n)):
+            per_step[i // n] += batch["input_ids"].flatten().tolist()
+    return {step: sorted(tokens) for step, tokens in per_step.items()}, seen_buckets
+
+
+def test_distribute_world_gives_every_rank_its_own_bucket_of_the_same_step(small_dataset):
+    # dp 2 x tp 2: by default TP ranks share; with distribute: world each of the four
+    # ranks gets its own bucket, and the documents of each step are the same.
+    base = dict(small_dataset["config"], topology={"dp": 2, "tp": 2})
+    world = dict(small_dataset["config"], topology={"dp": 2, "tp": 2, "distribute": "world"})
+    a, buckets_a = _step_tokens(base, 4, steps=4)
+    b, buckets_b = _step_tokens(world, 4, steps=4)
+    assert buckets_a == {0, 1} and buckets_b == {0, 1, 2, 3}
+    assert a == b
+    loaders = [braid.Loader(world, rank=r, world_size=4) for r in range(4)]
+    assert [loader.bucket for loader in loaders] == [0, 1, 2, 3]
+    assert loaders[0].micro_batches_per_step == 1  # 4 sequences over 4 buckets
+    firsts = [take(loader, 1)[0]["input_ids"] for loader in loaders]
+    assert not torch.equal(firsts[0], firsts[1])  # TP ranks 0 and 1 differ now
+    assert braid.Loader(world, rank=0, world_size=4)._config.topology["buckets"] == 4
+
+
+def test_topology_order_changes_which_rank_is_which(small_dataset):
+    config = dict(small_dataset["config"],
+                  topology={"dp": 2, "tp": 2, "order": ["dp", "tp", "cp", "pp"]})
+    loader = braid.Loader(config, rank=1, world_size=4)
+    assert (loader.dp_rank, loader.tp_rank) == (1, 0)
+    default = dict(small_dataset["config"], topology={"dp": 2, "tp": 2})
+    megatron = braid.Loader(default, rank=2, world_size=4)
+    assert (megatron.dp_rank, megatron.tp_rank) == (1, 0)
+    a = take(loader, 3)
+    b = take(megatron, 3)
+    for x, y in zip(a, b):
+        assert all(torch.equal(x[k], y[k]) for k in x)
+    bad = dict(small_dataset["config"], topology={"dp": 2, "order": ["dp", "dp", "cp", "pp"]})
+    with pytest.raises(braid.ConfigError, match=r"topology.order\[1\]"):
+        braid.Loader(bad, rank=0, world_size=2)

@@ -6,32 +6,22 @@ free loopback port; fixtures are uploaded with boto3, the ordinary S3 client.
 
 from __future__ import annotations
 
-import io
-import itertools
 import os
 import socket
 import subprocess
 import sys
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 import braid
-from conftest import doc_tokens
+from remote_fixtures import batches, config_for, free_port, parquet_bytes, write_dataset
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
 BUCKET = "braid-data"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -67,39 +57,13 @@ def s3_server():
             os.environ[k] = v
 
 
-def parquet_bytes(docs) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))}), buf,
-                   row_group_size=8)
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def s3_dataset(s3_server, tmp_path_factory):
     """The same two files on S3 (published-dataset layout) and on local disk."""
-    local = tmp_path_factory.mktemp("local")
-    (local / "data").mkdir()
-    for f in range(2):
-        docs = [doc_tokens(0, 100 * f + i, 5 + (7 * i) % 40) for i in range(30)]
-        body = parquet_bytes(docs)
-        name = f"data/train-{f:05d}-of-00002.parquet"
-        s3_server["client"].put_object(Bucket=BUCKET, Key=f"corpus/{name}", Body=body)
-        (local / name).write_bytes(body)
-    return local
-
-
-def config_for(path: str, **source_extra) -> dict:
-    return {
-        "seed": 3,
-        "topology": {"dp": 2},
-        "batch": {"global_tokens": 2 * 2 * 32, "seq_len": 32},
-        "sources": [{"name": "web", "path": path, "tokens_column": "input_ids",
-                     "shuffle_window": 16, **source_extra}],
-    }
-
-
-def batches(config, n=6):
-    return list(itertools.islice(iter(braid.Loader(config, rank=1, world_size=2)), n))
+    client = s3_server["client"]
+    return write_dataset(tmp_path_factory.mktemp("local"),
+                         lambda name, body: client.put_object(Bucket=BUCKET,
+                                                              Key=f"corpus/{name}", Body=body))
 
 
 def test_s3_source_streams_exactly_like_the_local_copy(s3_server, s3_dataset):

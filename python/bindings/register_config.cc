@@ -23,6 +23,17 @@ void RegisterConfig(nb::module_& m) {
                      d["tp"] = t.tp;
                      d["pp"] = t.pp;
                      d["cp"] = t.cp;
+                     nb::list order;
+                     for (Dim dim : t.order) order.append(ToString(dim));
+                     d["order"] = order;
+                     const char* axes[] = {"dp", "cp", "world"};
+                     d["distribute"] = axes[static_cast<int>(t.distribute)];
+                     d["group"] = t.group;
+                     nb::list broadcast;
+                     if (!t.distributed(Dim::kTp)) broadcast.append("tp");
+                     if (!t.distributed(Dim::kPp)) broadcast.append("pp");
+                     d["broadcast_at"] = broadcast;
+                     d["buckets"] = t.buckets();
                      return d;
                    })
       .def_prop_ro("seq_len", [](const Config& c) { return c.batch.seq_len; })
@@ -66,7 +77,15 @@ void RegisterConfig(nb::module_& m) {
           return std::make_tuple(rc.dp, rc.tp, rc.pp, rc.cp);
         },
         nb::arg("config"), nb::arg("rank"), nb::arg("world_size"),
-        "(dp, tp, pp, cp) of a trainer rank, Megatron order.");
+        "(dp, tp, pp, cp) of a trainer rank, in topology.order (default Megatron's).");
+  m.def("rank_bucket",
+        [](const Config& c, int64_t rank) {
+          const RankCoords rc = ValueOrThrow(CoordsOf(c.topology, rank));
+          return BucketOf(c.topology, rc);
+        },
+        nb::arg("config"), nb::arg("rank"),
+        "The bucket (the DP rank, by default) whose micro-batches a trainer rank receives "
+        "(topology.distribute).");
 }
 
 }  // namespace braid::python

@@ -104,20 +104,48 @@ void RegisterPlan(nb::module_& m) {
           "linear) or {'steps': [[step, w], ...]} (piecewise constant).")
       .def(
           "distribute",
-          [](DataPlane& p, const std::string& axis) -> DataPlane& {
-            return Checked(p.Distribute(axis));
+          [](DataPlane& p, const std::string& axis, int64_t group) -> DataPlane& {
+            return Checked(p.Distribute(axis, group));
           },
-          nb::arg("axis") = "dp", nb::rv_policy::reference,
-          "Which ranks get different buckets: 'dp' (default), 'cp', 'world'.")
+          nb::arg("axis") = "dp", nb::arg("group") = 1, nb::rv_policy::reference,
+          "Which ranks get different buckets: 'dp' (default), 'cp', 'world'; `group` "
+          "consecutive slots share a bucket (docs/parallelism.md).")
+      .def(
+          "phase",
+          [](DataPlane& p, int64_t until_step, std::optional<int64_t> seq_len,
+             std::optional<nb::dict> weights) -> DataPlane& {
+            std::vector<std::pair<std::string, WeightSchedule>> ws;
+            if (weights) {
+              for (auto [key, value] : *weights) {
+                if (!nb::isinstance<nb::str>(key)) {
+                  Bad("phase", "source names must be strings");
+                }
+                const std::string name = nb::cast<std::string>(key);
+                ws.emplace_back(name, ToWeight(value, "phase.weights." + name));
+              }
+            }
+            return Checked(p.Phase(until_step, seq_len.value_or(0), ws));
+          },
+          nb::arg("until_step"), nb::kw_only(), nb::arg("seq_len") = nb::none(),
+          nb::arg("weights") = nb::none(), nb::rv_policy::reference,
+          "A phase up to `until_step` (exclusive) with its own seq_len and weight "
+          "overrides (like mix's); the first call replaces the base's phases.")
       .def(
           "cost",
-          [](DataPlane& p, std::optional<double> attn,
-             std::optional<double> linear) -> DataPlane& {
-            return Checked(p.Cost(attn.value_or(1.0), linear.value_or(0.0)));
+          [](DataPlane& p, std::optional<double> attn, std::optional<double> linear,
+             std::optional<double> vision, std::optional<std::string> mode) -> DataPlane& {
+            if (!vision && !mode) {
+              return Checked(p.Cost(attn.value_or(1.0), linear.value_or(0.0)));
+            }
+            return Checked(p.Cost(attn.value_or(1.0), linear.value_or(0.0),
+                                  vision.value_or(0.0), mode.value_or("hybrid")));
           },
           nb::kw_only(), nb::arg("attn") = nb::none(), nb::arg("linear") = nb::none(),
+          nb::arg("vision") = nb::none(), nb::arg("mode") = nb::none(),
           nb::rv_policy::reference,
-          "Cost of a piece of len tokens: attn * len**2 + linear * len (defaults 1.0, 0).")
+          "Cost of a piece of len tokens: attn * len**2 + linear * len (defaults 1.0, 0); "
+          "vision * image tokens and mode 'hybrid' | 'backbone' for the vision encoder "
+          "term (when either is given; defaults 0, 'hybrid').")
       .def(
           "balance",
           [](DataPlane& p, const std::string& method) -> DataPlane& {

@@ -1,17 +1,23 @@
-// Source loaders on their own: pull samples (benchmarks, tests), and SentencePiece
-// helpers (train a tiny model, raw encoding as a benchmark baseline).
+// Source loaders on their own: pull samples (benchmarks, tests), SentencePiece helpers
+// (train a tiny model, raw encoding as a benchmark baseline), and the Python side of user
+// transforms (`sources[].transform.python`, source/user_transform.h): a RowCallback that
+// converts a row to Python values and calls the user's function holding the GIL only
+// around that, installed as the core's factory when the module is imported.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include "braid/config/config.h"
 #include "braid/source/image.h"
+#include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
 #include "braid/source/tokenizer.h"
+#include "braid/source/user_transform.h"
 #include "braid/testing/sentencepiece_fixture.h"
 #include "status_caster.h"
 
@@ -24,9 +30,290 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// --- User transforms (docs/sources.md, "User transforms") ---
+
+// False once the interpreter is shutting down (Python objects must not be touched).
+bool PythonAlive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// "TypeName: message" of the Python error in flight. REQUIRES: the GIL.
+std::string ErrorText(nb::python_error& e) {
+  std::string type = "Exception";
+  try {
+    type = nb::cast<std::string>(nb::handle(e.type()).attr("__qualname__"));
+  } catch (...) {
+  }
+  std::string message;
+  try {
+    message = nb::cast<std::string>(nb::str(e.value()));
+  } catch (...) {
+  }
+  return message.empty() ? type : type + ": " + message;
+}
+
+// A row value as a Python object. REQUIRES: the GIL.
+nb::object ToPython(const RowValue& v) {
+  switch (v.kind) {
+    case RowValue::Kind::kNull:
+      return nb::none();
+    case RowValue::Kind::kBool:
+      return nb::bool_(v.boolean);
+    case RowValue::Kind::kInt:
+      return nb::int_(v.integer);
+    case RowValue::Kind::kFloat:
+      return nb::float_(v.real);
+    case RowValue::Kind::kString: {
+      PyObject* s = PyUnicode_DecodeUTF8(v.bytes.data(), Py_ssize_t(v.bytes.size()),
+                                         "strict");
+      if (s == nullptr) throw nb::python_error();
+      return nb::steal(s);
+    }
+    case RowValue::Kind::kBytes:
+      return nb::bytes(v.bytes.data(), v.bytes.size());
+    case RowValue::Kind::kList: {
+      nb::list list;
+      for (const RowValue& item : v.items) list.append(ToPython(item));
+      return std::move(list);
+    }
+    case RowValue::Kind::kStruct: {
+      nb::dict dict;
+      for (size_t f = 0; f < v.items.size(); ++f) {
+        dict[nb::str(v.field_names[f].data(), v.field_names[f].size())] =
+            ToPython(v.items[f]);
+      }
+      return std::move(dict);
+    }
+  }
+  return nb::none();
+}
+
+// Reads the integers of a 1-d buffer (NumPy array, array.array) into `out`; false if
+// `obj` offers no such buffer. REQUIRES: the GIL.
+bool ReadIntBuffer(PyObject* obj, std::vector<int64_t>* out) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+    PyErr_Clear();
+    return false;
+  }
+  const char* format = view.format != nullptr ? view.format : "B";
+  while (*format == '@' || *format == '=' || *format == '<' || *format == '>' ||
+         *format == '!') {
+    ++format;
+  }
+  const char code = format[0];
+  const bool known = format[1] == '\0' && std::string_view("bBhHiIlLqQ?").find(code) !=
+                                             std::string_view::npos;
+  if (!known || view.ndim != 1) {
+    PyBuffer_Release(&view);
+    return false;
+  }
+  const bool is_signed = code == 'b' || code == 'h' || code == 'i' || code == 'l' ||
+                         code == 'q';
+  const Py_ssize_t n = view.shape != nullptr ? view.shape[0] : view.len / view.itemsize;
+  out->resize(size_t(n));
+  const auto* p = static_cast<const uint8_t*>(view.buf);
+  for (Py_ssize_t k = 0; k < n; ++k, p += view.itemsize) {
+    int64_t v = 0;
+    switch (view.itemsize) {
+      case 1:
+        v = is_signed ? int64_t(*reinterpret_cast<const int8_t*>(p)) : int64_t(*p);
+        break;
+      case 2:
+        v = is_signed ? int64_t(*reinterpret_cast<const int16_t*>(p))
+                      : int64_t(*reinterpret_cast<const uint16_t*>(p));
+        break;
+      case 4:
+        v = is_signed ? int64_t(*reinterpret_cast<const int32_t*>(p))
+                      : int64_t(*reinterpret_cast<const uint32_t*>(p));
+        break;
+      default: {
+        const uint64_t u = *reinterpret_cast<const uint64_t*>(p);
+        v = (!is_signed && u > uint64_t(std::numeric_limits<int64_t>::max()))
+                ? std::numeric_limits<int64_t>::max()
+                : static_cast<int64_t>(u);
+      }
+    }
+    (*out)[size_t(k)] = v;
+  }
+  PyBuffer_Release(&view);
+  return true;
+}
+
+// The integers of a list, tuple, array or other iterable of ints. REQUIRES: the GIL.
+Status ReadInts(nb::handle obj, const char* what, std::vector<int64_t>* out) {
+  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr())) {
+    return Status::Invalid(what, " must be a list or array of ints, not ",
+                           Py_TYPE(obj.ptr())->tp_name);
+  }
+  if (ReadIntBuffer(obj.ptr(), out)) return Status::OK();
+  PyObject* seq = PySequence_Fast(obj.ptr(), "");
+  if (seq == nullptr) {
+    PyErr_Clear();
+    return Status::Invalid(what, " must be a list or array of ints, not ",
+                           Py_TYPE(obj.ptr())->tp_name);
+  }
+  nb::object keep = nb::steal(seq);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  out->resize(size_t(n));
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return Status::Invalid(what, "[", k, "] is not an int (",
+                             Py_TYPE(items[k])->tp_name, ")");
+    }
+    (*out)[size_t(k)] = overflow > 0   ? std::numeric_limits<int64_t>::max()
+                        : overflow < 0 ? std::numeric_limits<int64_t>::min()
+                                       : int64_t(v);
+  }
+  return Status::OK();
+}
+
+// The user function's result as tokens and loss mask. REQUIRES: the GIL.
+Status ReadResult(nb::handle result, RowCallbackResult* out) {
+  if (result.is_none()) {
+    out->none = true;
+    return Status::OK();
+  }
+  nb::handle tokens = result, mask;
+  if (PyDict_Check(result.ptr())) {
+    nb::dict d = nb::borrow<nb::dict>(result);
+    for (auto [key, value] : d) {
+      const std::string k = nb::cast<std::string>(nb::str(key));
+      if (k != "tokens" && k != "loss_mask") {
+        return Status::Invalid("the result has the key '", k,
+                               "'; expected 'tokens' and optionally 'loss_mask'");
+      }
+    }
+    if (!d.contains("tokens")) return Status::Invalid("the result dict has no 'tokens'");
+    tokens = d["tokens"];
+    if (d.contains("loss_mask")) mask = d["loss_mask"];
+  }
+  std::vector<int64_t> values;
+  ARROW_RETURN_NOT_OK(ReadInts(tokens, "tokens", &values));
+  out->tokens.resize(values.size());
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (values[k] < 0 || values[k] > std::numeric_limits<int32_t>::max()) {
+      return Status::Invalid("tokens[", k, "] = ", values[k], " is not an int32 id >= 0");
+    }
+    out->tokens[k] = static_cast<int32_t>(values[k]);
+  }
+  if (mask && !mask.is_none()) {
+    ARROW_RETURN_NOT_OK(ReadInts(mask, "loss_mask", &values));
+    out->loss_mask.resize(values.size());
+    for (size_t k = 0; k < values.size(); ++k) out->loss_mask[k] = values[k] != 0;
+  }
+  return Status::OK();
+}
+
+class PyRowCallback : public RowCallback {
+ public:
+  explicit PyRowCallback(nb::object fn) : fn_(std::move(fn)) {}
+  ~PyRowCallback() override {
+    if (!PythonAlive()) {
+      fn_.release();  // too late to touch Python: leak the reference
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    fn_.reset();
+  }
+
+  Status Call(const std::vector<RowValue>& row, RowCallbackResult* out) const override {
+    // Counted before the check, so that Cancel sees either this call or the flag.
+    in_flight_.fetch_add(1);
+    Status st;
+    if (cancelled_.load()) {
+      st = Status::Cancelled("stopping");
+    } else {
+      nb::gil_scoped_acquire gil;
+      try {
+        nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(row.size())));
+        for (size_t c = 0; c < row.size(); ++c) {
+          PyTuple_SET_ITEM(args.ptr(), Py_ssize_t(c), ToPython(row[c]).release().ptr());
+        }
+        PyObject* result = PyObject_Call(fn_.ptr(), args.ptr(), nullptr);
+        if (result == nullptr) throw nb::python_error();
+        st = ReadResult(nb::steal(result), out);
+      } catch (nb::python_error& e) {
+        st = Status::Invalid(ErrorText(e));
+      } catch (const std::exception& e) {
+        st = Status::Invalid(e.what());
+      }
+    }
+    in_flight_.fetch_sub(1);
+    return st;
+  }
+
+  void Cancel() const override {
+    cancelled_.store(true);
+    if (!PythonAlive() || !PyGILState_Check()) return;
+    // This thread holds the GIL (an Engine dropped by Python): calls waiting for it would
+    // never finish and the loader's join would hang. Release it until they are done.
+    nb::gil_scoped_release release;
+    while (in_flight_.load() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  nb::object fn_;
+  mutable std::atomic<int64_t> in_flight_{0};
+  mutable std::atomic<bool> cancelled_{false};
+};
+
+// The factory the core calls for `transform.python`: "module:function" (or
+// "module:Class.attr") is imported; a bare name is looked up among the functions
+// registered with braid.register_transform.
+Result<std::shared_ptr<const RowCallback>> MakePythonCallback(const std::string& spec,
+                                                              const std::string& key) {
+  nb::gil_scoped_acquire gil;
+  try {
+    nb::object fn;
+    const size_t colon = spec.find(':');
+    if (colon == std::string::npos) {
+      fn = nb::module_::import_("braid.transforms").attr("registered_transform")(spec);
+      if (fn.is_none()) {
+        return ConfigError(key, "'" + spec +
+                                    "' is neither a function registered with "
+                                    "braid.register_transform nor 'module:function'");
+      }
+    } else {
+      const std::string module = spec.substr(0, colon);
+      const std::string path = spec.substr(colon + 1);
+      if (module.empty() || path.empty()) {
+        return ConfigError(key, "'" + spec + "' is not 'module:function'");
+      }
+      fn = nb::module_::import_(module.c_str());
+      for (size_t begin = 0; begin <= path.size();) {
+        size_t end = path.find('.', begin);
+        if (end == std::string::npos) end = path.size();
+        fn = fn.attr(path.substr(begin, end - begin).c_str());
+        begin = end + 1;
+      }
+    }
+    if (!PyCallable_Check(fn.ptr())) {
+      return ConfigError(key, "'" + spec + "' is not callable (" +
+                                  std::string(Py_TYPE(fn.ptr())->tp_name) + ")");
+    }
+    return std::make_shared<const PyRowCallback>(std::move(fn));
+  } catch (nb::python_error& e) {
+    return ConfigError(key, "cannot load '" + spec + "': " + ErrorText(e));
+  }
+}
+
+// --- end user transforms ---
+
 }  // namespace
 
 void RegisterSource(nb::module_& m) {
+  SetRowCallbackFactory(MakePythonCallback);
   m.def(
       "read_source",
       [](const Config& config, int32_t source_index, int64_t samples, bool payloads) {
@@ -42,7 +329,8 @@ void RegisterSource(nb::module_& m) {
           SourceLoader::Options options;
           options.read_payloads = payloads;
           options.read_ahead_bytes = config.runtime.read_ahead_bytes;
-          auto loader = SourceLoader::Make(config, source_index, StreamPos{}, options);
+          auto loader = ShardedSource::Make(config, source_index, StreamPos{}, options,
+                                            config.sources[size_t(source_index)].loaders);
           st = loader.status();
           for (; st.ok() && n < samples; ++n) {
             auto s = (*loader)->Next();
@@ -53,8 +341,14 @@ void RegisterSource(nb::module_& m) {
             tokens += s->meta.tokens;
             if (s->meta.skip != SkipReason::kNone) ++skipped;
             if (s->payload) {
-              payload_tokens += static_cast<int64_t>(s->payload->tokens.size());
-              for (uint8_t b : s->payload->loss_mask) masked += b;
+              // Waits for a payload still being made (metadata first); its error stops.
+              auto payload = s->payload.Get();
+              if (!payload.ok()) {
+                st = payload.status();
+                break;
+              }
+              payload_tokens += static_cast<int64_t>((*payload)->tokens.size());
+              for (uint8_t b : (*payload)->loss_mask) masked += b;
             }
           }
           seconds = Seconds(start);
@@ -71,8 +365,9 @@ void RegisterSource(nb::module_& m) {
       },
       nb::arg("config"), nb::arg("source_index"), nb::arg("samples"),
       nb::arg("payloads") = true,
-      "Pulls `samples` samples of one source through its loader (from the start of its "
-      "order); returns counts and the seconds taken, loader start included.");
+      "Pulls `samples` samples of one source through its loader(s) (sources[].loaders; "
+      "from the start of its order); returns counts and the seconds taken, loader start "
+      "included.");
 
   m.def(
       "train_tiny_sentencepiece",

@@ -6,8 +6,10 @@ and the embedded runtime. This package is the thin layer users touch: ``braid.Lo
 """
 
 from braid._core import ConfigError, DataError, StorageError
+from braid.transforms import register_transform, unregister_transform
 
-__all__ = ["ConfigError", "DataError", "StorageError", "Loader", "load_config"]
+__all__ = ["ConfigError", "DataError", "StorageError", "Loader", "load_config",
+           "register_transform", "unregister_transform"]
 __version__ = "0.1.0"
 
 

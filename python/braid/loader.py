@@ -24,6 +24,8 @@ class Loader(torch.utils.data.IterableDataset):
     the last stage ``labels`` and ``loss_mask``, every stage ``position_ids`` and
     ``cu_seqlens``; with ``cp > 1`` each CP rank its zigzag part of every sequence
     (``split_context=False`` keeps whole sequences, for trainers that split themselves).
+    ``topology.distribute`` may give finer buckets than DP ranks (per CP rank, or per
+    rank of the world); ``self.bucket`` is the one this rank receives.
 
     Each item (with ``pp == 1``) holds ``input_ids``, ``labels`` (``-100`` where there is
     no target), ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the
@@ -52,6 +54,9 @@ class Loader(torch.utils.data.IterableDataset):
         self.world_size = world_size
         self.dp_rank, self.tp_rank, self.pp_rank, self.cp_rank = _core.rank_coords(
             self._config, rank, world_size)
+        # The bucket this rank receives: its DP rank unless topology.distribute says
+        # otherwise (docs/parallelism.md).
+        self.bucket = _core.rank_bucket(self._config, rank)
         self.split_context = split_context
         self._engine: Optional[_core.Engine] = None
         self._state_json = _core.initial_state_json(self._config)
@@ -82,7 +87,7 @@ class Loader(torch.utils.data.IterableDataset):
         if self._engine is not None:
             self._state_json = self._engine.state_json()
         self._engine = _core.make_engine(
-            self._config, [self.dp_rank], self._state_json,
+            self._config, [self.bucket], self._state_json,
             view=(self.tp_rank, self.pp_rank, self.cp_rank),
             split_context=self.split_context)
         return self._batches(self._engine)

@@ -11,17 +11,40 @@ Result<RankCoords> CoordsOf(const Topology& t, int64_t rank) {
                                    std::to_string(t.cp) + ")");
   }
   RankCoords c;
-  c.tp = rank % t.tp;
-  rank /= t.tp;
-  c.cp = rank % t.cp;
-  rank /= t.cp;
-  c.dp = rank % t.dp;
-  c.pp = rank / t.dp;
+  for (Dim d : t.order) {
+    c.at(d) = rank % t.size(d);
+    rank /= t.size(d);
+  }
   return c;
 }
 
 int64_t RankOf(const Topology& t, const RankCoords& c) {
-  return c.tp + t.tp * (c.cp + t.cp * (c.dp + t.dp * c.pp));
+  int64_t rank = 0, stride = 1;
+  for (Dim d : t.order) {
+    rank += c.at(d) * stride;
+    stride *= t.size(d);
+  }
+  return rank;
+}
+
+int64_t BucketOf(const Topology& t, const RankCoords& c) {
+  int64_t slot = 0, stride = 1;
+  for (Dim d : t.order) {
+    if (!t.distributed(d)) continue;
+    slot += c.at(d) * stride;
+    stride *= t.size(d);
+  }
+  return slot / t.group;
+}
+
+RankCoords WithBucket(const Topology& t, RankCoords c, int64_t bucket) {
+  int64_t slot = bucket * t.group;
+  for (Dim d : t.order) {
+    if (!t.distributed(d)) continue;
+    c.at(d) = slot % t.size(d);
+    slot /= t.size(d);
+  }
+  return c;
 }
 
 }  // namespace braid

@@ -170,13 +170,14 @@ std::string ResolvePath(const std::string& path, const std::string& base_dir) {
 Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
                             SourceConfig* src) {
   const int given = (node["tokens_column"] ? 1 : 0) + (node["text_column"] ? 1 : 0) +
-                    (node["chat"] ? 1 : 0);
+                    (node["chat"] ? 1 : 0) + (node["transform"] ? 1 : 0);
   if (given == 0) {
     return ConfigError(Join(path, "tokens_column"),
-                       "is required (or give text_column or chat)");
+                       "is required (or give text_column, chat or transform)");
   }
   if (given > 1) {
-    return ConfigError(path, "give exactly one of tokens_column, text_column, chat");
+    return ConfigError(path,
+                       "give exactly one of tokens_column, text_column, chat, transform");
   }
   auto non_empty = [](const YAML::Node& n, const std::string& key) -> Result<std::string> {
     ARROW_ASSIGN_OR_RAISE(auto v, Scalar<std::string>(n, key, "a string"));
@@ -218,6 +219,28 @@ Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
   if (node["workers"]) {
     ARROW_ASSIGN_OR_RAISE(src->workers, PositiveInt(node["workers"], Join(path, "workers")));
   }
+  // --- User transform and sharding (docs/sources.md) ---
+  if (const YAML::Node t = node["transform"]) {
+    const std::string key = Join(path, "transform");
+    ARROW_RETURN_NOT_OK(CheckMap(t, key, {"python", "columns"}));
+    if (!t["python"]) return ConfigError(Join(key, "python"), "is required");
+    ARROW_ASSIGN_OR_RAISE(src->user_transform.python,
+                          non_empty(t["python"], Join(key, "python")));
+    const std::string ckey = Join(key, "columns");
+    const YAML::Node cols = t["columns"];
+    if (!cols) return ConfigError(ckey, "is required (the columns the function reads)");
+    if (!cols.IsSequence() || cols.size() == 0) {
+      return ConfigError(ckey, "must be a non-empty list of column names");
+    }
+    for (size_t i = 0; i < cols.size(); ++i) {
+      ARROW_ASSIGN_OR_RAISE(auto name, non_empty(cols[i], Index(ckey, i)));
+      src->user_transform.columns.push_back(std::move(name));
+    }
+  }
+  if (node["loaders"]) {
+    ARROW_ASSIGN_OR_RAISE(src->loaders, PositiveInt(node["loaders"], Join(path, "loaders")));
+  }
+  // --- end user transform and sharding ---
   return Status::OK();
 }
 
@@ -295,7 +318,8 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                {"name", "path", "tokens_column", "text_column",
                                 "image_column", "weight", "oversize", "on_error",
                                 "storage", "image",
-                                "shuffle_window", "chat", "workers"}));
+                                "shuffle_window", "chat", "workers", "transform",
+                                "loaders"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -329,7 +353,12 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   }
   if (const YAML::Node storage = node["storage"]) {  // --- Storage ---
     const std::string key = Join(path, "storage");
-    ARROW_RETURN_NOT_OK(CheckMap(storage, key, {"endpoint", "region"}));
+    ARROW_RETURN_NOT_OK(CheckMap(storage, key, {"endpoint", "region", "anonymous"}));
+    if (storage["anonymous"]) {
+      ARROW_ASSIGN_OR_RAISE(src.storage_anonymous,
+                            Scalar<bool>(storage["anonymous"], Join(key, "anonymous"),
+                                         "true or false"));
+    }
     if (storage["endpoint"]) {
       ARROW_ASSIGN_OR_RAISE(src.storage_endpoint,
                             Scalar<std::string>(storage["endpoint"], Join(key, "endpoint"),
@@ -343,6 +372,11 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
     if (src.path.find("://") == std::string::npos) {
       return ConfigError(key, "applies to s3:// and gs:// paths only");
     }
+    if (src.storage_anonymous && src.path.rfind("gs://", 0) != 0) {
+      return ConfigError(Join(key, "anonymous"),
+                         "applies to gs:// paths only (S3 credentials come from the "
+                         "environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)");
+    }
   }
   if (node["shuffle_window"]) {
     ARROW_ASSIGN_OR_RAISE(src.shuffle_window_rows,
@@ -350,6 +384,81 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   }
   return src;
 }
+
+// --- Topology tree: rank order, distribute, broadcast_at (docs/parallelism.md) ---
+Result<Dim> ParseDim(const YAML::Node& node, const std::string& path) {
+  return Enum<Dim>(node, path,
+                   {{"dp", Dim::kDp}, {"tp", Dim::kTp}, {"pp", Dim::kPp}, {"cp", Dim::kCp}});
+}
+
+Result<Topology> ParseTopology(const YAML::Node& t) {
+  ARROW_RETURN_NOT_OK(CheckMap(t, "topology", {"dp", "tp", "pp", "cp", "order",
+                                               "distribute", "broadcast_at"}));
+  Topology topo;
+  int64_t* dims[] = {&topo.dp, &topo.tp, &topo.pp, &topo.cp};
+  const char* names[] = {"dp", "tp", "pp", "cp"};
+  for (int i = 0; i < 4; ++i) {
+    if (t[names[i]]) {
+      ARROW_ASSIGN_OR_RAISE(*dims[i], PositiveInt(t[names[i]], Join("topology", names[i])));
+    }
+  }
+  if (const YAML::Node o = t["order"]) {
+    if (!o.IsSequence() || o.size() != 4) {
+      return ConfigError("topology.order",
+                         "must be a list of the four dimensions, fastest-varying first "
+                         "(e.g. [tp, cp, dp, pp])");
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      ARROW_ASSIGN_OR_RAISE(topo.order[i], ParseDim(o[i], Index("topology.order", i)));
+    }
+  }
+  if (const YAML::Node d = t["distribute"]) {
+    // (yaml-cpp: assigning to a Node rebinds the node it refers to, so no reassignment.)
+    const bool is_map = d.IsMap();
+    const YAML::Node axis = is_map ? d["axis"] : d;
+    const std::string axis_path = is_map ? "topology.distribute.axis" : "topology.distribute";
+    if (is_map) {
+      ARROW_RETURN_NOT_OK(CheckMap(d, "topology.distribute", {"axis", "group"}));
+      if (!axis) return ConfigError(axis_path, "is required");
+      if (d["group"]) {
+        ARROW_ASSIGN_OR_RAISE(topo.group,
+                              PositiveInt(d["group"], "topology.distribute.group"));
+      }
+    }
+    ARROW_ASSIGN_OR_RAISE(topo.distribute,
+                          Enum<Topology::Axis>(axis, axis_path,
+                                               {{"dp", Topology::Axis::kDp},
+                                                {"cp", Topology::Axis::kCp},
+                                                {"world", Topology::Axis::kWorld}}));
+  }
+  if (topo.distribute == Topology::Axis::kWorld) {
+    topo.broadcast_tp = topo.broadcast_pp = false;
+  }
+  if (const YAML::Node bc = t["broadcast_at"]) {
+    if (!bc.IsSequence()) {
+      return ConfigError("topology.broadcast_at", "must be a list of tp | pp");
+    }
+    bool tp = false, pp = false;
+    for (size_t i = 0; i < bc.size(); ++i) {
+      const std::string path = Index("topology.broadcast_at", i);
+      ARROW_ASSIGN_OR_RAISE(Dim dim, ParseDim(bc[i], path));
+      if (dim == Dim::kDp || dim == Dim::kCp) {
+        return ConfigError(path, std::string("'") + ToString(dim) +
+                                     "' ranks receive different buckets or slices, not "
+                                     "copies (broadcast at tp or pp)");
+      }
+      (dim == Dim::kTp ? tp : pp) = true;
+    }
+    if (topo.distribute == Topology::Axis::kWorld) {
+      topo.broadcast_tp = tp;
+      topo.broadcast_pp = pp;
+    }
+    // With distribute dp or cp, TP and PP ranks always receive their group's micro-batches;
+    // listing them (or one of them) says so and changes nothing.
+  }
+  return topo;
+}
+// --- end topology tree ---
 
 Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   ARROW_RETURN_NOT_OK(CheckMap(root, "",
@@ -365,15 +474,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     ARROW_ASSIGN_OR_RAISE(c.tokenizer, ParseTokenizer(root["tokenizer"], base_dir));
   }
   if (const YAML::Node t = root["topology"]) {
-    ARROW_RETURN_NOT_OK(CheckMap(t, "topology", {"dp", "tp", "pp", "cp"}));
-    int64_t* dims[] = {&c.topology.dp, &c.topology.tp, &c.topology.pp, &c.topology.cp};
-    const char* names[] = {"dp", "tp", "pp", "cp"};
-    for (int i = 0; i < 4; ++i) {
-      if (t[names[i]]) {
-        ARROW_ASSIGN_OR_RAISE(*dims[i],
-                              PositiveInt(t[names[i]], Join("topology", names[i])));
-      }
-    }
+    ARROW_ASSIGN_OR_RAISE(c.topology, ParseTopology(t));
   }
   const YAML::Node b = root["batch"];
   if (!b) return ConfigError("batch", "is required");
@@ -399,7 +500,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   }
   if (const YAML::Node bal = root["balance"]) {
     ARROW_RETURN_NOT_OK(
-        CheckMap(bal, "balance", {"cost", "algorithm", "split", "max_piece"}));
+        CheckMap(bal, "balance", {"cost", "algorithm", "split", "max_piece", "slack"}));
     // --- Planner: splitting levers (docs/planner.md) ---
     if (bal["split"]) {
       ARROW_ASSIGN_OR_RAISE(c.balance.split,
@@ -411,6 +512,14 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     if (bal["max_piece"]) {
       ARROW_ASSIGN_OR_RAISE(c.balance.max_piece,
                             PositiveInt(bal["max_piece"], "balance.max_piece"));
+    }
+    if (bal["slack"]) {
+      ARROW_ASSIGN_OR_RAISE(c.balance.slack,
+                            Scalar<double>(bal["slack"], "balance.slack", "a number"));
+      if (!(c.balance.slack >= 0 && c.balance.slack < 0.5)) {
+        return ConfigError("balance.slack", "must be a number in [0, 0.5), got " +
+                                                bal["slack"].Scalar());
+      }
     }
     // --- end planner ---
     if (const YAML::Node cost = bal["cost"]) {
@@ -528,6 +637,16 @@ const char* ToString(Oversize v) {
 
 const char* ToString(OnError v) { return v == OnError::kFail ? "fail" : "skip"; }
 
+const char* ToString(Dim d) {
+  switch (d) {
+    case Dim::kDp: return "dp";
+    case Dim::kTp: return "tp";
+    case Dim::kPp: return "pp";
+    case Dim::kCp: return "cp";
+  }
+  return "?";
+}
+
 const char* ToString(BalanceAlgorithm v) {
   switch (v) {
     case BalanceAlgorithm::kKarmarkarKarp: return "karmarkar_karp";
@@ -589,6 +708,10 @@ std::string Config::Fingerprint() const {
       os << ":text=" << s.text_column << ":chat=" << s.chat.prompt_column << ','
          << s.chat.response_column << ',' << s.chat.messages_column;
     }
+    if (s.user_transform.enabled()) {  // user transform: the function's name and input
+      os << ":transform=" << s.user_transform.python;
+      for (const auto& c : s.user_transform.columns) os << ',' << c;
+    }
     if (!s.image_column.empty()) {  // images
       os << ":image=" << s.image_column << ',' << s.image_patch_size << ','
          << s.image_max_pixels << ',' << s.image_token_id;
@@ -606,6 +729,27 @@ std::string Config::Fingerprint() const {
   return buf;
 }
 
+Status CheckTopology(const Topology& t) {
+  bool seen[4] = {false, false, false, false};
+  for (size_t i = 0; i < t.order.size(); ++i) {
+    const int d = static_cast<int>(t.order[i]);
+    if (seen[d]) {
+      return ConfigError(Index("topology.order", i),
+                         std::string("'") + ToString(t.order[i]) +
+                             "' appears twice (the order lists dp, tp, pp and cp once each)");
+    }
+    seen[d] = true;
+  }
+  int64_t slots = 1;
+  for (Dim d : t.order) slots *= t.distributed(d) ? t.size(d) : 1;
+  if (t.group <= 0 || slots % t.group != 0) {
+    return ConfigError("topology.distribute.group",
+                       "must divide the ranks that receive different buckets (" +
+                           std::to_string(slots) + "), got " + std::to_string(t.group));
+  }
+  return Status::OK();
+}
+
 Status ValidateConfig(const Config& c) {
   const auto& b = c.batch;
   if (b.global_tokens % b.seq_len != 0) {
@@ -613,12 +757,19 @@ Status ValidateConfig(const Config& c) {
                        "must be a multiple of batch.seq_len (" + std::to_string(b.seq_len) +
                            "), got " + std::to_string(b.global_tokens));
   }
+  ARROW_RETURN_NOT_OK(CheckTopology(c.topology));
   const int64_t per_step = b.global_tokens / b.seq_len;
-  const int64_t group = c.topology.dp * b.micro_batch_size;
+  const int64_t group = c.topology.buckets() * b.micro_batch_size;
+  // Named as the user knows it: topology.dp unless distribute makes other buckets.
+  const std::string buckets =
+      c.topology.distribute == Topology::Axis::kDp && c.topology.group == 1
+          ? "topology.dp"
+          : "the buckets of topology.distribute (" + std::to_string(c.topology.buckets()) +
+                ")";
   if (per_step % group != 0) {
     return ConfigError("batch.global_tokens",
-                       "must be a multiple of topology.dp * batch.micro_batch_size * "
-                       "batch.seq_len (" +
+                       "must be a multiple of " + buckets +
+                           " * batch.micro_batch_size * batch.seq_len (" +
                            std::to_string(group * b.seq_len) + "), got " +
                            std::to_string(b.global_tokens));
   }
@@ -628,15 +779,15 @@ Status ValidateConfig(const Config& c) {
     const int64_t L = c.phases[i].seq_len;
     if (b.global_tokens % L != 0 || (b.global_tokens / L) % group != 0) {
       return ConfigError(path, "batch.global_tokens (" + std::to_string(b.global_tokens) +
-                                   ") must be a multiple of topology.dp * "
-                                   "batch.micro_batch_size * seq_len (" +
+                                   ") must be a multiple of " + buckets +
+                                   " * batch.micro_batch_size * seq_len (" +
                                    std::to_string(group * L) + ")");
     }
   }
   // --- end planner: phases ---
   // --- Views: context parallelism (construct/views.h, docs/parallelism.md) ---
   // Every sequence splits into 2*cp equal chunks, in every phase.
-  if (c.topology.cp > 1) {
+  if (c.topology.slices_context()) {
     const int64_t parts = 2 * c.topology.cp;
     for (size_t i = 0; i <= c.phases.size(); ++i) {
       const bool base = i == c.phases.size();

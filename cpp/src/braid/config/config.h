@@ -8,6 +8,7 @@
 // Thread-safe: a Config is an immutable value after parsing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -73,6 +74,19 @@ struct SourceConfig {
   std::string text_column;  ///< string column, tokenized with Config::tokenizer
   ChatColumns chat;         ///< chat / instruction columns, tokenized with the tokenizer
   int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
+  // --- User transform and sharding (docs/sources.md) ---
+  /// `transform: {python: SPEC, columns: [...]}`: a user function over the named columns
+  /// (source/user_transform.h); `python` empty: none. Instead of tokens_column etc.
+  struct UserTransform {
+    std::string python;  ///< "package.module:function", or a registered name
+    std::vector<std::string> columns;
+    bool enabled() const { return !python.empty(); }
+  };
+  UserTransform user_transform;
+  /// Loader instances that share the source's shuffle windows (window w goes to loader
+  /// w % loaders); the stream is the same for any value (source/sharded_source.h).
+  int64_t loaders = 1;
+  // --- end user transform and sharding ---
   // --- Images (docs/sources.md, image-caption transform); only with text_column. ---
   std::string image_column;       ///< binary column of encoded JPEG / PNG bytes
   int64_t image_patch_size = 14;  ///< image.patch_size
@@ -83,13 +97,58 @@ struct SourceConfig {
   // --- Storage (docs/config.md). Credentials come from the environment. ---
   std::string storage_endpoint;  ///< e.g. "http://127.0.0.1:9000" for a local S3 server
   std::string storage_region;
+  bool storage_anonymous = false;  ///< gs:// without credentials (public buckets, emulators)
   std::string cache_dir;        ///< runtime.cache.dir, copied here; empty: no cache
   int64_t cache_max_bytes = 0;  ///< runtime.cache.max_bytes
 };
 
+/// A parallel dimension of the trainer's layout.
+enum class Dim : int8_t { kDp = 0, kTp = 1, kPp = 2, kCp = 3 };
+const char* ToString(Dim d);
+
+/// The trainer's layout as a tree of its parallel dimensions (docs/parallelism.md): their
+/// sizes, the rank order, which dimensions receive different buckets of each step's
+/// sequences (distribute) and which receive the same micro-batches (broadcast_at).
 struct Topology {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1;
+  /// Rank order, the fastest-varying dimension first (topology.order). Default: Megatron's,
+  /// rank = tp + TP * (cp + CP * (dp + DP * pp)). INVARIANT: a permutation of the four.
+  std::array<Dim, 4> order = {Dim::kTp, Dim::kCp, Dim::kDp, Dim::kPp};
+  /// distribute(axis, group): kDp, one bucket per DP rank (CP ranks get slices of it);
+  /// kCp, one per (dp, cp) pair (CP ranks get whole sequences); kWorld, one per rank, less
+  /// the dimensions broadcast at.
+  enum class Axis : int8_t { kDp, kCp, kWorld };
+  Axis distribute = Axis::kDp;
+  /// Consecutive bucket slots (over the distributed dimensions, in rank order) that share
+  /// one bucket. INVARIANT: divides the product of the distributed dimensions' sizes.
+  int64_t group = 1;
+  /// broadcast_at: whether the TP / PP ranks of a bucket receive its micro-batches (TP
+  /// copies, PP stage views). Always true unless distribute is kWorld.
+  bool broadcast_tp = true, broadcast_pp = true;
+
   int64_t world_size() const { return dp * tp * pp * cp; }
+  int64_t size(Dim d) const {
+    const int64_t sizes[] = {dp, tp, pp, cp};
+    return sizes[static_cast<int>(d)];
+  }
+  /// True if the ranks along `d` receive different buckets.
+  bool distributed(Dim d) const {
+    switch (d) {
+      case Dim::kDp: return true;
+      case Dim::kCp: return distribute != Axis::kDp;
+      case Dim::kTp: return distribute == Axis::kWorld && !broadcast_tp;
+      case Dim::kPp: return distribute == Axis::kWorld && !broadcast_pp;
+    }
+    return false;
+  }
+  /// True if CP ranks receive zigzag slices of their bucket's sequences.
+  bool slices_context() const { return cp > 1 && !distributed(Dim::kCp); }
+  /// The number of buckets each step's sequences are balanced over (== dp by default).
+  int64_t buckets() const {
+    int64_t n = 1;
+    for (Dim d : order) n *= distributed(d) ? size(d) : 1;
+    return n / group;
+  }
 };
 
 struct BatchConfig {
@@ -116,6 +175,10 @@ struct BalanceConfig {
   enum class Split { kBoundary, kEven };
   Split split = Split::kBoundary;
   int64_t max_piece = 0;
+  /// Token slack: each sequence is packed to seq_len - round(slack * seq_len) tokens (the
+  /// step's token budget), and the balancer may then move whole pieces between the
+  /// sequences of different ranks, up to seq_len each, to even the ranks' costs. 0: off.
+  double slack = 0.0;
   // --- end planner ---
 };
 
@@ -149,9 +212,9 @@ struct Config {
 
   /// Sequences in one global step (global_tokens / seq_len); independent of dp.
   int64_t sequences_per_step() const { return batch.global_tokens / batch.seq_len; }
-  /// Micro-batches each DP rank receives per step.
+  /// Micro-batches each bucket (DP rank, by default) receives per step.
   int64_t micro_batches_per_rank() const {
-    return sequences_per_step() / (topology.dp * batch.micro_batch_size);
+    return sequences_per_step() / (topology.buckets() * batch.micro_batch_size);
   }
   // --- Planner: per-step shape and weights (phases; docs/planner.md) ---
   /// The phase that holds `step`, or null after the last phase.
@@ -162,7 +225,7 @@ struct Config {
   double WeightAt(size_t source, int64_t step) const;
   int64_t SequencesAt(int64_t step) const { return batch.global_tokens / SeqLenAt(step); }
   int64_t MicroBatchesPerRankAt(int64_t step) const {
-    return SequencesAt(step) / (topology.dp * batch.micro_batch_size);
+    return SequencesAt(step) / (topology.buckets() * batch.micro_batch_size);
   }
   // --- end planner ---
 
@@ -180,6 +243,10 @@ Result<Config> LoadConfigFile(const std::string& path);
 
 /// Overrides topology.dp (the CLI's --dp) and re-checks the batch shape.
 Status SetDataParallel(Config* config, int64_t dp);
+
+/// Checks the topology tree: topology.order a permutation, the distribute group dividing
+/// the distributed ranks. Fails naming the key.
+Status CheckTopology(const Topology& topology);
 
 /// Checks the cross-field rules (batch shape divisible by topology, weights not all 0).
 Status ValidateConfig(const Config& config);

@@ -301,6 +301,41 @@ TEST(ConfigTest, SetDataParallelRechecksTheShape) {
   EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kConfig);
 }
 
+// User transforms and sharding (docs/sources.md).
+TEST(ConfigTest, UserTransformAndLoadersParseAndAreChecked) {
+  const std::string source =
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n  - {name: a, path: "
+      "a.parquet, ";
+  auto c = ParseConfig(
+      source + "transform: {python: 'pkg.mod:fn', columns: [text, id]}, loaders: 3}\n",
+      "/base");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->sources[0].user_transform.python, "pkg.mod:fn");
+  EXPECT_EQ(c->sources[0].user_transform.columns,
+            (std::vector<std::string>{"text", "id"}));
+  EXPECT_EQ(c->sources[0].loaders, 3);
+  ExpectConfigError(source + "transform: {columns: [t]}}\n", "sources[0].transform.python");
+  ExpectConfigError(source + "transform: {python: 'm:f'}}\n",
+                    "sources[0].transform.columns");
+  ExpectConfigError(source + "transform: {python: 'm:f', columns: []}}\n",
+                    "sources[0].transform.columns");
+  ExpectConfigError(source + "transform: {python: 'm:f', columns: [t], x: 1}}\n",
+                    "sources[0].transform.x");
+  ExpectConfigError(
+      source + "tokens_column: ids, transform: {python: 'm:f', columns: [t]}}\n",
+      "sources[0]", "exactly one of");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}", ", loaders: 0"),
+                    "sources[0].loaders");
+  // The spec and columns are part of the stream's fingerprint; the loader count is not.
+  auto other = ParseConfig(
+      source + "transform: {python: 'pkg.mod:fn', columns: [text, id]}}\n", "/base");
+  auto renamed = ParseConfig(
+      source + "transform: {python: 'pkg.mod:fn2', columns: [text, id]}}\n", "/base");
+  ASSERT_TRUE(other.ok() && renamed.ok());
+  EXPECT_EQ(other->Fingerprint(), c->Fingerprint());
+  EXPECT_NE(renamed->Fingerprint(), c->Fingerprint());
+}
+
 TEST(ConfigTest, FingerprintCoversTheStreamNotWeightsOrTopology) {
   auto c = ParseConfig(kSketch, "/x");
   ASSERT_TRUE(c.ok());

@@ -95,7 +95,7 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
         return Status::Invalid("step ", plan.step, ": the plan carries no payloads");
       }
       ARROW_ASSIGN_OR_RAISE(TokenPayload payload, d.payload.Get());
-      const std::vector<int32_t>& doc = payload->tokens;
+      const TokenSpan& doc = payload->tokens;
       const std::vector<uint8_t>& targets = payload->loss_mask;
       ARROW_RETURN_NOT_OK(CollectImages(plan.step, d, payload, &images));
       if (!payload->images.empty()) image_owners.push_back(payload);

@@ -77,23 +77,32 @@ Status CheckContextSplit(int64_t seq_len, int64_t cp) {
 
 Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
                       const RankCoords& coords) {
-  if (coords.tp < 0 || coords.tp >= topology.tp || coords.pp < 0 ||
-      coords.pp >= topology.pp || coords.cp < 0 || coords.cp >= topology.cp) {
-    return ConfigError("rank", "coordinates (tp " + std::to_string(coords.tp) + ", pp " +
+  if (coords.dp < 0 || coords.dp >= topology.dp || coords.tp < 0 ||
+      coords.tp >= topology.tp || coords.pp < 0 || coords.pp >= topology.pp ||
+      coords.cp < 0 || coords.cp >= topology.cp) {
+    return ConfigError("rank", "coordinates (dp " + std::to_string(coords.dp) + ", tp " +
+                                   std::to_string(coords.tp) + ", pp " +
                                    std::to_string(coords.pp) + ", cp " +
                                    std::to_string(coords.cp) +
                                    ") are outside the topology");
   }
-  if (coords.dp != batch.dp) {
-    return ConfigError("rank", "DP rank " + std::to_string(coords.dp) +
-                                   " asked for a micro-batch of DP rank " +
-                                   std::to_string(batch.dp));
+  const int64_t bucket = BucketOf(topology, coords);
+  if (bucket != batch.dp) {
+    const bool by_dp = topology.distribute == Topology::Axis::kDp && topology.group == 1;
+    const std::string what = by_dp ? "DP rank " : "bucket ";
+    return ConfigError("rank", std::string(by_dp ? "DP rank " : "the rank's bucket ") +
+                                   std::to_string(bucket) + " asked for a micro-batch of " +
+                                   what + std::to_string(batch.dp));
   }
   Batch view;
   view.step = batch.step;
   view.dp = batch.dp;
   view.micro_batch = batch.micro_batch;
-  const int64_t cp = topology.cp;
+  // PP stages that each get their own bucket (distribute: world) receive everything.
+  const bool pp_views = !topology.distributed(Dim::kPp);
+  const int64_t stage = pp_views ? coords.pp : 0;
+  const int64_t num_stages = pp_views ? topology.pp : 1;
+  const int64_t cp = topology.slices_context() ? topology.cp : 1;
   const Tensor* ids = batch.Find("input_ids");
   int64_t rows = 0, seq_len = 0;
   if (cp > 1) {
@@ -105,7 +114,7 @@ Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
     ARROW_RETURN_NOT_OK(CheckContextSplit(seq_len, cp));
   }
   for (const Tensor& t : batch.tensors) {
-    if (!Wanted(t.name, coords.pp, topology.pp)) continue;
+    if (!Wanted(t.name, stage, num_stages)) continue;
     if (cp == 1) {
       view.tensors.push_back(t);  // shares storage
     } else if (t.name == "cu_seqlens") {

@@ -206,5 +206,44 @@ TEST(ViewsErrorTest, UnevenSplitBadCoordsAndOtherDpRankAreNamed) {
   EXPECT_THAT(other_dp.status().message(), HasSubstr("DP rank 1"));
 }
 
+// distribute: cp gives every CP rank whole sequences of its own bucket; distribute: world
+// without broadcast at pp gives every stage every tensor of its own bucket.
+TEST(ViewsBucketTest, DistributedDimensionsGetWholeMicroBatchesOfTheirBucket) {
+  Topology t{/*dp=*/2, /*tp=*/2, /*pp=*/3, /*cp=*/2};
+  t.distribute = Topology::Axis::kCp;
+  const RankCoords coords{/*dp=*/1, /*tp=*/1, /*pp=*/0, /*cp=*/1};
+  const int64_t bucket = BucketOf(t, coords);
+  EXPECT_EQ(bucket, 3);
+  const Batch batch = MakeBatch(/*rows=*/2, /*seq_len=*/18, /*seed=*/5, /*dp=*/bucket);
+  auto whole = ViewFor(batch, t, coords);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  // First stage: every input tensor, whole and shared (18 is not a multiple of 2 * cp
+  // either: nothing is split).
+  EXPECT_EQ(Names(*whole), ViewTensorNames(0, 3));
+  for (const Tensor& v : whole->tensors) {
+    EXPECT_EQ(v.storage, batch.Find(v.name)->storage) << v.name;
+  }
+  RankCoords middle = coords;
+  middle.pp = 1;
+  auto mid = ViewFor(batch, t, middle);
+  ASSERT_TRUE(mid.ok());
+  EXPECT_EQ(Names(*mid), (std::vector<std::string>{"position_ids", "cu_seqlens"}));
+  // Another CP rank of the same DP rank has another bucket.
+  RankCoords other = coords;
+  other.cp = 0;
+  auto wrong = ViewFor(batch, t, other);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(), HasSubstr("bucket 2 asked for a micro-batch of bucket 3"));
+
+  t.distribute = Topology::Axis::kWorld;
+  t.broadcast_tp = true;
+  t.broadcast_pp = false;
+  const Batch own = MakeBatch(/*rows=*/2, /*seq_len=*/18, /*seed=*/6,
+                              /*dp=*/BucketOf(t, middle));
+  auto stage = ViewFor(own, t, middle);
+  ASSERT_TRUE(stage.ok()) << stage.status().ToString();
+  EXPECT_EQ(Names(*stage), Names(own));
+}
+
 }  // namespace
 }  // namespace braid

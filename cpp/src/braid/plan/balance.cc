@@ -1,15 +1,36 @@
 #include "braid/plan/balance.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
 #include <numeric>
 #include <queue>
+#include <utility>
 
 namespace braid {
 namespace {
 
+// A bin of a partial partition. Its items are a linked list over item indices (`Lists`),
+// so merging two bins is O(1) and a merge of partitions allocates nothing.
 struct Bin {
   double sum = 0;
-  std::vector<int32_t> items;
+  int32_t list = 0;  // the list's id: the item that opened it
+  int32_t pos = 0;   // tie-break while sorting: the bin's position before the sort
+};
+
+// Singly linked lists of items, one per bin, each named by its first item.
+struct Lists {
+  std::vector<int32_t> next;  // next item in the same list; -1 at the end
+  std::vector<int32_t> tail;  // per list id: its last item
+  explicit Lists(size_t n) : next(n, -1), tail(n) {
+    std::iota(tail.begin(), tail.end(), 0);
+  }
+  // Appends list `b` to list `a` (a's items first).
+  void Append(int32_t a, int32_t b) {
+    next[size_t(tail[size_t(a)])] = b;
+    tail[size_t(a)] = tail[size_t(b)];
+  }
 };
 
 // A partial partition: m bins, kept sorted by sum, heaviest first.
@@ -19,29 +40,66 @@ struct Partial {
   double spread() const { return bins.front().sum - bins.back().sum; }
 };
 
-// Heaviest first, ties in the current order (a stable sort), moving each bin once.
+// Heaviest first, ties in the current order (what a stable sort gives).
 void SortBins(std::vector<Bin>* bins) {
-  std::vector<std::pair<double, int32_t>> keys(bins->size());
   bool sorted = true;
   for (size_t i = 0; i < bins->size(); ++i) {
-    keys[i] = {-(*bins)[i].sum, static_cast<int32_t>(i)};
-    if (i > 0 && keys[i].first < keys[i - 1].first) sorted = false;
+    (*bins)[i].pos = static_cast<int32_t>(i);
+    if (i > 0 && (*bins)[i].sum > (*bins)[i - 1].sum) sorted = false;
   }
   if (sorted) return;
-  std::sort(keys.begin(), keys.end());
-  std::vector<Bin> out;
-  out.reserve(bins->size());
-  for (const auto& k : keys) out.push_back(std::move((*bins)[size_t(k.second)]));
-  *bins = std::move(out);
+  std::sort(bins->begin(), bins->end(), [](const Bin& a, const Bin& b) {
+    if (a.sum != b.sum) return a.sum > b.sum;
+    return a.pos < b.pos;
+  });
 }
 
 // Item indices by cost, heaviest first, ties by index (what a stable sort gives).
+// Large inputs (a step's sequences) take a stable radix sort on the costs' bits; both
+// give the same order.
 std::vector<int32_t> ByCostDescending(const std::vector<double>& costs) {
-  std::vector<std::pair<double, int32_t>> keys(costs.size());
-  for (size_t i = 0; i < costs.size(); ++i) keys[i] = {-costs[i], static_cast<int32_t>(i)};
-  std::sort(keys.begin(), keys.end());
-  std::vector<int32_t> idx(costs.size());
-  for (size_t i = 0; i < keys.size(); ++i) idx[i] = keys[i].second;
+  const size_t n = costs.size();
+  if (n < 1024) {
+    std::vector<std::pair<double, int32_t>> keys(n);
+    for (size_t i = 0; i < n; ++i) keys[i] = {-costs[i], static_cast<int32_t>(i)};
+    std::sort(keys.begin(), keys.end());
+    std::vector<int32_t> idx(n);
+    for (size_t i = 0; i < n; ++i) idx[i] = keys[i].second;
+    return idx;
+  }
+  // Keys that order like the costs, descending: flip the sign bit of a positive double,
+  // every bit of a negative one, then complement. -0.0 counts as 0.0 (a tie, as in the
+  // comparison sort).
+  std::vector<uint64_t> key(n), key_tmp(n);
+  std::vector<int32_t> idx(n), idx_tmp(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t bits = std::bit_cast<uint64_t>(costs[i] == 0 ? 0.0 : costs[i]);
+    const uint64_t ascending = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
+    key[i] = ~ascending;
+    idx[i] = static_cast<int32_t>(i);
+  }
+  constexpr int kBits = 11, kPasses = 6;  // 66 >= 64 bits
+  constexpr size_t kBuckets = size_t{1} << kBits;
+  std::vector<size_t> count(kBuckets * kPasses, 0);
+  auto digit = [&](uint64_t k, int pass) {
+    return size_t(pass) * kBuckets + ((k >> (pass * kBits)) & (kBuckets - 1));
+  };
+  for (uint64_t k : key) {
+    for (int p = 0; p < kPasses; ++p) ++count[digit(k, p)];
+  }
+  for (int p = 0; p < kPasses; ++p) {
+    if (count[digit(key[0], p)] == n) continue;  // every key has this digit: a no-op
+    size_t* c = count.data() + size_t(p) * kBuckets;
+    size_t sum = 0;
+    for (size_t b = 0; b < kBuckets; ++b) sum += std::exchange(c[b], sum);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = count[digit(key[i], p)]++;
+      key_tmp[at] = key[i];
+      idx_tmp[at] = idx[i];
+    }
+    key.swap(key_tmp);
+    idx.swap(idx_tmp);
+  }
   return idx;
 }
 
@@ -66,6 +124,7 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
     heap.pop_back();
     return p;
   };
+  Lists lists(costs.size());
   int64_t next_order = 0;
   for (size_t start = 0; start < sorted.size(); start += size_t(m)) {
     Partial p;
@@ -74,7 +133,7 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
     for (int64_t j = 0; j < m; ++j) {
       const int32_t item = sorted[start + size_t(j)];
       p.bins[size_t(j)].sum = costs[size_t(item)];
-      p.bins[size_t(j)].items.push_back(item);
+      p.bins[size_t(j)].list = item;
     }
     SortBins(&p.bins);
     push(std::move(p));
@@ -85,9 +144,9 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
     // a's heaviest bin takes b's lightest, and so on.
     for (int64_t j = 0; j < m; ++j) {
       Bin& dst = a.bins[size_t(j)];
-      Bin& src = b.bins[size_t(m - 1 - j)];
+      const Bin& src = b.bins[size_t(m - 1 - j)];
       dst.sum += src.sum;
-      dst.items.insert(dst.items.end(), src.items.begin(), src.items.end());
+      lists.Append(dst.list, src.list);
     }
     SortBins(&a.bins);
     a.order = next_order++;
@@ -95,9 +154,12 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
   }
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(m));
   if (!heap.empty()) {
-    Partial& final_partition = heap.front();
+    const size_t per_bin = costs.size() / size_t(m);
     for (int64_t j = 0; j < m; ++j) {
-      out[size_t(j)] = std::move(final_partition.bins[size_t(j)].items);
+      auto& items = out[size_t(j)];
+      items.reserve(per_bin);
+      int32_t i = heap.front().bins[size_t(j)].list;
+      for (; i >= 0; i = lists.next[size_t(i)]) items.push_back(i);
     }
   }
   return out;
@@ -106,6 +168,7 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
 std::vector<std::vector<int32_t>> Greedy(const std::vector<double>& costs, int64_t m) {
   const size_t per_bin = costs.size() / size_t(m);
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(m));
+  for (auto& bin : out) bin.reserve(per_bin);
   // (sum, bin) min-heap over bins that still have room.
   using Entry = std::pair<double, int64_t>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
@@ -122,6 +185,7 @@ std::vector<std::vector<int32_t>> Greedy(const std::vector<double>& costs, int64
 std::vector<std::vector<int32_t>> InOrder(const std::vector<double>& costs, int64_t m) {
   const size_t per_bin = costs.size() / size_t(m);
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(m));
+  for (auto& bin : out) bin.reserve(per_bin);
   for (size_t i = 0; i < costs.size(); ++i) {
     out[i / per_bin].push_back(static_cast<int32_t>(i));
   }
@@ -150,9 +214,32 @@ std::vector<std::vector<int32_t>> PartitionEqualCount(const std::vector<double>&
 }
 
 std::vector<int32_t> MiddleHeavyOrder(const std::vector<double>& costs) {
-  const auto sorted = ByCostDescending(costs);
+  std::vector<int32_t> out;
+  MiddleHeavyOrder(costs, &out);
+  return out;
+}
+
+void MiddleHeavyOrder(const std::vector<double>& costs, std::vector<int32_t>* order) {
   const int64_t n = static_cast<int64_t>(costs.size());
-  std::vector<int32_t> out(costs.size());
+  // By cost, heaviest first, ties by index. A rank has a few micro-batches: an insertion
+  // sort on the stack, no allocation.
+  constexpr int64_t kSmall = 64;
+  std::array<int32_t, kSmall> small;
+  std::vector<int32_t> large;
+  const int32_t* sorted = small.data();
+  if (n <= kSmall) {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t j = i;
+      for (; j > 0 && costs[size_t(small[size_t(j - 1)])] < costs[size_t(i)]; --j) {
+        small[size_t(j)] = small[size_t(j - 1)];
+      }
+      small[size_t(j)] = static_cast<int32_t>(i);
+    }
+  } else {
+    large = ByCostDescending(costs);
+    sorted = large.data();
+  }
+  order->resize(costs.size());
   const int64_t center = (n - 1) / 2;
   for (int64_t k = 0; k < n; ++k) {
     // k = 0 -> center, 1 -> center+1, 2 -> center-1, 3 -> center+2, ...
@@ -160,9 +247,8 @@ std::vector<int32_t> MiddleHeavyOrder(const std::vector<double>& costs) {
     int64_t pos = (k % 2 == 1) ? center + step : center - step;
     if (pos >= n) pos = center - step;  // n even: the right side is exhausted first
     if (pos < 0) pos = center + step;
-    out[size_t(pos)] = sorted[size_t(k)];
+    (*order)[size_t(pos)] = sorted[k];
   }
-  return out;
 }
 
 double Imbalance(const std::vector<double>& costs,

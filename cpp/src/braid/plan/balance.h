@@ -33,6 +33,8 @@ std::vector<std::vector<int32_t>> PartitionEqualCount(const std::vector<double>&
 /// it. Returns item indices by position. Ties break on item index. Used to order a rank's
 /// micro-batches so pipeline warm-up and cool-down see the light ones.
 std::vector<int32_t> MiddleHeavyOrder(const std::vector<double>& costs);
+/// The same order written into `*order` (its storage reused).
+void MiddleHeavyOrder(const std::vector<double>& costs, std::vector<int32_t>* order);
 
 /// max(bin sum) / mean(bin sum) of a partition; 1.0 for an empty or all-zero one.
 double Imbalance(const std::vector<double>& costs,

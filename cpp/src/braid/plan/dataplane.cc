@@ -39,7 +39,10 @@ Status CheckSchedule(const WeightSchedule& ws, const std::string& path) {
 
 }  // namespace
 
-DataPlane::DataPlane(Config base) : config_(std::move(base)) {}
+DataPlane::DataPlane(Config base) : config_(std::move(base)) {
+  const char* axes[] = {"dp", "cp", "world"};
+  axis_ = axes[static_cast<int>(config_.topology.distribute)];
+}
 
 void DataPlane::Fail(Status st) {
   if (status_.ok()) status_ = std::move(st);
@@ -91,13 +94,27 @@ DataPlane& DataPlane::Mix(const std::vector<std::pair<std::string, WeightSchedul
   return *this;
 }
 
-DataPlane& DataPlane::Distribute(const std::string& axis) {
-  if (axis != "dp" && axis != "cp" && axis != "world") {
+DataPlane& DataPlane::Distribute(const std::string& axis, int64_t group) {
+  Topology::Axis a;
+  if (axis == "dp") {
+    a = Topology::Axis::kDp;
+  } else if (axis == "cp") {
+    a = Topology::Axis::kCp;
+  } else if (axis == "world") {
+    a = Topology::Axis::kWorld;
+  } else {
     Fail(ConfigError("distribute",
                      "unknown axis '" + axis + "' (must be one of dp | cp | world)"));
     return *this;
   }
+  if (group <= 0) {
+    Fail(ConfigError("distribute.group", "must be > 0, got " + std::to_string(group)));
+    return *this;
+  }
   axis_ = axis;
+  distributed_ = true;
+  config_.topology.distribute = a;
+  config_.topology.group = group;
   return *this;
 }
 
@@ -112,6 +129,72 @@ DataPlane& DataPlane::Cost(double attn, double linear) {
   }
   config_.balance.attn = attn;
   config_.balance.linear = linear;
+  return *this;
+}
+
+DataPlane& DataPlane::Cost(double attn, double linear, double vision,
+                           const std::string& mode) {
+  if (!std::isfinite(vision) || vision < 0) {
+    Fail(ConfigError("cost.vision", "must be a finite number >= 0, got " + Num(vision)));
+    return *this;
+  }
+  BalanceConfig::CostMode m;
+  if (mode == "hybrid") {
+    m = BalanceConfig::CostMode::kHybrid;
+  } else if (mode == "backbone") {
+    m = BalanceConfig::CostMode::kBackbone;
+  } else {
+    Fail(ConfigError("cost.mode",
+                     "unknown mode '" + mode + "' (must be one of hybrid | backbone)"));
+    return *this;
+  }
+  Cost(attn, linear);
+  if (status_.ok()) {
+    config_.balance.vision = vision;
+    config_.balance.cost_mode = m;
+  }
+  return *this;
+}
+
+DataPlane& DataPlane::Phase(int64_t until_step, int64_t seq_len,
+                            const std::vector<std::pair<std::string, WeightSchedule>>& weights) {
+  if (!phased_) {
+    config_.phases.clear();
+    phased_ = true;
+  }
+  const std::string path = "phase[" + std::to_string(config_.phases.size()) + "]";
+  if (until_step <= 0 ||
+      (!config_.phases.empty() && until_step <= config_.phases.back().until_step)) {
+    Fail(ConfigError(path + ".until_step",
+                     "must be > 0 and greater than the previous phase's, got " +
+                         std::to_string(until_step)));
+    return *this;
+  }
+  if (seq_len < 0) {
+    Fail(ConfigError(path + ".seq_len", "must be > 0, got " + std::to_string(seq_len)));
+    return *this;
+  }
+  PhaseConfig phase;
+  phase.until_step = until_step;
+  phase.seq_len = seq_len == 0 ? config_.batch.seq_len : seq_len;
+  phase.weights.resize(config_.sources.size());
+  for (const auto& [name, ws] : weights) {
+    const std::string wpath = path + ".weights." + name;
+    const int i = SourceIndex(name);
+    if (i < 0) {
+      Fail(ConfigError(wpath, "is not a source name"));
+      return *this;
+    }
+    Status st = (!ws.stepwise && ws.points.size() == 1 && ws.points[0].first == 0)
+                    ? CheckWeight(ws.points[0].second, wpath)
+                    : CheckSchedule(ws, wpath);
+    if (!st.ok()) {
+      Fail(std::move(st));
+      return *this;
+    }
+    phase.weights[static_cast<size_t>(i)] = ws;
+  }
+  config_.phases.push_back(std::move(phase));
   return *this;
 }
 
@@ -150,27 +233,38 @@ DataPlane& DataPlane::BroadcastAt(const std::string& dim) {
 }
 
 std::vector<std::string> DataPlane::broadcast_dims() const {
-  if (broadcast_.empty()) return {"tp", "pp"};
-  return broadcast_;
+  Topology t = config_.topology;
+  ApplyBroadcast(&t);
+  std::vector<std::string> dims;
+  if (!t.distributed(Dim::kTp)) dims.push_back("tp");
+  if (!t.distributed(Dim::kPp)) dims.push_back("pp");
+  return dims;
+}
+
+void DataPlane::ApplyBroadcast(Topology* t) const {
+  if (t->distribute != Topology::Axis::kWorld) {
+    t->broadcast_tp = t->broadcast_pp = true;
+    return;
+  }
+  // distribute("world"): only what BroadcastAt named (a base with distribute: world keeps
+  // its own broadcast_at when BroadcastAt was not called).
+  if (broadcast_.empty() && !distributed_) return;
+  t->broadcast_tp = t->broadcast_pp = false;
+  for (const auto& d : broadcast_) (d == "tp" ? t->broadcast_tp : t->broadcast_pp) = true;
 }
 
 Result<Config> DataPlane::Plan() const {
   ARROW_RETURN_NOT_OK(status_);
-  const Topology& t = config_.topology;
-  if (axis_ == "cp" && t.cp != 1) {
-    return ConfigError("distribute",
-                       "axis 'cp' with topology.cp = " + std::to_string(t.cp) +
-                           " is not supported: the runtime builds one bucket per DP rank "
-                           "and gives CP ranks slices of it (use 'dp')");
+  Config config = config_;
+  ApplyBroadcast(&config.topology);
+  const Topology& t = config.topology;
+  Status topo = CheckTopology(t);
+  if (!topo.ok()) {
+    return ConfigError("distribute.group",
+                       "must divide the ranks that receive different buckets, got " +
+                           std::to_string(t.group));
   }
-  if (axis_ == "world" && t.world_size() != t.dp) {
-    return ConfigError("distribute",
-                       "axis 'world' with tp * pp * cp = " +
-                           std::to_string(t.world_size() / t.dp) +
-                           " is not supported: the runtime builds one bucket per DP rank "
-                           "(use 'dp')");
-  }
-  Status st = ValidateConfig(config_);
+  Status st = ValidateConfig(config);
   if (!st.ok()) {
     // Name the primitive that set what failed: all-zero weights come from mix.
     const ErrorDetail* detail = GetErrorDetail(st);
@@ -182,7 +276,7 @@ Result<Config> DataPlane::Plan() const {
     }
     return st;
   }
-  return config_;
+  return config;
 }
 
 }  // namespace braid

@@ -5,6 +5,7 @@
 //
 //   DataPlane plane(base);
 //   plane.Mix("web", 0.7).Mix("code", WeightSchedule{{{0, 0.1}, {1000, 0.3}}})
+//        .Phase(/*until_step=*/1000, /*seq_len=*/4096)
 //        .Distribute("dp").Cost(1.0, 4096).Balance("karmarkar_karp").BroadcastAt("tp");
 //   ARROW_ASSIGN_OR_RAISE(Config config, plane.Plan());
 //
@@ -40,17 +41,28 @@ class DataPlane {
   /// Several sources at once, in order; unnamed sources keep their weight.
   DataPlane& Mix(const std::vector<std::pair<std::string, WeightSchedule>>& weights);
 
-  // --- distribute(axis) ---
-  /// Which ranks get different buckets of each step's sequences: "dp" (the default, one
-  /// bucket per DP rank). "cp" and "world" would give CP ranks / every rank its own
-  /// bucket; the runtime builds one micro-batch per DP group, so Plan() accepts them only
-  /// where they name the same buckets as "dp" (cp == 1; world size == dp).
-  DataPlane& Distribute(const std::string& axis);
+  // --- distribute(axis, group) ---
+  /// Which ranks get different buckets of each step's sequences (topology.distribute,
+  /// docs/parallelism.md "Buckets"): "dp" (the default, one bucket per DP rank), "cp" (one
+  /// per DP x CP rank: CP ranks get whole sequences) or "world" (every rank, less the
+  /// dimensions given to BroadcastAt). `group` consecutive slots share one bucket.
+  DataPlane& Distribute(const std::string& axis, int64_t group = 1);
 
   // --- cost(fn) ---
   /// Cost of a document piece of `len` tokens: attn * len^2 + linear * len
-  /// (`balance.cost` in YAML). Both >= 0.
+  /// (`balance.cost` in YAML). Both >= 0. The vision term stays the base's.
   DataPlane& Cost(double attn, double linear);
+  /// The same plus the vision-encoder term: vision * image tokens of a document
+  /// (`balance.cost.vision`), and `mode` "hybrid" (backbone + vision) or "backbone"
+  /// (`balance.cost.mode`; docs/planner.md).
+  DataPlane& Cost(double attn, double linear, double vision, const std::string& mode);
+
+  // --- mix(schedule): phases ---
+  /// Adds a phase: steps from the previous phase's end up to `until_step` (exclusive) use
+  /// `seq_len` (0: batch.seq_len) and these weight overrides (`phases[]` in YAML). The
+  /// first call replaces the base's phases; calls must come in increasing until_step.
+  DataPlane& Phase(int64_t until_step, int64_t seq_len,
+                   const std::vector<std::pair<std::string, WeightSchedule>>& weights = {});
 
   // --- balance(method) ---
   /// "karmarkar_karp" | "greedy" | "none" (`balance.algorithm`).
@@ -58,9 +70,10 @@ class DataPlane {
 
   // --- broadcast_at(dim) ---
   /// A parallel dimension whose ranks receive the same micro-batches: "tp" (copies) or
-  /// "pp" (every stage its view of the same micro-batch). Megatron's layout, which the
-  /// runtime implements, broadcasts at both; "dp" and "cp" cannot be broadcast at (DP
-  /// ranks get different buckets, CP ranks slices). Calls accumulate.
+  /// "pp" (every stage its view of the same micro-batch). With distribute "dp" or "cp"
+  /// both always are (a call says so and changes nothing); with "world" only the
+  /// dimensions named here are (topology.broadcast_at). "dp" and "cp" cannot be broadcast
+  /// at (DP ranks get different buckets, CP ranks slices). Calls accumulate.
   DataPlane& BroadcastAt(const std::string& dim);
 
   /// The compiled, validated config (ValidateConfig), or the first error.
@@ -69,18 +82,23 @@ class DataPlane {
   /// OK, or the first bad call's error.
   const Status& status() const { return status_; }
   const std::string& distribute_axis() const { return axis_; }
-  /// The dimensions given to BroadcastAt, in call order ({"tp", "pp"} if none).
+  /// The dimensions whose ranks receive the same micro-batches in the compiled topology
+  /// ("tp", "pp" in that order; by default both, or none with distribute "world").
   std::vector<std::string> broadcast_dims() const;
 
  private:
   void Fail(Status st);
+  // Sets `t`'s broadcast flags from the BroadcastAt calls (see BroadcastAt).
+  void ApplyBroadcast(Topology* t) const;
   int SourceIndex(const std::string& name) const;
 
   Config config_;
   Status status_;
   bool mixed_ = false;
+  bool phased_ = false;       // Phase() was called: the base's phases are replaced
+  bool distributed_ = false;  // Distribute() was called
   std::string axis_ = "dp";
-  std::vector<std::string> broadcast_;
+  std::vector<std::string> broadcast_;  // BroadcastAt's dimensions, in call order
 };
 
 }  // namespace braid

@@ -135,9 +135,19 @@ TEST_F(DataPlaneTest, BadArgumentsNameThePrimitive) {
   EXPECT_THAT(message(DataPlane(Base()).Cost(1, -2)), HasSubstr("cost.linear: must be"));
   EXPECT_THAT(message(DataPlane(Base()).Distribute("rows")),
               HasSubstr("distribute: unknown axis 'rows'"));
-  // world != dp here (tp = 2): not the same buckets as dp.
-  EXPECT_THAT(message(DataPlane(Base()).Distribute("world")),
-              HasSubstr("distribute: axis 'world'"));
+  // world here: dp 4 x tp 2 = 8 slots; a group of 3 does not divide them.
+  EXPECT_THAT(message(DataPlane(Base()).Distribute("world", 3)),
+              HasSubstr("distribute.group: must divide"));
+  EXPECT_THAT(message(DataPlane(Base()).Distribute("dp", 0)),
+              HasSubstr("distribute.group: must be > 0"));
+  EXPECT_THAT(message(DataPlane(Base()).Cost(1, 0, -1, "hybrid")),
+              HasSubstr("cost.vision: must be"));
+  EXPECT_THAT(message(DataPlane(Base()).Cost(1, 0, 1, "x")),
+              HasSubstr("cost.mode: unknown mode 'x'"));
+  EXPECT_THAT(message(DataPlane(Base()).Phase(4, 512).Phase(4, 512)),
+              HasSubstr("phase[1].until_step: must be > 0 and greater"));
+  EXPECT_THAT(message(DataPlane(Base()).Phase(4, 512, {{"nope", WeightSchedule{}}})),
+              HasSubstr("phase[0].weights.nope: is not a source name"));
   EXPECT_THAT(message(DataPlane(Base()).BroadcastAt("dp")), HasSubstr("broadcast_at: 'dp'"));
   EXPECT_THAT(message(DataPlane(Base()).BroadcastAt("cp")), HasSubstr("broadcast_at: 'cp'"));
   EXPECT_THAT(message(DataPlane(Base()).BroadcastAt("ep")),
@@ -155,10 +165,71 @@ TEST_F(DataPlaneTest, AxesAndBroadcastDims) {
   EXPECT_EQ(plane.broadcast_dims(), (std::vector<std::string>{"tp", "pp"}));
   plane.Distribute("cp").BroadcastAt("pp").BroadcastAt("tp").BroadcastAt("pp");
   EXPECT_EQ(plane.distribute_axis(), "cp");  // cp == 1: the same buckets as dp
-  EXPECT_EQ(plane.broadcast_dims(), (std::vector<std::string>{"pp", "tp"}));
+  EXPECT_EQ(plane.broadcast_dims(), (std::vector<std::string>{"tp", "pp"}));
   auto planned = plane.Plan();
   ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  EXPECT_EQ(planned->topology.buckets(), 4);
   EXPECT_EQ(PlanLines(*planned, 2), PlanLines(Base(), 2));
+}
+
+// distribute("world") gives every rank (dp 4 x tp 2) its own bucket, as the YAML
+// topology.distribute does; broadcast_at("tp") brings back one bucket per DP rank.
+TEST_F(DataPlaneTest, DistributeWorldMatchesYamlAndBroadcastAtTakesDimsBack) {
+  auto world = DataPlane(Base()).Distribute("world").Plan();
+  ASSERT_TRUE(world.ok()) << world.status().ToString();
+  EXPECT_EQ(world->topology.buckets(), 8);
+  EXPECT_EQ(world->micro_batches_per_rank(), 2);
+  EXPECT_TRUE(world->topology.distributed(Dim::kTp));
+  std::string yaml = Yaml("", "", "");
+  yaml.replace(yaml.find("{dp: 4, tp: 2}"), 14, "{dp: 4, tp: 2, distribute: world}");
+  const Config from_yaml = Parse(yaml);
+  EXPECT_EQ(from_yaml.topology.buckets(), 8);
+  const auto lines = PlanLines(*world, 3);
+  EXPECT_EQ(lines, PlanLines(from_yaml, 3));
+  EXPECT_NE(lines, PlanLines(Base(), 3));
+  // Every plan line lists 8 buckets.
+  EXPECT_NE(lines[0].find("\"dp\":7"), std::string::npos);
+
+  DataPlane back(Base());
+  back.Distribute("world").BroadcastAt("tp");
+  EXPECT_EQ(back.broadcast_dims(), (std::vector<std::string>{"tp"}));
+  auto tp_shared = back.Plan();
+  ASSERT_TRUE(tp_shared.ok()) << tp_shared.status().ToString();
+  EXPECT_EQ(tp_shared->topology.buckets(), 4);
+  EXPECT_EQ(PlanLines(*tp_shared, 3), PlanLines(Base(), 3));
+
+  auto grouped = DataPlane(Base()).Distribute("world", 2).Plan();
+  ASSERT_TRUE(grouped.ok()) << grouped.status().ToString();
+  EXPECT_EQ(grouped->topology.buckets(), 4);
+}
+
+TEST_F(DataPlaneTest, PhaseAndVisionCostMatchYaml) {
+  const Config yaml =
+      Parse(Yaml("", "",
+                 "balance: {cost: {attn: 1.0, linear: 16, vision: 8, mode: backbone}}\n"
+                 "phases:\n"
+                 "  - {until_step: 2, seq_len: 512, weights: {web: 0}}\n"
+                 "  - {until_step: 4, weights: {code: {schedule: [[0, 1], [4, 3]]}}}\n"));
+  WeightSchedule off;
+  off.points = {{0, 0.0}};
+  WeightSchedule ramp;
+  ramp.points = {{0, 1.0}, {4, 3.0}};
+  auto built = DataPlane(Base())
+                   .Phase(/*until_step=*/2, /*seq_len=*/512, {{"web", off}})
+                   .Phase(/*until_step=*/4, /*seq_len=*/0, {{"code", ramp}})
+                   .Cost(1.0, 16, /*vision=*/8, "backbone")
+                   .Plan();
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  ASSERT_EQ(built->phases.size(), 2u);
+  EXPECT_EQ(built->SeqLenAt(1), 512);
+  EXPECT_EQ(built->SeqLenAt(2), 1024);
+  EXPECT_EQ(built->WeightAt(0, 1), 0.0);
+  EXPECT_EQ(built->balance.vision, 8.0);
+  EXPECT_EQ(built->balance.cost_mode, BalanceConfig::CostMode::kBackbone);
+  EXPECT_EQ(built->Fingerprint(), yaml.Fingerprint());
+  const auto a = PlanLines(*built, 6);
+  EXPECT_EQ(a, PlanLines(yaml, 6));
+  EXPECT_NE(a, PlanLines(Base(), 6));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "braid/plan/balance.h"
+#include "braid/plan/rebalance.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {
@@ -21,10 +22,12 @@ StreamPos After(StreamPos pos) {
 // The splitting lever (balance.split / balance.max_piece): cuts every piece of a document
 // longer than the cap at the document's cut points (token offsets in the document, so the
 // result does not depend on how the quota cut the document). Keeps the pieces' order.
-void CutLongPieces(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece>* pieces) {
-  const int64_t cap = b.max_piece > 0 ? std::min(b.max_piece, seq_len) : seq_len;
+// `fill` is the tokens a sequence is packed to (seq_len less the slack).
+void CutLongPieces(const BalanceConfig& b, int64_t seq_len, int64_t fill,
+                   std::vector<DocPiece>* pieces) {
+  const int64_t cap = b.max_piece > 0 ? std::min(b.max_piece, fill) : fill;
   const bool even = b.split == BalanceConfig::Split::kEven;
-  if (!even && cap >= seq_len) return;  // boundary cuts happen while packing
+  if (!even && cap >= fill) return;  // boundary cuts happen while packing
   bool any = false;
   for (const DocPiece& p : *pieces) any = any || p.doc_tokens > cap;
   if (!any) return;
@@ -61,6 +64,79 @@ void CutLongPieces(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece
   *pieces = std::move(out);
 }
 
+// Whether CutLongPieces would cut any of `pieces` (the splitting lever is on and some
+// document is longer than its cap).
+bool CutsLongPieces(const BalanceConfig& b, int64_t fill,
+                    const std::vector<DocPiece>& pieces) {
+  const int64_t cap = b.max_piece > 0 ? std::min(b.max_piece, fill) : fill;
+  if (b.split != BalanceConfig::Split::kEven && cap >= fill) return false;
+  for (const DocPiece& p : pieces) {
+    if (p.doc_tokens > cap) return true;
+  }
+  return false;
+}
+
+// Packing text: the pieces, visited in `order`, fill sequences of exactly seq_len tokens
+// in turn; a piece that crosses a sequence boundary is cut there. Moves the pieces out
+// of `*pieces`. `lens[k]` is (*pieces)[k].len.
+void PackText(const BalanceConfig& b, int64_t seq_len, const std::vector<int32_t>& order,
+              const std::vector<int64_t>& lens, std::vector<DocPiece>* pieces,
+              std::vector<Sequence>* sequences) {
+  // Pass 1 counts the parts of each sequence so that pass 2 allocates each once.
+  {
+    size_t current = 0;
+    int64_t filled = 0;
+    int32_t parts = 0;
+    for (int32_t k : order) {
+      int64_t len = lens[size_t(k)];
+      while (len > 0) {
+        const int64_t take = std::min(seq_len - filled, len);
+        ++parts;
+        len -= take;
+        filled += take;
+        if (filled == seq_len) {
+          (*sequences)[current++].docs.reserve(size_t(parts));
+          filled = 0;
+          parts = 0;
+        }
+      }
+    }
+    if (parts > 0) (*sequences)[current].docs.reserve(size_t(parts));
+  }
+  // Pass 2. The order is random over a buffer far larger than the cache: fetch a few
+  // pieces ahead.
+  constexpr size_t kAhead = 8;
+  size_t current = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i + kAhead < order.size()) {
+      const char* ahead =
+          reinterpret_cast<const char*>(pieces->data() + order[i + kAhead]);
+      __builtin_prefetch(ahead);
+      __builtin_prefetch(ahead + sizeof(DocPiece) - 1);
+    }
+    DocPiece& piece = (*pieces)[size_t(order[i])];
+    while (piece.len > 0) {
+      Sequence& seq = (*sequences)[current];
+      const int64_t room = seq_len - seq.tokens;
+      if (piece.len <= room) {  // the rest of the piece fits: move it
+        seq.tokens += piece.len;
+        seq.cost += PieceCost(b, piece.len);
+        seq.docs.push_back(std::move(piece));
+        if (seq.tokens == seq_len) ++current;
+        break;
+      }
+      DocPiece part = piece;
+      part.len = room;
+      piece.start += room;
+      piece.len -= room;
+      seq.tokens += room;
+      seq.cost += PieceCost(b, room);
+      seq.docs.push_back(std::move(part));
+      ++current;
+    }
+  }
+}
+
 // Packing with multimodal pieces (docs/planner.md). A piece that starts a multimodal
 // document (image_tokens > 0) is atomic: one longer than L first gives its first L tokens
 // (which hold every image token) as an atomic head and the rest as text. Atomic pieces go
@@ -68,21 +144,24 @@ void CutLongPieces(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece
 // would have put it in (wrapping around); text pieces then fill the rooms in order, cut
 // where a room ends. Each sequence keeps its pieces in interleave order. An atomic piece
 // that fits no room (a step packed nearly full of them) is packed as text: cut.
-void PackMultimodal(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiece> pieces,
-                    std::vector<Sequence>* sequences) {
+// With token slack the rooms are `fill` tokens; an atomic piece may also take the slack
+// (up to seq_len), text never does.
+void PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
+                    std::vector<DocPiece> pieces, std::vector<Sequence>* sequences) {
   const size_t n_seq = sequences->size();
-  std::vector<int64_t> room(n_seq, seq_len);
+  const int64_t headroom = seq_len - fill;
+  std::vector<int64_t> room(n_seq, fill);  // to the fill; negative: into the slack
   std::vector<std::vector<std::pair<size_t, DocPiece>>> parts(n_seq);
   std::vector<std::pair<size_t, DocPiece>> text;
   text.reserve(pieces.size());
   int64_t flow = 0;  // tokens before the piece in interleave order
   size_t index = 0;
   auto atomic = [&](DocPiece piece) {
-    const size_t natural = std::min(size_t(flow / seq_len), n_seq - 1);
+    const size_t natural = std::min(size_t(flow / fill), n_seq - 1);
     flow += piece.len;
     for (size_t j = 0; j < n_seq; ++j) {
       const size_t k = (natural + j) % n_seq;
-      if (room[k] >= piece.len) {
+      if (room[k] + headroom >= piece.len) {
         room[k] -= piece.len;
         parts[k].emplace_back(index++, std::move(piece));
         return;
@@ -108,7 +187,7 @@ void PackMultimodal(const BalanceConfig& b, int64_t seq_len, std::vector<DocPiec
   size_t k = 0;
   for (auto& [i, piece] : text) {
     while (piece.len > 0 && k < n_seq) {
-      if (room[k] == 0) {
+      if (room[k] <= 0) {
         ++k;
         continue;
       }
@@ -295,7 +374,7 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
       break;
     }
     const int64_t take = std::min(need, doc_tokens - cursor.head_start);
-    DocPiece piece;
+    DocPiece& piece = pieces->emplace_back();
     piece.source = source;
     piece.file = head.meta.file;
     piece.row = head.meta.row;
@@ -304,11 +383,12 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
     piece.len = take;
     piece.doc_tokens = doc_tokens;
     piece.image_tokens = cursor.head_start == 0 ? head.meta.image_tokens : 0;
-    piece.payload = head.payload;
-    pieces->push_back(std::move(piece));
     need -= take;
     cursor.head_start += take;
-    if (cursor.head_start == doc_tokens) {
+    if (cursor.head_start < doc_tokens) {
+      piece.payload = head.payload;
+    } else {  // the document's last piece takes the payload over
+      piece.payload = std::move(head.payload);
       cursor.next = After(head.meta.pos);
       cursor.head_start = 0;
       has_head_[size_t(source)] = false;
@@ -323,7 +403,9 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
 Result<StepPlan> Planner::PlanStep() {
   const int64_t seq_len = config_.SeqLenAt(state_.step);  // the phase's
   const int64_t num_sequences = config_.batch.global_tokens / seq_len;
-  const int64_t capacity = num_sequences * seq_len;
+  // Each sequence is packed to `fill` tokens: the step's budget leaves the token slack.
+  const int64_t fill = FillTokens(config_.balance, seq_len);
+  const int64_t capacity = num_sequences * fill;
   StepPlan plan;
   plan.step = state_.step;
   plan.seq_len = seq_len;
@@ -331,77 +413,46 @@ Result<StepPlan> Planner::PlanStep() {
 
   // 1-2. Quotas and draw, source by source.
   plan.source_tokens = Quotas(capacity);
-  std::vector<DocPiece> pieces;
-  pieces.reserve(pieces_hint_ + pieces_hint_ / 8 + 16);  // last step's count
+  pieces_.clear();
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (plan.source_tokens[i] > 0) {
       ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len,
-                               &pieces, &plan.source_tokens[i]));
+                               &pieces_, &plan.source_tokens[i]));
     }
   }
-  // 3. Interleave and pack in that order.
+  // 3. Interleave and pack in that order. The interleave order is a seeded permutation of
+  // the drawn pieces (the swaps that would shuffle them); the packer visits the pieces in
+  // it and moves each into its sequence, so a piece moves once.
   internal::Rng rng(internal::DeriveSeed({config_.seed, kDrawSalt, uint64_t(state_.step)}));
-  // Shuffle indices with the same swaps (the same permutation), then move each piece
-  // once: cheaper than swapping the pieces themselves.
-  {
-    std::vector<int32_t> perm(pieces.size());
-    std::iota(perm.begin(), perm.end(), 0);
-    rng.Shuffle(&perm);
-    std::vector<DocPiece> shuffled;
-    shuffled.reserve(pieces.size());
-    for (int32_t k : perm) shuffled.push_back(std::move(pieces[size_t(k)]));
-    pieces = std::move(shuffled);
-  }
-  pieces_hint_ = pieces.size();
-  CutLongPieces(config_.balance, seq_len, &pieces);
-  std::vector<Sequence> sequences(static_cast<size_t>(num_sequences));
-  // Pass 1 counts the parts of each sequence so that pass 2 allocates each once.
-  {
-    std::vector<int32_t> parts(sequences.size(), 0);
-    size_t current = 0;
-    int64_t filled = 0;
-    for (const DocPiece& piece : pieces) {
-      int64_t len = piece.len;
-      while (len > 0) {
-        const int64_t take = std::min(seq_len - filled, len);
-        ++parts[current];
-        len -= take;
-        filled += take;
-        if (filled == seq_len) {
-          ++current;
-          filled = 0;
-        }
-      }
-    }
-    for (size_t k = 0; k < sequences.size(); ++k) sequences[k].docs.reserve(size_t(parts[k]));
-  }
+  perm_.resize(pieces_.size());
+  std::iota(perm_.begin(), perm_.end(), 0);
+  rng.Shuffle(&perm_);
   bool multimodal = false;
-  for (const DocPiece& piece : pieces) multimodal = multimodal || piece.image_tokens > 0;
-  if (!multimodal) {  // text: pack in order, cut where a sequence fills
-    size_t current = 0;
-    for (DocPiece& piece : pieces) {
-      while (piece.len > 0) {
-        Sequence& seq = sequences[current];
-        const int64_t room = seq_len - seq.tokens;
-        DocPiece part = piece;
-        part.len = std::min(room, piece.len);
-        piece.start += part.len;
-        piece.len -= part.len;
-        seq.tokens += part.len;
-        seq.cost += PieceCost(config_.balance, part.len);
-        seq.docs.push_back(std::move(part));
-        if (seq.tokens == seq_len) ++current;
-      }
+  for (const DocPiece& piece : pieces_) multimodal = multimodal || piece.image_tokens > 0;
+  std::vector<Sequence> sequences(static_cast<size_t>(num_sequences));
+  if (multimodal || CutsLongPieces(config_.balance, fill, pieces_)) {
+    std::vector<DocPiece> shuffled;
+    shuffled.reserve(pieces_.size());
+    for (int32_t k : perm_) shuffled.push_back(std::move(pieces_[size_t(k)]));
+    CutLongPieces(config_.balance, seq_len, fill, &shuffled);
+    if (multimodal) {
+      PackMultimodal(config_.balance, seq_len, fill, std::move(shuffled), &sequences);
+    } else {
+      pieces_.swap(shuffled);
+      perm_.resize(pieces_.size());
+      std::iota(perm_.begin(), perm_.end(), 0);
     }
-  } else {
-    PackMultimodal(config_.balance, seq_len, std::move(pieces), &sequences);
+  }
+  if (!multimodal) {  // text: pack in order, cut where a sequence fills
+    piece_lens_.resize(pieces_.size());
+    for (size_t k = 0; k < pieces_.size(); ++k) piece_lens_[k] = pieces_[k].len;
+    PackText(config_.balance, fill, perm_, piece_lens_, &pieces_, &sequences);
   }
   // 4. Balance over DP ranks, then cut each rank's sequences into micro-batches.
   std::vector<double> costs(sequences.size());
   for (size_t i = 0; i < sequences.size(); ++i) costs[i] = sequences[i].cost;
-  const int64_t dp = config_.topology.dp;
+  const int64_t dp = config_.topology.buckets();  // one per DP rank by default
   const auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
-  plan.imbalance = Imbalance(costs, rank_bins);
   {  // in order, num_sequences / dp consecutive sequences per rank
     const size_t per = costs.size() / size_t(dp);
     double max_sum = 0, total = 0;
@@ -413,54 +464,62 @@ Result<StepPlan> Planner::PlanStep() {
     }
     plan.sequential_imbalance = total > 0 ? max_sum / (total / double(dp)) : 1.0;
   }
+  // Token slack: pieces move between the ranks' sequences into the room it left.
+  if (fill < seq_len && config_.balance.algorithm != BalanceAlgorithm::kNone) {
+    MovePiecesBetweenBins(config_.balance, seq_len, rank_bins, &sequences);
+    for (size_t i = 0; i < sequences.size(); ++i) costs[i] = sequences[i].cost;
+  }
+  plan.imbalance = Imbalance(costs, rank_bins);
   const int64_t mbs = config_.batch.micro_batch_size;
   const int64_t n_micro = num_sequences / (dp * mbs);
   plan.ranks.resize(static_cast<size_t>(dp));
+  std::vector<int32_t> flat;  // reused by every rank
+  std::vector<double> member_costs, mb_costs;
+  std::vector<int32_t> order(static_cast<size_t>(n_micro));  // of the micro-batches
+  std::iota(order.begin(), order.end(), 0);
   for (int64_t r = 0; r < dp; ++r) {
     RankPlan& rank = plan.ranks[size_t(r)];
     rank.dp = r;
     const auto& members = rank_bins[size_t(r)];
     // Micro-batch k holds flat[k * mbs .. (k + 1) * mbs): the rank's sequences in order
     // (mbs 1), or partitioned over the micro-batches like the ranks.
-    std::vector<int32_t> flat;
-    flat.reserve(members.size());
+    flat.clear();
     if (mbs == 1) {
       flat = members;
     } else {
-      std::vector<double> member_costs;
+      member_costs.clear();
       for (int32_t m : members) member_costs.push_back(costs[size_t(m)]);
       for (auto& bin : PartitionEqualCount(member_costs, n_micro,
                                            config_.balance.algorithm)) {
         for (int32_t k : bin) flat.push_back(members[size_t(k)]);
       }
     }
-    // Each sequence belongs to exactly one micro-batch: move, never copy.
-    std::vector<MicroBatch> built;
-    built.reserve(size_t(n_micro));
-    std::vector<double> mb_costs;
-    mb_costs.reserve(size_t(n_micro));
+    mb_costs.assign(size_t(n_micro), 0.0);
     for (int64_t k = 0; k < n_micro; ++k) {
-      MicroBatch mb;
-      mb.sequences.reserve(size_t(mbs));
+      int64_t tokens = 0;
       for (int64_t j = k * mbs; j < (k + 1) * mbs; ++j) {
-        const int32_t s = flat[size_t(j)];
-        mb.tokens += sequences[size_t(s)].tokens;
-        mb.cost += sequences[size_t(s)].cost;
-        mb.sequences.push_back(std::move(sequences[size_t(s)]));
+        tokens += sequences[size_t(flat[size_t(j)])].tokens;
+        mb_costs[size_t(k)] += sequences[size_t(flat[size_t(j)])].cost;
       }
-      rank.tokens += mb.tokens;
-      rank.cost += mb.cost;
-      mb_costs.push_back(mb.cost);
-      built.push_back(std::move(mb));
+      rank.tokens += tokens;
+      rank.cost += mb_costs[size_t(k)];
     }
     // Heaviest micro-batches in the middle of the rank's order (fewer pipeline bubbles);
-    // `none` keeps the per-rank loader's order.
-    if (config_.balance.algorithm == BalanceAlgorithm::kNone) {
-      rank.micro_batches = std::move(built);
-    } else {
-      rank.micro_batches.reserve(built.size());
-      for (int32_t k : MiddleHeavyOrder(mb_costs)) {
-        rank.micro_batches.push_back(std::move(built[size_t(k)]));
+    // `none` keeps the per-rank loader's order. Each sequence belongs to exactly one
+    // micro-batch: move, never copy.
+    if (config_.balance.algorithm != BalanceAlgorithm::kNone) {
+      MiddleHeavyOrder(mb_costs, &order);
+    }
+    rank.micro_batches.resize(size_t(n_micro));
+    for (int64_t pos = 0; pos < n_micro; ++pos) {
+      const int64_t k = order[size_t(pos)];
+      MicroBatch& mb = rank.micro_batches[size_t(pos)];
+      mb.sequences.reserve(size_t(mbs));
+      for (int64_t j = k * mbs; j < (k + 1) * mbs; ++j) {
+        Sequence& seq = sequences[size_t(flat[size_t(j)])];
+        mb.tokens += seq.tokens;
+        mb.cost += seq.cost;
+        mb.sequences.push_back(std::move(seq));
       }
     }
   }

@@ -19,6 +19,10 @@
 //     algorithm on cost(doc) = attn*len^2 + linear*len (+ vision*image_tokens in the
 //     hybrid cost mode) summed per sequence; each rank's
 //     sequences form its micro-batches.
+// Token slack (balance.slack > 0): steps 1-3 use a budget of S * fill tokens, fill = L
+// less round(slack * L), packing each sequence to `fill`; after step 4 whole pieces move
+// between the ranks' sequences, up to L tokens each, to even the ranks' costs
+// (rebalance.h).
 // Steps 1-3 do not depend on dp, so the documents of a step are the same for any dp.
 //
 // Thread-compatible: one thread calls PlanStep; the streams are consumed from that thread.
@@ -76,7 +80,11 @@ class Planner {
   // The sample at state_.sources[i].next when it has been read but not fully consumed.
   std::vector<Sample> heads_;
   std::vector<bool> has_head_;
-  size_t pieces_hint_ = 0;  // pieces of the last step (a reserve hint; not state)
+  // Scratch reused from step to step so that a step allocates only what its plan keeps
+  // (not state): the drawn pieces, their lengths, the interleave order.
+  std::vector<DocPiece> pieces_;
+  std::vector<int64_t> piece_lens_;  // pieces_[k].len, compact for the packer's count
+  std::vector<int32_t> perm_;
 };
 
 }  // namespace braid

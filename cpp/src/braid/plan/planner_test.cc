@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "braid/plan/rebalance.h"
 #include "braid/source/source_loader.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/parquet_fixture.h"
@@ -1533,6 +1535,174 @@ TEST(PlannerVisionTest, HybridModeBalancesTheVisionWork) {
     std::printf("vision %.0f: imbalance under the hybrid cost, mean of 20 steps (dp 16, "
                 "4 seq/rank): hybrid %.4f, backbone %.4f\n", vision, h, b);
     EXPECT_LE(h, b);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Token slack (balance.slack): sequences packed short of L, pieces moved between ranks.
+
+// Two sequences per rank (the hard case for balancing), linear = L.
+Config SlackConfig(const std::vector<MemorySource>& sources, int64_t dp, double slack) {
+  Shape shape;
+  shape.seq_len = 512;
+  shape.sequences = 2 * dp;
+  shape.dp = dp;
+  shape.linear = 512;
+  Config config = MakeConfig(sources, shape);
+  config.balance.slack = slack;
+  return config;
+}
+
+TEST(PlannerSlackTest, BudgetLeavesTheSlackAndNoSequenceExceedsCapacity) {
+  auto sources = ThreeSources();
+  double mean_without = 0;
+  for (double slack : {0.0, 0.02, 0.1}) {
+    const Config config = SlackConfig(sources, /*dp=*/8, slack);
+    const int64_t L = config.batch.seq_len;
+    const int64_t fill = L - std::llround(slack * double(L));
+    ASSERT_EQ(FillTokens(config.balance, L), fill);
+    MemoryJob job(config, sources);
+    const auto plans = job.Plan(30);
+    ASSERT_EQ(plans.size(), 30u);
+    int64_t over_fill = 0;  // sequences that received pieces beyond the fill
+    double mean = 0;
+    for (const StepPlan& plan : plans) {
+      int64_t step_tokens = 0;
+      std::vector<int64_t> by_source(config.sources.size(), 0);
+      std::vector<double> rank_costs;
+      for (const RankPlan& rank : plan.ranks) {
+        ASSERT_EQ(rank.micro_batches.size(), 2u);
+        double rank_cost = 0;
+        for (const MicroBatch& mb : rank.micro_batches) {
+          for (const Sequence& seq : mb.sequences) {
+            int64_t tokens = 0;
+            double cost = 0;
+            for (const DocPiece& d : seq.docs) {
+              tokens += d.len;
+              cost += PieceCost(config.balance, d.len);
+              by_source[size_t(d.source)] += d.len;
+            }
+            EXPECT_EQ(seq.tokens, tokens);
+            EXPECT_LE(seq.tokens, L) << "the capacity is hard";
+            EXPECT_NEAR(seq.cost, cost, 1e-9 * cost);
+            if (seq.tokens > fill) ++over_fill;
+            step_tokens += seq.tokens;
+            rank_cost += seq.cost;
+          }
+        }
+        EXPECT_NEAR(rank.cost, rank_cost, 1e-9 * rank_cost);
+        rank_costs.push_back(rank_cost);
+      }
+      // The budget is the slack's: exactly `fill` tokens per sequence on average.
+      EXPECT_EQ(step_tokens, config.sequences_per_step() * fill);
+      EXPECT_EQ(by_source, plan.source_tokens);
+      const double max_cost = *std::max_element(rank_costs.begin(), rank_costs.end());
+      double total = 0;
+      for (double c : rank_costs) total += c;
+      EXPECT_NEAR(plan.imbalance, max_cost / (total / double(rank_costs.size())), 1e-9);
+      mean += plan.imbalance / double(plans.size());
+    }
+    CheckCoverage(plans, config);  // every document's tokens once, in order
+    if (slack == 0) {
+      EXPECT_EQ(over_fill, 0);
+      mean_without = mean;
+    } else {
+      EXPECT_GT(over_fill, 0) << "pieces moved into the slack";
+      EXPECT_LT(mean, mean_without) << "slack " << slack;
+    }
+    std::printf("slack %.2f: mean imbalance %.4f, %lld sequences past the fill\n", slack,
+                mean, (long long)over_fill);
+  }
+}
+
+TEST(PlannerSlackTest, DocumentsOfEachStepDoNotDependOnDp) {
+  auto sources = ThreeSources();
+  std::vector<std::vector<StepPlan>> runs;
+  for (int64_t dp : {1, 2, 4, 8}) {
+    Config config = SlackConfig(sources, /*dp=*/dp, /*slack=*/0.05);
+    config.batch.global_tokens = 16 * config.batch.seq_len;  // 16 sequences at any dp
+    runs.push_back(MemoryJob(config, sources).Plan(20));
+    ASSERT_EQ(runs.back().size(), 20u);
+  }
+  for (size_t r = 1; r < runs.size(); ++r) {
+    for (size_t step = 0; step < 20; ++step) {
+      EXPECT_EQ(PieceSet(runs[r][step]), PieceSet(runs[0][step])) << "step " << step;
+      EXPECT_EQ(runs[r][step].source_tokens, runs[0][step].source_tokens);
+      EXPECT_EQ(runs[r][step].state_after, runs[0][step].state_after);
+    }
+  }
+}
+
+TEST(PlannerSlackTest, SameConfigSamePlansAndResumeContinuesExactly) {
+  auto sources = ThreeSources();
+  const Config config = SlackConfig(sources, /*dp=*/8, /*slack=*/0.05);
+  const auto a = MemoryJob(config, sources).PlanJson(12);
+  const auto b = MemoryJob(config, sources).PlanJson(12);
+  EXPECT_EQ(a, b);
+  MemoryJob first(config, sources);
+  const auto head = first.Plan(5);
+  ASSERT_EQ(head.size(), 5u);
+  MemoryJob resumed(config, sources, head.back().state_after);
+  const auto rest = resumed.PlanJson(7);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i], a[5 + i]) << "step " << 5 + i;
+  }
+}
+
+TEST(PlannerSlackTest, MultimodalDocumentsStayWholeWithSlack) {
+  auto sources = VisionSources();
+  Shape shape;
+  shape.seq_len = 1024;
+  shape.sequences = 16;
+  shape.dp = 8;
+  shape.linear = 1024;
+  Config config = MakeConfig(sources, shape);
+  config.balance.slack = 0.05;
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(30);
+  ASSERT_EQ(plans.size(), 30u);
+  int64_t multimodal = 0;
+  for (const StepPlan& plan : plans) {
+    for (const RankPlan& rank : plan.ranks) {
+      for (const MicroBatch& mb : rank.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          EXPECT_LE(seq.tokens, shape.seq_len);
+          for (const DocPiece& d : seq.docs) {
+            const int64_t global = int64_t(d.file) * kRowsPerFile + d.row;
+            if (d.source == 1 && sources[1].image_tokens[size_t(global)] > 0 &&
+                d.doc_tokens <= shape.seq_len) {
+              ++multimodal;
+              EXPECT_EQ(d.start, 0);
+              EXPECT_EQ(d.len, d.doc_tokens);
+            }
+          }
+        }
+      }
+    }
+  }
+  CheckCoverage(plans, config);
+  EXPECT_GT(multimodal, 100);
+}
+
+TEST(PlannerSlackTest, ParsesSlackAndNamesBadValues) {
+  const std::string base = R"(
+batch: {global_tokens: 4096, seq_len: 1024}
+sources:
+  - {name: a, path: /x/a, tokens_column: t}
+)";
+  auto def = ParseConfig(base, "/");
+  ASSERT_TRUE(def.ok()) << def.status().ToString();
+  EXPECT_EQ(def->balance.slack, 0.0);
+  auto ok = ParseConfig(base + "balance: {slack: 0.05}\n", "/");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->balance.slack, 0.05);
+  EXPECT_EQ(FillTokens(ok->balance, 1024), 1024 - 51);
+  for (const std::string bad : {"balance: {slack: -0.1}\n", "balance: {slack: 0.5}\n",
+                                "balance: {slack: lots}\n"}) {
+    auto r = ParseConfig(base + bad, "/");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("balance.slack"))
+        << r.status().ToString();
   }
 }
 

@@ -11,14 +11,17 @@ Engine::Engine(const Config& config, Options options)
       plans_(static_cast<size_t>(config.runtime.prefetch_steps)),
       batches_(static_cast<size_t>(2 * config.micro_batches_per_rank() *
                                    (options_.dp_ranks.empty()
-                                        ? config.topology.dp
+                                        ? config.topology.buckets()
                                         : int64_t(options_.dp_ranks.size())))) {}
 
 Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options options) {
+  const int64_t buckets = config.topology.buckets();
   for (int64_t r : options.dp_ranks) {
-    if (r < 0 || r >= config.topology.dp) {
-      return ConfigError("rank", "DP rank " + std::to_string(r) + " is outside dp=" +
-                                     std::to_string(config.topology.dp));
+    if (r < 0 || r >= buckets) {
+      return ConfigError("rank", "DP rank (bucket) " + std::to_string(r) +
+                                     " is outside the " + std::to_string(buckets) +
+                                     " buckets of the topology (dp=" +
+                                     std::to_string(config.topology.dp) + ")");
     }
   }
   if (options.view) {
@@ -33,7 +36,7 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
   }
   std::unique_ptr<Engine> engine(new Engine(config, std::move(options)));
   if (engine->options_.dp_ranks.empty()) {
-    for (int64_t r = 0; r < config.topology.dp; ++r) engine->options_.dp_ranks.push_back(r);
+    for (int64_t r = 0; r < buckets; ++r) engine->options_.dp_ranks.push_back(r);
   }
   if (engine->options_.state_json.empty()) {
     engine->start_state_ = Planner::InitialState(config);
@@ -52,9 +55,9 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
   std::vector<SampleStream*> streams;
   for (size_t i = 0; i < config.sources.size(); ++i) {
     ARROW_ASSIGN_OR_RAISE(auto loader,
-                          SourceLoader::Make(config, static_cast<int32_t>(i),
-                                             engine->start_state_.sources[i].next,
-                                             loader_options));
+                          ShardedSource::Make(config, static_cast<int32_t>(i),
+                                              engine->start_state_.sources[i].next,
+                                              loader_options, config.sources[i].loaders));
     streams.push_back(loader.get());
     engine->loaders_.push_back(std::move(loader));
   }
@@ -128,9 +131,8 @@ void Engine::ConstructorLoop() {
 
 Result<Batch> Engine::View(Batch batch) const {
   Topology topology = config_.topology;
-  RankCoords coords = *options_.view;
-  coords.dp = batch.dp;
-  if (!options_.split_context) {
+  RankCoords coords = WithBucket(topology, *options_.view, batch.dp);
+  if (!options_.split_context && topology.slices_context()) {
     topology.cp = 1;
     coords.cp = 0;
   }
@@ -158,7 +160,7 @@ Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
   ARROW_ASSIGN_OR_RAISE(std::shared_ptr<const Batch> batch, Next());
   std::vector<std::shared_ptr<const Batch>> views;
   for (RankCoords c : coords) {
-    c.dp = batch->dp;
+    c = WithBucket(config_.topology, c, batch->dp);
     ARROW_ASSIGN_OR_RAISE(Batch view, ViewFor(*batch, config_.topology, c));
     views.push_back(std::make_shared<const Batch>(std::move(view)));
   }

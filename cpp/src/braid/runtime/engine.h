@@ -1,6 +1,7 @@
 // The embedded runtime: every role of a Braid job inside one process.
 //
-// An Engine owns one SourceLoader per source (each reads ahead on its own thread), one
+// An Engine owns one ShardedSource per source (`sources[].loaders` SourceLoaders, each
+// reading ahead on its own thread, merged into the source's one order), one
 // Planner on a planner thread, and one constructor thread that builds the micro-batches of
 // the DP ranks this process serves. The threads hand work through bounded queues
 // (runtime.prefetch_steps plans; two steps of micro-batches), so memory stays bounded and
@@ -28,6 +29,7 @@
 #include "braid/config/config.h"
 #include "braid/construct/batch.h"
 #include "braid/plan/planner.h"
+#include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
 #include "braid/status.h"
 #include "braid/util/bounded_queue_internal.h"
@@ -37,14 +39,15 @@ namespace braid {
 class Engine {
  public:
   struct Options {
-    /// The DP ranks whose micro-batches this process builds; empty means all.
+    /// The DP ranks (buckets, topology.buckets(); == DP ranks by default) whose
+    /// micro-batches this process builds; empty means all.
     std::vector<int64_t> dp_ranks;
     /// A state from StateJson() (or `braid plan --state-out`); empty starts fresh.
     std::string state_json;
     /// Called on the planner thread with every plan, before its batches are built.
     std::function<void(const StepPlan&)> on_plan;
-    /// This trainer rank's tp, pp and cp coordinates (dp is ignored: each micro-batch's
-    /// own DP rank is used). When set, Next() returns the rank's view of every
+    /// This trainer rank's coordinates; those of the distributed dimensions (dp, by
+    /// default) are ignored: each micro-batch's own bucket is used (WithBucket). When set, Next() returns the rank's view of every
     /// micro-batch (construct/views.h), made on the constructor thread from the one
     /// build; unset, Next() returns the DP group's whole micro-batch, and a process that
     /// serves several ranks of the group calls ViewFor() on it once per rank.
@@ -98,7 +101,7 @@ class Engine {
   Options options_;
   PlannerState start_state_;
   int64_t skip_first_ = 0;  // micro-batches of the first step already consumed
-  std::vector<std::unique_ptr<SourceLoader>> loaders_;
+  std::vector<std::unique_ptr<ShardedSource>> loaders_;  // sources[].loaders each
   std::unique_ptr<Planner> planner_;
   internal::BoundedQueue<PlanItem> plans_;
   internal::BoundedQueue<BatchItem> batches_;

@@ -1,6 +1,7 @@
 #include "braid/runtime/engine.h"
 
 #include <arrow/api.h>
+#include <arrow/io/file.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,12 +11,17 @@
 #include <fstream>
 #include <future>
 #include <mutex>
+#include <optional>
+
+#include <parquet/arrow/writer.h>
 
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
 #include "braid/runtime/job.h"
+#include "braid/source/image.h"
 #include "braid/source/source_files.h"
 #include "braid/testing/parquet_fixture.h"
+#include "braid/testing/sentencepiece_fixture.h"
 #include "braid/testing/temp_dir.h"
 
 namespace braid {
@@ -208,6 +214,41 @@ TEST_F(EngineTest, TwoEnginesWithOneRankEachEqualOneWithBoth) {
       ExpectSameBatch(*all[size_t(4 + k)], *b[size_t(k)]);
     }
   }
+}
+
+TEST_F(EngineTest, BatchesAreTheSameWithOneOrThreeLoadersPerSource) {
+  Config one = *config_;
+  for (auto& s : one.sources) {
+    s.shuffle_window_rows = 8;
+    s.workers = 2;
+  }
+  Config three = one;
+  for (size_t i = 0; i < three.sources.size(); ++i) {
+    three.sources[i].loaders = 3;
+    // Every source really is read by several loaders (three where it has the windows).
+    auto sharded = ShardedSource::Make(three, int32_t(i), {}, {}, /*shards=*/3);
+    ASSERT_TRUE(sharded.ok()) << sharded.status().ToString();
+    EXPECT_GE((*sharded)->shards(), 2) << three.sources[i].name;
+    std::printf("[ loaders ] %s: %lld\n", three.sources[i].name.c_str(),
+                static_cast<long long>((*sharded)->shards()));
+  }
+  auto a = MakeEngine(one);
+  auto b = MakeEngine(three);
+  ASSERT_TRUE(a && b);
+  const auto expected = Take(a.get(), 40);
+  const auto got = Take(b.get(), 40);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) ExpectSameBatch(*got[i], *expected[i]);
+  // A state saved with one loader resumes with three (the loader count is not part of
+  // the stream), mid-step.
+  Engine::Options resume;
+  resume.state_json = a->StateJson();
+  const auto more = Take(a.get(), 12);
+  auto c = MakeEngine(three, resume);
+  ASSERT_NE(c, nullptr);
+  const auto resumed = Take(c.get(), 12);
+  ASSERT_EQ(resumed.size(), more.size());
+  for (size_t i = 0; i < more.size(); ++i) ExpectSameBatch(*resumed[i], *more[i]);
 }
 
 struct ResumeCase {
@@ -601,6 +642,98 @@ TEST(EngineErrorTest, MissingSourceFailsMake) {
       {});
   ASSERT_FALSE(engine.ok());
   EXPECT_THAT(engine.status().message(), HasSubstr("gone.parquet"));
+}
+
+// ---------------------------------------------------------------------------
+// Image-caption sources: metadata first, images decoded behind it.
+
+// 24 rows of small PNG images (4 rows per row group) and captions; row `cut_row` keeps
+// only its PNG header, so its body cannot decode.
+Status WriteCaptionFile(const std::string& path, int cut_row) {
+  arrow::BinaryBuilder images;
+  arrow::StringBuilder captions;
+  for (int i = 0; i < 24; ++i) {
+    const int w = 14 + 7 * (i % 5), h = 28 - 3 * (i % 4);
+    std::vector<uint8_t> px(size_t(w * h * 3));
+    for (size_t k = 0; k < px.size(); ++k) px[k] = uint8_t(k * 7 + size_t(i));
+    ARROW_ASSIGN_OR_RAISE(std::string png, EncodePng(px.data(), w, h));
+    if (i == cut_row) png.resize(64);
+    ARROW_RETURN_NOT_OK(images.Append(png));
+    ARROW_RETURN_NOT_OK(captions.Append("a small picture number " + std::to_string(i)));
+  }
+  ARROW_ASSIGN_OR_RAISE(auto ia, images.Finish());
+  ARROW_ASSIGN_OR_RAISE(auto ca, captions.Finish());
+  auto table = arrow::Table::Make(arrow::schema({arrow::field("image", arrow::binary()),
+                                                 arrow::field("caption", arrow::utf8())}),
+                                  {ia, ca});
+  ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
+  return parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
+                                    /*chunk_size=*/4);
+}
+
+Config CaptionConfig(const std::string& path, const std::string& model, OnError on_error,
+                     int64_t workers) {
+  Config c;
+  c.seed = 4;
+  c.batch.seq_len = 64;
+  c.batch.global_tokens = 128;
+  c.tokenizer.model = model;
+  SourceConfig s;
+  s.name = "captions";
+  s.path = path;
+  s.image_column = "image";
+  s.text_column = "caption";
+  s.image_token_id = 7;
+  s.shuffle_window_rows = 8;
+  s.on_error = on_error;
+  s.workers = workers;
+  c.sources.push_back(s);
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  return c;
+}
+
+TEST(EngineImageTest, BodyThatDoesNotDecodeFailsNextNamingTheRow) {
+  testing::ScopedTempDir dir("braid-engine-images");
+  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  const std::string path = dir.Sub("captions.parquet");
+  ASSERT_TRUE(WriteCaptionFile(path, /*cut_row=*/9).ok());
+  auto engine =
+      MakeEngine(CaptionConfig(path, dir.Sub("tok.model"), OnError::kFail, /*workers=*/2));
+  ASSERT_NE(engine, nullptr);
+  Status st;
+  for (int i = 0; i < 1000 && st.ok(); ++i) st = engine->Next().status();
+  ASSERT_FALSE(st.ok()) << "row 9 was never reached";
+  EXPECT_TRUE(st.IsInvalid()) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("captions.parquet (row group 2, row 9)"));
+  EXPECT_THAT(st.message(), HasSubstr("cannot decode image: PNG"));
+  ASSERT_NE(GetErrorDetail(st), nullptr);
+  EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kData);
+}
+
+TEST(EngineImageTest, SameBatchesForAnyWorkerCountWithABlankedImageUnderSkip) {
+  testing::ScopedTempDir dir("braid-engine-images-skip");
+  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  const std::string path = dir.Sub("captions.parquet");
+  ASSERT_TRUE(WriteCaptionFile(path, /*cut_row=*/9).ok());
+  const std::string model = dir.Sub("tok.model");
+  auto one = MakeEngine(CaptionConfig(path, model, OnError::kSkip, /*workers=*/1));
+  auto three = MakeEngine(CaptionConfig(path, model, OnError::kSkip, /*workers=*/3));
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(three, nullptr);
+  const auto a = Take(one.get(), 30);  // several epochs: row 9 is in every one
+  const auto b = Take(three.get(), 30);
+  ASSERT_EQ(a.size(), 30u);
+  ASSERT_EQ(b.size(), 30u);
+  int64_t with_images = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ExpectSameBatch(*a[i], *b[i]);
+    with_images += a[i]->Find("pixel_values") != nullptr;
+  }
+  EXPECT_EQ(with_images, 30);
 }
 
 }  // namespace

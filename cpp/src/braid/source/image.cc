@@ -30,22 +30,24 @@ struct TjCloser {
 };
 using TjHandle = std::unique_ptr<void, TjCloser>;
 
-Status DecodeJpeg(std::string_view bytes, const ImageOptions& options, Rgb* out) {
+Status JpegHeader(tjhandle tj, std::string_view bytes, int* w, int* h) {
+  int subsamp = 0, colorspace = 0;
+  if (tjDecompressHeader3(tj, reinterpret_cast<const unsigned char*>(bytes.data()),
+                          static_cast<unsigned long>(bytes.size()), w, h, &subsamp,
+                          &colorspace) != 0) {
+    return DecodeError(std::string("JPEG: ") + tjGetErrorStr2(tj));
+  }
+  return Status::OK();
+}
+
+// Decodes at the smallest DCT scale that still covers th x tw.
+Status DecodeJpeg(std::string_view bytes, int64_t th, int64_t tw, Rgb* out) {
   TjHandle tj(tjInitDecompress());
   if (!tj) return DecodeError("cannot start the JPEG decoder");
   const auto* buf = reinterpret_cast<const unsigned char*>(bytes.data());
   const auto len = static_cast<unsigned long>(bytes.size());
-  int w = 0, h = 0, subsamp = 0, colorspace = 0;
-  if (tjDecompressHeader3(tj.get(), buf, len, &w, &h, &subsamp, &colorspace) != 0) {
-    return DecodeError(std::string("JPEG: ") + tjGetErrorStr2(tj.get()));
-  }
-  if (w <= 0 || h <= 0 || w > kMaxSide || h > kMaxSide) {
-    return DecodeError("JPEG of " + std::to_string(w) + "x" + std::to_string(h) +
-                       " pixels is empty or too large");
-  }
-  // Decode at the smallest DCT scale that still covers the target size.
-  int64_t th = 0, tw = 0;
-  ImageTargetSize(h, w, options, &th, &tw);
+  int w = 0, h = 0;
+  ARROW_RETURN_NOT_OK(JpegHeader(tj.get(), bytes, &w, &h));
   int num_factors = 0;
   const tjscalingfactor* factors = tjGetScalingFactors(&num_factors);
   int sw = w, sh = h;
@@ -76,15 +78,30 @@ struct SpngCloser {
 };
 using SpngCtx = std::unique_ptr<spng_ctx, SpngCloser>;
 
-Status DecodePng(std::string_view bytes, Rgb* out) {
+// A decoder over `bytes` with its header read into `ihdr`.
+Result<SpngCtx> OpenPng(std::string_view bytes, spng_ihdr* ihdr) {
   SpngCtx ctx(spng_ctx_new(0));
   if (!ctx) return DecodeError("cannot start the PNG decoder");
   spng_set_image_limits(ctx.get(), kMaxSide, kMaxSide);
   int err = spng_set_png_buffer(ctx.get(), bytes.data(), bytes.size());
+  if (err == 0) err = spng_get_ihdr(ctx.get(), ihdr);
+  if (err != 0) return DecodeError(std::string("PNG: ") + spng_strerror(err));
+  return ctx;
+}
+
+Status PngHeader(std::string_view bytes, int64_t* w, int64_t* h) {
   spng_ihdr ihdr{};
-  if (err == 0) err = spng_get_ihdr(ctx.get(), &ihdr);
+  ARROW_RETURN_NOT_OK(OpenPng(bytes, &ihdr).status());
+  *w = ihdr.width;
+  *h = ihdr.height;
+  return Status::OK();
+}
+
+Status DecodePng(std::string_view bytes, Rgb* out) {
+  spng_ihdr ihdr{};
+  ARROW_ASSIGN_OR_RAISE(SpngCtx ctx, OpenPng(bytes, &ihdr));
   size_t size = 0;
-  if (err == 0) err = spng_decoded_image_size(ctx.get(), SPNG_FMT_RGB8, &size);
+  int err = spng_decoded_image_size(ctx.get(), SPNG_FMT_RGB8, &size);
   if (err == 0) {
     out->width = ihdr.width;
     out->height = ihdr.height;
@@ -99,14 +116,17 @@ Status DecodePng(std::string_view bytes, Rgb* out) {
   return Status::OK();
 }
 
+Status WebpHeader(std::string_view bytes, int* w, int* h) {
+  if (!WebPGetInfo(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), w, h)) {
+    return DecodeError("WebP: bad header");
+  }
+  return Status::OK();
+}
+
 Status DecodeWebp(std::string_view bytes, Rgb* out) {
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
   int w = 0, h = 0;
-  if (!WebPGetInfo(data, bytes.size(), &w, &h)) return DecodeError("WebP: bad header");
-  if (w <= 0 || h <= 0 || w > kMaxSide || h > kMaxSide) {
-    return DecodeError("WebP of " + std::to_string(w) + "x" + std::to_string(h) +
-                       " pixels is empty or too large");
-  }
+  ARROW_RETURN_NOT_OK(WebpHeader(bytes, &w, &h));
   out->width = w;
   out->height = h;
   out->pixels.resize(size_t(w) * size_t(h) * 3);
@@ -189,23 +209,92 @@ void ImageTargetSize(int64_t height, int64_t width, const ImageOptions& options,
   *target_width = gw * p;
 }
 
-Result<ImagePatches> DecodeImage(std::string_view bytes, const ImageOptions& options) {
-  Rgb rgb;
+namespace {
+
+enum class Format { kJpeg, kPng, kWebp };
+
+Result<Format> FormatOf(std::string_view bytes) {
   const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
   if (bytes.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) {
-    ARROW_RETURN_NOT_OK(DecodeJpeg(bytes, options, &rgb));
-  } else if (bytes.size() >= 8 && b[0] == 0x89 && b[1] == 'P' && b[2] == 'N' &&
-             b[3] == 'G') {
-    ARROW_RETURN_NOT_OK(DecodePng(bytes, &rgb));
-  } else if (bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" &&
-             bytes.substr(8, 4) == "WEBP") {
-    ARROW_RETURN_NOT_OK(DecodeWebp(bytes, &rgb));
-  } else {
-    return DecodeError("not a JPEG, PNG or WebP (" + std::to_string(bytes.size()) +
-                       " bytes)");
+    return Format::kJpeg;
   }
+  if (bytes.size() >= 8 && b[0] == 0x89 && b[1] == 'P' && b[2] == 'N' && b[3] == 'G') {
+    return Format::kPng;
+  }
+  if (bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" && bytes.substr(8, 4) == "WEBP") {
+    return Format::kWebp;
+  }
+  return DecodeError("not a JPEG, PNG or WebP (" + std::to_string(bytes.size()) +
+                     " bytes)");
+}
+
+const char* FormatName(Format f) {
+  switch (f) {
+    case Format::kJpeg: return "JPEG";
+    case Format::kPng: return "PNG";
+    default: return "WebP";
+  }
+}
+
+}  // namespace
+
+Result<ImageSize> ReadImageSize(std::string_view bytes) {
+  ARROW_ASSIGN_OR_RAISE(const Format format, FormatOf(bytes));
+  ImageSize size;
+  switch (format) {
+    case Format::kJpeg: {
+      TjHandle tj(tjInitDecompress());
+      if (!tj) return DecodeError("cannot start the JPEG decoder");
+      int w = 0, h = 0;
+      ARROW_RETURN_NOT_OK(JpegHeader(tj.get(), bytes, &w, &h));
+      size = {h, w};
+      break;
+    }
+    case Format::kPng:
+      ARROW_RETURN_NOT_OK(PngHeader(bytes, &size.width, &size.height));
+      break;
+    case Format::kWebp: {
+      int w = 0, h = 0;
+      ARROW_RETURN_NOT_OK(WebpHeader(bytes, &w, &h));
+      size = {h, w};
+      break;
+    }
+  }
+  if (size.width <= 0 || size.height <= 0 || size.width > kMaxSide ||
+      size.height > kMaxSide) {
+    return DecodeError(std::string(FormatName(format)) + " of " +
+                       std::to_string(size.width) + "x" + std::to_string(size.height) +
+                       " pixels is empty or too large");
+  }
+  return size;
+}
+
+Result<ImageGrid> ReadImageGrid(std::string_view bytes, const ImageOptions& options) {
+  ARROW_ASSIGN_OR_RAISE(const ImageSize size, ReadImageSize(bytes));
   int64_t th = 0, tw = 0;
-  ImageTargetSize(rgb.height, rgb.width, options, &th, &tw);
+  ImageTargetSize(size.height, size.width, options, &th, &tw);
+  return ImageGrid{static_cast<int32_t>(th / options.patch_size),
+                   static_cast<int32_t>(tw / options.patch_size)};
+}
+
+Result<ImagePatches> DecodeImage(std::string_view bytes, const ImageOptions& options) {
+  // The target comes from the header's size, never from the decoded one (a JPEG decoded
+  // at a DCT scale rounds its sides), so ReadImageGrid gives the same grid.
+  ARROW_ASSIGN_OR_RAISE(const ImageSize size, ReadImageSize(bytes));
+  int64_t th = 0, tw = 0;
+  ImageTargetSize(size.height, size.width, options, &th, &tw);
+  Rgb rgb;
+  switch (FormatOf(bytes).ValueUnsafe()) {
+    case Format::kJpeg:
+      ARROW_RETURN_NOT_OK(DecodeJpeg(bytes, th, tw, &rgb));
+      break;
+    case Format::kPng:
+      ARROW_RETURN_NOT_OK(DecodePng(bytes, &rgb));
+      break;
+    case Format::kWebp:
+      ARROW_RETURN_NOT_OK(DecodeWebp(bytes, &rgb));
+      break;
+  }
   return Patchify(rgb, th, tw, options.patch_size);
 }
 

@@ -1,5 +1,7 @@
 // Image decoding for the image-caption transform: encoded bytes -> normalized patches.
 //
+// ReadImageGrid reads only an image's header (its size) and gives the patch grid, hence
+// the sample's image token count, without decoding (metadata first, docs/sources.md).
 // DecodeImage decodes JPEG (libjpeg-turbo's TurboJPEG API, using its DCT scaling to
 // decode near the target size), PNG (libspng) or WebP (libwebp) to RGB, resizes it
 // bilinearly to the target size (ImageTargetSize), normalizes every channel to (x / 255 - 0.5) / 0.5, i.e.
@@ -29,6 +31,31 @@ struct ImageOptions {
 /// max_pixels, the longer side loses patches until it fits (or is one patch).
 void ImageTargetSize(int64_t height, int64_t width, const ImageOptions& options,
                      int64_t* target_height, int64_t* target_width);
+
+/// An image's size, as its header gives it.
+struct ImageSize {
+  int64_t height = 0;
+  int64_t width = 0;
+};
+
+/// The size of an encoded image from its header alone, decoding no pixel: JPEG with
+/// TurboJPEG's header parse (markers up to the frame header), PNG from the IHDR chunk
+/// with libspng, WebP with WebPGetInfo. Fails as DecodeImage does for bytes of another
+/// format, a corrupt or truncated header, or a side of 0 or over 32768 pixels. Cheap
+/// (no allocation beyond the decoder handle).
+Result<ImageSize> ReadImageSize(std::string_view bytes);
+
+/// A patch grid: grid_h x grid_w patches, one placeholder token each.
+struct ImageGrid {
+  int32_t grid_h = 0;
+  int32_t grid_w = 0;
+  int64_t num_patches() const { return int64_t{grid_h} * grid_w; }
+};
+
+/// The grid DecodeImage gives `bytes`, from the header alone: ImageTargetSize of
+/// ReadImageSize, in patches. Equals DecodeImage's grid whenever that succeeds (both
+/// size the image from its header); the body may still be undecodable.
+Result<ImageGrid> ReadImageGrid(std::string_view bytes, const ImageOptions& options);
 
 /// Decodes `bytes` (JPEG, PNG or WebP) to patches: grid (target_h / p, target_w / p), pixels
 /// [grid_h * grid_w][3][p][p] float32 (row-major grid order, channel-first in a patch).

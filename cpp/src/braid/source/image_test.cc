@@ -10,9 +10,12 @@
 #include <parquet/arrow/writer.h>
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 
 #include "braid/construct/constructor.h"
@@ -35,6 +38,14 @@ std::vector<uint8_t> Solid(int w, int h, uint8_t r, uint8_t g, uint8_t b) {
     px[i + 1] = g;
     px[i + 2] = b;
   }
+  return px;
+}
+
+// Seeded noise: large encoded files whose decode takes a while.
+std::vector<uint8_t> Noise(int w, int h, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> px(size_t(w) * size_t(h) * 3);
+  for (auto& v : px) v = static_cast<uint8_t>(rng() & 0xff);
   return px;
 }
 
@@ -198,6 +209,65 @@ TEST(DecodeImageTest, UndecodableBytesAreInvalid) {
   EXPECT_THAT(broken.status().message(), HasSubstr("cannot decode image: JPEG"));
 }
 
+TEST(ReadImageGridTest, HeaderGridEqualsTheDecodedGridForEveryFormatAndSize) {
+  // Seeded sizes, odd ones included: JPEG's DCT-scaled decode rounds its sides up, so the
+  // target must come from the header's size in both paths.
+  std::mt19937 rng(11);
+  std::vector<std::pair<int, int>> sizes = {{1, 1}, {13, 29}, {14, 14}, {97, 1001},
+                                            {733, 517}, {1023, 769}};
+  for (int k = 0; k < 10; ++k) {
+    sizes.emplace_back(1 + int(rng() % 900), 1 + int(rng() % 900));
+  }
+  const std::vector<ImageOptions> options = {
+      {}, {.patch_size = 16, .max_pixels = 16 * 16 * 12}, {.patch_size = 14,
+                                                           .max_pixels = 14 * 14 * 7}};
+  int checked = 0;
+  for (const auto& [w, h] : sizes) {
+    const auto px = Solid(w, h, 90, 60, 30);
+    std::vector<std::string> encoded = {*EncodeJpeg(px.data(), w, h),
+                                        *EncodePng(px.data(), w, h),
+                                        *EncodeWebpLossless(px.data(), w, h)};
+    for (const std::string& bytes : encoded) {
+      auto size = ReadImageSize(bytes);
+      ASSERT_TRUE(size.ok()) << size.status().ToString();
+      EXPECT_EQ(size->width, w);
+      EXPECT_EQ(size->height, h);
+      for (const ImageOptions& o : options) {
+        auto grid = ReadImageGrid(bytes, o);
+        auto decoded = DecodeImage(bytes, o);
+        ASSERT_TRUE(grid.ok()) << grid.status().ToString();
+        ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+        EXPECT_EQ(grid->grid_h, decoded->grid_h) << w << "x" << h << " p " << o.patch_size;
+        EXPECT_EQ(grid->grid_w, decoded->grid_w) << w << "x" << h << " p " << o.patch_size;
+        EXPECT_LE(grid->num_patches() * o.patch_size * o.patch_size, o.max_pixels);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, int(sizes.size()) * 3 * 3);
+}
+
+TEST(ReadImageGridTest, ReadsTheHeaderOnly) {
+  // A PNG cut after its header: the grid is known, the pixels are not.
+  const auto px = Noise(60, 40, 1);
+  const std::string png = *EncodePng(px.data(), 60, 40);
+  const std::string_view head = std::string_view(png).substr(0, 64);
+  auto grid = ReadImageGrid(head, {});
+  ASSERT_TRUE(grid.ok()) << grid.status().ToString();
+  EXPECT_EQ(grid->grid_h, 3);  // 40 / 14 = 2.9 -> 3
+  EXPECT_EQ(grid->grid_w, 4);  // 60 / 14 = 4.3 -> 4
+  auto decoded = DecodeImage(head, {});
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_THAT(decoded.status().message(), HasSubstr("cannot decode image: PNG"));
+  // A bad header is an error of the header read itself.
+  EXPECT_FALSE(ReadImageGrid("definitely not an image", {}).ok());
+  EXPECT_FALSE(ReadImageGrid(std::string_view(png).substr(0, 12), {}).ok());
+  const std::string jpeg = Jpeg(20, 20, 1, 2, 3);
+  auto cut = ReadImageGrid(std::string_view(jpeg).substr(0, 40), {});
+  ASSERT_FALSE(cut.ok());
+  EXPECT_THAT(cut.status().message(), HasSubstr("cannot decode image: JPEG"));
+}
+
 // ---------------------------------------------------------------------------------------
 // Through the source loader.
 
@@ -262,6 +332,60 @@ class ImageSourceTest : public ::testing::Test {
 };
 
 testing::ScopedTempDir* ImageSourceTest::dir_ = nullptr;
+
+// Every sample of a loader made with `options`, payloads waited for (error statuses kept).
+struct Pulled {
+  std::vector<Sample> samples;
+  std::vector<Result<TokenPayload>> payloads;
+};
+
+Pulled Pull(const Config& config, int64_t n, SourceLoader::Options options = {}) {
+  Pulled out;
+  auto loader = SourceLoader::Make(config, 0, StreamPos{}, options);
+  EXPECT_TRUE(loader.ok()) << loader.status().ToString();
+  if (!loader.ok()) return out;
+  for (int64_t i = 0; i < n; ++i) {
+    auto s = (*loader)->Next();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) break;
+    out.samples.push_back(*s);
+  }
+  for (const Sample& s : out.samples) {
+    out.payloads.push_back(s.payload ? s.payload.Get()
+                                     : Result<TokenPayload>(TokenPayload(nullptr)));
+  }
+  return out;
+}
+
+void ExpectSameMeta(const SampleMeta& a, const SampleMeta& b) {
+  EXPECT_EQ(a.file, b.file);
+  EXPECT_EQ(a.row, b.row);
+  EXPECT_EQ(a.pos, b.pos);
+  EXPECT_EQ(a.skip, b.skip);
+  EXPECT_EQ(a.tokens, b.tokens) << "row " << a.row;
+  EXPECT_EQ(a.image_tokens, b.image_tokens) << "row " << a.row;
+}
+
+// Ten rows of mixed formats and sizes; row 4's PNG is cut after its header (its body
+// cannot decode), row 6 is garbage (its header cannot be read either).
+std::string WriteMixedFile(const std::string& path) {
+  std::vector<std::optional<std::string>> images;
+  std::vector<std::string> captions;
+  for (int i = 0; i < 10; ++i) {
+    const int w = 20 + 37 * i, h = 300 - 23 * i;
+    const auto px = Noise(w, h, uint32_t(i));
+    switch (i % 3) {
+      case 0: images.push_back(*EncodeJpeg(px.data(), w, h)); break;
+      case 1: images.push_back(*EncodePng(px.data(), w, h)); break;
+      default: images.push_back(*EncodeWebpLossless(px.data(), w, h)); break;
+    }
+    captions.push_back("caption number " + std::to_string(i) + ".");
+  }
+  images[4] = images[4]->substr(0, 80);
+  images[6] = "garbage";
+  EXPECT_TRUE(WriteImageFile(path, images, captions).ok());
+  return path;
+}
 
 TEST_F(ImageSourceTest, TokensArePlaceholdersThenCaptionWithMaskAndPatches) {
   const std::string path = dir_->Sub("good.parquet");
@@ -339,8 +463,9 @@ TEST_F(ImageSourceTest, UndecodableImageFailsNamingRowOrIsASkip) {
 PayloadRef ImagePayload(int32_t grid_h, int32_t grid_w, float value, int64_t caption) {
   auto p = std::make_shared<Payload>();
   const int64_t n = int64_t{grid_h} * grid_w;
-  p->tokens.assign(size_t(n), 7);
-  for (int64_t k = 0; k < caption; ++k) p->tokens.push_back(int32_t(100 + k));
+  std::vector<int32_t> ids(size_t(n), 7);
+  for (int64_t k = 0; k < caption; ++k) ids.push_back(int32_t(100 + k));
+  p->tokens = std::move(ids);
   p->loss_mask.assign(p->tokens.size(), 1);
   std::fill(p->loss_mask.begin(), p->loss_mask.begin() + n, 0);
   p->images.push_back({grid_h, grid_w, std::vector<float>(size_t(n * 12), value)});
@@ -442,6 +567,197 @@ TEST(ImageConstructorTest, ContextParallelViewsKeepImageTensorsWhole) {
     auto last = ViewFor(*batch, topology, RankCoords{0, 0, 1, cp});
     ASSERT_TRUE(last.ok());
     EXPECT_EQ(last->Find("pixel_values"), nullptr);  // only the first stage's input
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Metadata first.
+
+TEST_F(ImageSourceTest, MetadataOnlyReadsHeadersAndMatchesTheFullPath) {
+  const std::string path = WriteMixedFile(dir_->Sub("mixed-meta.parquet"));
+  Config config = ImageConfig(path, OnError::kSkip);
+  SourceLoader::Options meta_only;
+  meta_only.read_payloads = false;
+  const Pulled meta = Pull(config, 10, meta_only);
+  const Pulled full = Pull(config, 10);
+  ASSERT_EQ(meta.samples.size(), 10u);
+  ASSERT_EQ(full.samples.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    ExpectSameMeta(meta.samples[i].meta, full.samples[i].meta);
+    EXPECT_FALSE(meta.samples[i].payload);
+  }
+  for (const Sample& s : meta.samples) {
+    if (s.meta.row == 6) {
+      EXPECT_EQ(s.meta.skip, SkipReason::kNull);  // no header: skipped in both paths
+    } else {
+      // Row 4's body is corrupt, yet its metadata is whole: nothing was decoded.
+      EXPECT_EQ(s.meta.skip, SkipReason::kNone) << s.meta.row;
+      EXPECT_GT(s.meta.image_tokens, 0);
+    }
+  }
+  // With on_error: fail the metadata-only read fails at row 6 (no header), never at
+  // row 4 (no decode happens).
+  auto loader =
+      SourceLoader::Make(ImageConfig(path, OnError::kFail), 0, StreamPos{}, meta_only);
+  ASSERT_TRUE(loader.ok());
+  size_t delivered = 0;
+  Status st;
+  for (; delivered < 10; ++delivered) {
+    auto s = (*loader)->Next();
+    st = s.status();
+    if (!st.ok()) break;
+    EXPECT_NE(s->meta.row, 6);
+  }
+  EXPECT_THAT(st.message(), HasSubstr("row 6"));
+  size_t row6_at = 0;
+  while (row6_at < 10 && meta.samples[row6_at].meta.row != 6) ++row6_at;
+  EXPECT_EQ(delivered, row6_at);
+}
+
+TEST_F(ImageSourceTest, UndecodableBodyFailsFromGetOrIsBlankedUnderSkip) {
+  const std::string path = WriteMixedFile(dir_->Sub("mixed-body.parquet"));
+  {
+    // on_error: fail. Row 4's metadata is published; its payload is the error.
+    auto loader =
+        SourceLoader::Make(ImageConfig(path, OnError::kFail), 0, StreamPos{}, {});
+    ASSERT_TRUE(loader.ok());
+    bool seen = false;
+    for (int i = 0; i < 10 && !seen; ++i) {
+      auto s = (*loader)->Next();
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      auto payload = s->payload.Get();
+      if (s->meta.row != 4) {
+        ASSERT_TRUE(payload.ok()) << payload.status().ToString();
+        continue;
+      }
+      seen = true;
+      EXPECT_GT(s->meta.image_tokens, 0);
+      ASSERT_FALSE(payload.ok());
+      EXPECT_TRUE(payload.status().IsInvalid());
+      EXPECT_THAT(payload.status().message(), HasSubstr("mixed-body.parquet"));
+      EXPECT_THAT(payload.status().message(), HasSubstr("row group 1"));
+      EXPECT_THAT(payload.status().message(), HasSubstr("row 4"));
+      EXPECT_THAT(payload.status().message(), HasSubstr("cannot decode image: PNG"));
+      ASSERT_NE(GetErrorDetail(payload.status()), nullptr);
+    }
+    EXPECT_TRUE(seen);
+  }
+  // on_error: skip. Row 4 keeps its published tokens, with blank pixels and no loss.
+  auto loader = SourceLoader::Make(ImageConfig(path, OnError::kSkip), 0, StreamPos{}, {});
+  ASSERT_TRUE(loader.ok());
+  std::vector<Sample> samples;
+  for (int i = 0; i < 10; ++i) {
+    auto s = (*loader)->Next();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    samples.push_back(*s);
+  }
+  int blank = 0;
+  for (const Sample& s : samples) {
+    if (s.meta.skip != SkipReason::kNone) continue;
+    auto payload = s.payload.Get();
+    ASSERT_TRUE(payload.ok()) << payload.status().ToString();
+    const Payload& p = **payload;
+    EXPECT_EQ(int64_t(p.tokens.size()), s.meta.tokens);
+    ASSERT_EQ(p.images.size(), 1u);
+    EXPECT_EQ(p.images[0].num_patches(), s.meta.image_tokens);
+    EXPECT_EQ(int64_t(p.images[0].pixels.size()), s.meta.image_tokens * 3 * 14 * 14);
+    const int64_t trained = std::count(p.loss_mask.begin(), p.loss_mask.end(), 1);
+    if (s.meta.row == 4) {
+      ++blank;
+      EXPECT_EQ(trained, 0);
+      EXPECT_TRUE(std::all_of(p.images[0].pixels.begin(), p.images[0].pixels.end(),
+                              [](float v) { return v == 0.0f; }));
+    } else {
+      EXPECT_GT(trained, 0);
+    }
+  }
+  EXPECT_EQ(blank, 1);
+  EXPECT_GE((*loader)->blanked_payloads(), 1);  // more if the reader ran into epoch 1
+}
+
+TEST_F(ImageSourceTest, SameStreamForAnyWorkerCountAndReadAhead) {
+  const std::string path = WriteMixedFile(dir_->Sub("mixed-workers.parquet"));
+  Config one = ImageConfig(path, OnError::kSkip);
+  one.sources[0].workers = 1;
+  one.sources[0].shuffle_window_rows = 10;
+  const Pulled a = Pull(one, 25);
+  for (int64_t workers : {2, 4}) {
+    for (int64_t read_ahead : {int64_t{1}, int64_t{64} << 20}) {
+      Config c = one;
+      c.sources[0].workers = workers;
+      SourceLoader::Options options;
+      options.read_ahead_bytes = read_ahead;
+      const Pulled b = Pull(c, 25, options);
+      ASSERT_EQ(b.samples.size(), a.samples.size());
+      for (size_t i = 0; i < a.samples.size(); ++i) {
+        ExpectSameMeta(a.samples[i].meta, b.samples[i].meta);
+        ASSERT_EQ(a.payloads[i].ok(), b.payloads[i].ok());
+        const TokenPayload& x = *a.payloads[i];
+        const TokenPayload& y = *b.payloads[i];
+        ASSERT_EQ(x == nullptr, y == nullptr);
+        if (x == nullptr) continue;
+        EXPECT_EQ(x->tokens, y->tokens);
+        EXPECT_EQ(x->loss_mask, y->loss_mask);
+        ASSERT_EQ(x->images.size(), y->images.size());
+        EXPECT_EQ(x->images[0].pixels, y->images[0].pixels) << "workers " << workers;
+      }
+    }
+  }
+}
+
+// Twelve copies of a large noise PNG (1024 x 1024, ~3 MB): slow to decode. Written once.
+std::string LargePngFile(const testing::ScopedTempDir& dir) {
+  const std::string path = dir.Sub("large.parquet");
+  if (std::filesystem::exists(path)) return path;
+  const auto px = Noise(1024, 1024, 3);
+  const std::string png = *EncodePng(px.data(), 1024, 1024);
+  EXPECT_TRUE(WriteImageFile(path, std::vector<std::optional<std::string>>(12, png),
+                             std::vector<std::string>(12, "noise."))
+                  .ok());
+  return path;
+}
+
+TEST_F(ImageSourceTest, MetadataIsPublishedBeforeImagesDecode) {
+  // On one decode thread, the twelve samples' metadata (from the headers) is queued at
+  // once, while decoding them all takes far longer than taking 12 samples.
+  const std::string path = LargePngFile(*dir_);
+  Config config = ImageConfig(path, OnError::kFail);
+  config.sources[0].workers = 1;
+  auto loader = SourceLoader::Make(config, 0, StreamPos{}, {});
+  ASSERT_TRUE(loader.ok());
+  int64_t pending = 0;
+  std::vector<Sample> samples;
+  for (int i = 0; i < 12; ++i) {
+    auto s = (*loader)->Next();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    pending += s->payload.ready() ? 0 : 1;
+    EXPECT_EQ(s->meta.image_tokens, 37 * 36);  // 1024 -> 512 (36.6 patches), fitted
+    samples.push_back(*s);
+  }
+  EXPECT_GT(pending, 0);
+  for (const Sample& s : samples) {
+    auto p = s.payload.Get();
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ((*p)->images[0].num_patches(), 37 * 36);
+  }
+}
+
+TEST_F(ImageSourceTest, StopWhilePayloadsArePendingCompletesThem) {
+  const std::string path = LargePngFile(*dir_);
+  Config config = ImageConfig(path, OnError::kFail);
+  config.sources[0].workers = 1;
+  auto loader = SourceLoader::Make(config, 0, StreamPos{}, {});
+  ASSERT_TRUE(loader.ok());
+  std::vector<Sample> samples;
+  for (int i = 0; i < 12; ++i) samples.push_back((*loader)->Next().ValueOrDie());
+  (*loader)->Stop();
+  // Every payload is done: decoded, or cancelled by the stop; none is left pending.
+  for (const Sample& s : samples) {
+    EXPECT_TRUE(s.payload.ready());
+    auto p = s.payload.Get();
+    if (!p.ok()) {
+      EXPECT_TRUE(p.status().IsCancelled()) << p.status().ToString();
+    }
   }
 }
 

@@ -2,13 +2,6 @@
 
 namespace braid {
 
-PayloadRef::PayloadRef(TokenPayload ready) {
-  if (ready == nullptr) return;
-  state_ = std::make_shared<State>();
-  state_->done = true;
-  state_->result = std::move(ready);
-}
-
 PayloadRef PayloadRef::Pending() {
   PayloadRef ref;
   ref.state_ = std::make_shared<State>();
@@ -32,12 +25,14 @@ bool PayloadRef::ready() const {
 }
 
 Result<TokenPayload> PayloadRef::Get() const {
+  if (ready_ != nullptr) return ready_;
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [this] { return state_->done; });
   return state_->result;
 }
 
 int64_t PayloadRef::bytes() const {
+  if (ready_ != nullptr) return ready_->bytes();
   if (!state_) return 0;
   std::lock_guard<std::mutex> lock(state_->mu);
   if (!state_->done || !state_->result.ok()) return 0;

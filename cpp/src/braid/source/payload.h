@@ -6,11 +6,14 @@
 // constructor calls Get(), which blocks until the payload is ready. Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "braid/status.h"
@@ -28,10 +31,79 @@ struct ImagePatches {
   int64_t num_patches() const { return int64_t{grid_h} * grid_w; }
 };
 
+/// A sample's token ids, read-only: either owned, or a view into a buffer that `owner`
+/// keeps alive (e.g. the values of an Arrow list<int32> column, shared by every row of a
+/// row group, so a token column is passed through without a copy). Transforms build ids
+/// in a std::vector and move it in. Copying an owned span copies the ids; copying a view
+/// shares the buffer. Thread-compatible (immutable once built).
+class TokenSpan {
+ public:
+  using value_type = int32_t;
+  using const_iterator = const int32_t*;
+  using iterator = const_iterator;
+
+  TokenSpan() = default;
+  TokenSpan(std::vector<int32_t> ids) : owned_(std::move(ids)) {}  // NOLINT: implicit
+  TokenSpan(std::initializer_list<int32_t> ids) : owned_(ids) {}
+  TokenSpan(const TokenSpan& other) { *this = other; }
+  TokenSpan(TokenSpan&& other) noexcept { *this = std::move(other); }
+  TokenSpan& operator=(const TokenSpan& other) {
+    if (this != &other) {
+      owned_ = other.owned_;
+      owner_ = other.owner_;
+      view_ = other.view_;
+      view_size_ = other.view_size_;
+    }
+    return *this;
+  }
+  TokenSpan& operator=(TokenSpan&& other) noexcept {
+    if (this == &other) return *this;
+    owned_ = std::move(other.owned_);
+    owner_ = std::move(other.owner_);
+    view_ = std::exchange(other.view_, nullptr);
+    view_size_ = std::exchange(other.view_size_, 0);
+    other.owned_.clear();
+    return *this;
+  }
+
+  /// A view of `size` ids at `data`. REQUIRES: `owner` keeps [data, data + size) alive and
+  /// unchanged for as long as any copy of the span exists.
+  static TokenSpan View(const int32_t* data, size_t size,
+                        std::shared_ptr<const void> owner) {
+    TokenSpan s;
+    s.view_ = data;
+    s.view_size_ = size;
+    s.owner_ = std::move(owner);
+    return s;
+  }
+
+  const int32_t* data() const { return view_ != nullptr ? view_ : owned_.data(); }
+  size_t size() const { return view_ != nullptr ? view_size_ : owned_.size(); }
+  bool empty() const { return size() == 0; }
+  const int32_t* begin() const { return data(); }
+  const int32_t* end() const { return data() + size(); }
+  int32_t operator[](size_t i) const { return data()[i]; }
+  /// True if the ids live in a shared buffer (not copied).
+  bool is_view() const { return view_ != nullptr; }
+
+  friend bool operator==(const TokenSpan& a, const TokenSpan& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator==(const TokenSpan& a, const std::vector<int32_t>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  std::vector<int32_t> owned_;         // the ids, unless view_ is set
+  std::shared_ptr<const void> owner_;  // keeps view_ alive
+  const int32_t* view_ = nullptr;
+  size_t view_size_ = 0;
+};
+
 /// What a constructor needs of a sample: its tokens and, where the transform says which
 /// tokens are targets (chat data), a per-token loss mask.
 struct Payload {
-  std::vector<int32_t> tokens;
+  TokenSpan tokens;
   /// Empty: every token is a target. Else one 0/1 per token: 1 where predicting that
   /// token is trained (e.g. response tokens of a chat).
   std::vector<uint8_t> loss_mask;
@@ -40,7 +112,8 @@ struct Payload {
   std::vector<ImagePatches> images;
   std::vector<int64_t> image_start;
 
-  /// Bytes held, for read-ahead accounting.
+  /// Bytes held, for read-ahead accounting. A view of a shared buffer counts its own
+  /// slice (the rest belongs to the other rows of that buffer).
   int64_t bytes() const {
     int64_t b =
         static_cast<int64_t>(tokens.size() * sizeof(int32_t) + loss_mask.size());
@@ -61,32 +134,38 @@ inline TokenPayload MakeTokenPayload(std::vector<int32_t> tokens) {
 }
 
 /// A shared handle to a payload that is ready or still being produced. Copies share it.
+/// A ready payload is held directly (no lock, no extra allocation); only a pending one
+/// has the shared state that Set() completes.
 class PayloadRef {
  public:
   /// No payload.
   PayloadRef() = default;
   /// A ready payload (null: no payload).
-  PayloadRef(TokenPayload ready);  // NOLINT: implicit, a ready payload is a PayloadRef
+  PayloadRef(TokenPayload ready)  // NOLINT: implicit, a ready payload is a PayloadRef
+      : ready_(std::move(ready)) {}
 
   /// A payload still to be produced; complete it with Set().
   static PayloadRef Pending();
 
-  /// Completes a pending payload (once); wakes every waiter.
+  /// Completes a pending payload (once; later calls are ignored); wakes every waiter.
+  /// REQUIRES: made by Pending().
   void Set(Result<TokenPayload> result) const;
 
   /// True if a payload exists, ready or pending.
-  explicit operator bool() const { return state_ != nullptr; }
+  explicit operator bool() const { return ready_ != nullptr || state_ != nullptr; }
   /// True if Get() would not block.
   bool ready() const;
 
   /// The payload; blocks while pending. REQUIRES: *this is not empty.
   Result<TokenPayload> Get() const;
 
-  /// The ready payload's bytes, or 0 while pending or empty.
+  /// The ready payload's bytes, or 0 while pending, failed or empty.
   int64_t bytes() const;
 
   /// Shorthand for Get() when the payload is known to be good. REQUIRES: Get().ok().
-  const Payload* operator->() const { return Get().ValueUnsafe().get(); }
+  const Payload* operator->() const {
+    return ready_ != nullptr ? ready_.get() : Get().ValueUnsafe().get();
+  }
 
   friend bool operator==(const PayloadRef& a, std::nullptr_t) { return !a; }
 
@@ -97,6 +176,7 @@ class PayloadRef {
     bool done = false;               // GUARDED_BY(mu)
     Result<TokenPayload> result;     // GUARDED_BY(mu)
   };
+  TokenPayload ready_;             // INVARIANT: at most one of ready_ and state_ is set
   std::shared_ptr<State> state_;
 };
 

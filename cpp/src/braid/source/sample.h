@@ -26,7 +26,9 @@ struct StreamPos {
 };
 
 /// Why a sample carries no tokens.
-enum class SkipReason : int8_t { kNone = 0, kEmpty, kNull, kOversize };
+/// kError: a row the transform could not use (a user transform raised, an undecodable
+/// value); like kNull it follows on_error.
+enum class SkipReason : int8_t { kNone = 0, kEmpty, kNull, kOversize, kError };
 
 /// What the planner knows of a sample. The id is (source, file, row, epoch).
 struct SampleMeta {

@@ -30,6 +30,21 @@ bool IsParquetName(const std::string& p) {
   return p.size() > 8 && p.compare(p.size() - 8, 8, ".parquet") == 0;
 }
 
+// The filesystem of `uri` (or a local path) and the path inside it. With `anonymous`, a
+// gs:// URI's filesystem uses no credentials (public buckets, emulators); Arrow's URI
+// form has no parameter for that. (S3 is registered by a separate Arrow library that
+// Braid reaches through the URI registry only; config.cc refuses anonymous S3.)
+Result<std::shared_ptr<arrow::fs::FileSystem>> FileSystemFor(const std::string& uri,
+                                                             bool anonymous,
+                                                             std::string* internal) {
+  if (anonymous && uri.rfind("gs://", 0) == 0) {
+    ARROW_ASSIGN_OR_RAISE(auto options, arrow::fs::GcsOptions::FromUri(uri, internal));
+    options.credentials = arrow::fs::GcsOptions::Anonymous().credentials;
+    return arrow::fs::GcsFileSystem::Make(options);
+  }
+  return arrow::fs::FileSystemFromUriOrPath(uri, internal);
+}
+
 }  // namespace
 
 bool IsTokenListType(const arrow::DataType& type) {
@@ -42,12 +57,12 @@ bool IsTokenListType(const arrow::DataType& type) {
 
 Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
-                    std::vector<std::string>* files) {
+                    std::vector<std::string>* files, bool anonymous) {
   const std::string where = key_path + ".path";
   files->clear();
   if (!HasGlob(path)) {
     std::string internal;
-    auto fs_result = arrow::fs::FileSystemFromUriOrPath(path, &internal);
+    auto fs_result = FileSystemFor(path, anonymous, &internal);
     if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
     *fs = *fs_result;
     auto info = (*fs)->GetFileInfo(internal);
@@ -82,8 +97,8 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
   const std::string base = slash == std::string::npos ? "." : location.substr(0, slash);
   const std::string rest = slash == std::string::npos ? location : location.substr(slash + 1);
   std::string base_internal;
-  auto fs_result = arrow::fs::FileSystemFromUriOrPath(
-      (base.empty() ? std::string("/") : base) + options, &base_internal);
+  auto fs_result = FileSystemFor((base.empty() ? std::string("/") : base) + options,
+                                 anonymous, &base_internal);
   if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
   *fs = *fs_result;
   arrow::fs::FileSelector sel;
@@ -118,7 +133,10 @@ std::string StorageUri(const SourceConfig& source) {
       params.push_back("scheme=" + e.substr(0, sep));
     }
   }
-  if (!source.storage_region.empty()) params.push_back("region=" + source.storage_region);
+  // (Only S3 has regions; Arrow's GCS refuses unknown parameters.)
+  if (!source.storage_region.empty() && source.path.rfind("s3://", 0) == 0) {
+    params.push_back("region=" + source.storage_region);
+  }
   if (params.empty()) return source.path;
   std::string uri = source.path;
   char sep = uri.find('?') == std::string::npos ? '?' : '&';
@@ -236,7 +254,8 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   std::unique_ptr<SourceFiles> out(new SourceFiles());
   out->columns_ = std::move(columns);
   std::vector<std::string> paths;
-  ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths));
+  ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths,
+                                   source.storage_anonymous));
   const bool cache = !source.cache_dir.empty() && out->fs_->type_name() != "local";
   if (cache) out->local_fs_ = std::make_shared<arrow::fs::LocalFileSystem>();
   for (const auto& path : paths) {

@@ -29,11 +29,12 @@ class FileReader;
 
 namespace braid {
 
-/// Resolves `path` to a filesystem and the sorted list of file paths it names.
+/// Resolves `path` to a filesystem and the sorted list of file paths it names. With
+/// `anonymous`, a gs:// filesystem uses no credentials (storage.anonymous).
 /// Fails (data error naming `key_path` and the path) when nothing matches.
 Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
-                    std::vector<std::string>* files);
+                    std::vector<std::string>* files, bool anonymous = false);
 
 /// Opens a Parquet file's reader; a missing file is a storage error, a file that is not
 /// Parquet (bad magic, truncated footer) a data error naming it.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string_view>
 
 #include <arrow/api.h>
 
@@ -23,6 +24,19 @@ constexpr uint64_t kRowSalt = 0x7200;
 constexpr int64_t kSampleOverheadBytes = 64;
 // Rows per worker in one transform batch (see the header's Threading).
 constexpr int64_t kBatchRowsPerWorker = 256;
+// Skip log lines: the first kSkipLogFirst skips of a source, then every kSkipLogEvery-th.
+constexpr int64_t kSkipLogFirst = 10;
+constexpr int64_t kSkipLogEvery = 1000;
+
+const char* SkipName(SkipReason r) {
+  switch (r) {
+    case SkipReason::kEmpty: return "empty row";
+    case SkipReason::kNull: return "null";
+    case SkipReason::kOversize: return "longer than the sequence";
+    case SkipReason::kError: return "bad row";
+    default: return "not skipped";
+  }
+}
 
 // One row of a window before the shuffle.
 struct RowRef {
@@ -81,6 +95,7 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       options_(options),
       files_(std::move(files)),
       transform_(std::move(transform)),
+      skip_log_(options_.skip_log ? options_.skip_log : NewSkipLog()),
       total_rows_(files_->total_rows()) {}
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
@@ -97,6 +112,11 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   const auto& file_list = files->files();
   if (start.epoch < 0 || start.window < 0 || start.offset < 0) {
     return Status::Invalid(key, ": stream position must not be negative");
+  }
+  if (options.shard_count < 1 || options.shard_index < 0 ||
+      options.shard_index >= options.shard_count) {
+    return Status::Invalid(key, ": shard ", options.shard_index, " of ",
+                           options.shard_count, " does not exist");
   }
   // A position one past the end of a window means the start of the next one.
   const int64_t window_rows = config.sources[size_t(source_index)].shuffle_window_rows;
@@ -123,6 +143,20 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
 
 SourceLoader::~SourceLoader() { Stop(); }
 
+std::shared_ptr<internal::LogEveryN> SourceLoader::NewSkipLog() {
+  return std::make_shared<internal::LogEveryN>(/*first=*/kSkipLogFirst,
+                                               /*every=*/kSkipLogEvery);
+}
+
+void SourceLoader::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // As in Next(): never once stopping (Stop() joins reader_ outside mu_).
+  if (!started_ && !stopping_) {
+    started_ = true;
+    reader_ = std::thread([this] { ReaderLoop(); });
+  }
+}
+
 void SourceLoader::Stop() {
   stop_requested_.store(true, std::memory_order_relaxed);
   {
@@ -130,6 +164,9 @@ void SourceLoader::Stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  // A user transform's workers may wait for a lock this thread holds (the GIL): let them
+  // go before joining.
+  transform_->Cancel();
   if (reader_.joinable()) reader_.join();
 }
 
@@ -145,10 +182,14 @@ Result<Sample> SourceLoader::Next() {
   cv_.wait(lock, [this] { return !queue_.empty() || !error_.ok() || stopping_; });
   --waiting_;
   if (!queue_.empty() && !stopping_) {
-    Sample s = std::move(queue_.front());
+    Queued& front = queue_.front();
+    Sample s = std::move(front.sample);
+    if (front.pending) {
+      ReleaseLocked(front.pending.get());
+    } else {
+      queued_bytes_ -= front.bytes;
+    }
     queue_.pop_front();
-    queued_bytes_ -= kSampleOverheadBytes +
-                     s.payload.bytes();
     // Wake the reader only if it waits (on a full queue): a notify per sample costs more
     // than the sample on a busy machine.
     const bool wake = waiting_ > 0;
@@ -160,13 +201,38 @@ Result<Sample> SourceLoader::Next() {
   return Status::Cancelled("source '", source_.name, "' stopped");
 }
 
-bool SourceLoader::PushBatch(std::vector<Sample>* batch) {
+void SourceLoader::LogSkip(const RowLocation& where, const RowOutput& out) {
+  const int64_t n = skip_log_->Tick();
+  if (n == 0) return;
+  std::string_view why = SkipName(out.skip);
+  if (!out.null_what.empty()) why = out.null_what;
+  const std::string named = "source '" + source_.name + "': ";  // said once is enough
+  if (why.substr(0, named.size()) == named) why.remove_prefix(named.size());
+  std::string line = "source '" + source_.name + "' skipped " + where.ToString() + ": " +
+                     std::string(why) + " (skip " + std::to_string(n);
+  if (n == kSkipLogFirst) {
+    line += "; further skips of this source are logged every " +
+            std::to_string(kSkipLogEvery) + "th";
+  }
+  internal::LogLine(line + ")");
+}
+
+void SourceLoader::ReleaseLocked(PendingCharge* charge) {
+  if (--charge->holds == 0) queued_bytes_ -= charge->bytes;
+}
+
+bool SourceLoader::PushBatch(std::vector<Sample>* batch, std::vector<Deferred>* deferred) {
   std::unique_lock<std::mutex> lock(mu_);
-  for (Sample& sample : *batch) {
-    const int64_t bytes = kSampleOverheadBytes + sample.payload.bytes();
-    // Always admit one sample into an empty queue, however large.
+  auto next_deferred = deferred->begin();
+  for (size_t j = 0; j < batch->size(); ++j) {
+    Sample& sample = (*batch)[j];
+    const bool pending = next_deferred != deferred->end() && next_deferred->sample == j;
+    const int64_t bytes =
+        kSampleOverheadBytes + (pending ? next_deferred->bytes : sample.payload.bytes());
+    // Always admit one sample when nothing is charged (an empty queue, no payload still
+    // finishing), however large.
     auto room = [&] {
-      return stopping_ || queue_.empty() ||
+      return stopping_ || queued_bytes_ == 0 ||
              queued_bytes_ + bytes <= options_.read_ahead_bytes;
     };
     if (!room()) {
@@ -177,7 +243,17 @@ bool SourceLoader::PushBatch(std::vector<Sample>* batch) {
     }
     if (stopping_) return false;
     queued_bytes_ += bytes;
-    queue_.push_back(std::move(sample));
+    Queued q{std::move(sample), pending ? 0 : bytes, nullptr};
+    if (pending) {
+      q.pending = std::make_shared<PendingCharge>();
+      q.pending->bytes = bytes;
+      // Decoding starts as soon as the sample is queued (never later: the consumer may
+      // already wait for it, and its charge is only released once it is finished).
+      decoder_->Submit([this, d = std::move(*next_deferred), ref = q.sample.payload,
+                        charge = q.pending] { FinishPayload(d, ref, charge); });
+      ++next_deferred;
+    }
+    queue_.push_back(std::move(q));
   }
   const bool wake = waiting_ > 0;
   lock.unlock();
@@ -185,8 +261,44 @@ bool SourceLoader::PushBatch(std::vector<Sample>* batch) {
   return true;
 }
 
+void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref,
+                                 const std::shared_ptr<PendingCharge>& charge) {
+  if (stop_requested_.load(std::memory_order_relaxed)) {
+    ref.Set(Status::Cancelled("source '", source_.name, "' stopped"));
+  } else {
+    const Status st = transform_->Finish(d.cols, d.index, d.where, d.payload.get());
+    if (st.ok()) {
+      ref.Set(TokenPayload(d.payload));
+    } else if (source_.on_error == OnError::kSkip) {
+      // Its metadata is out: keep the token count, deliver the blank Finish left.
+      blanked_.fetch_add(1, std::memory_order_relaxed);
+      std::string what = st.message();
+      const std::string prefix = d.where.ToString() + ": ";
+      if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
+      RowOutput o;
+      o.skip = SkipReason::kError;
+      o.null_what = what + "; its metadata was already published, so its payload is "
+                    "blank and its loss mask 0";
+      LogSkip(d.where, o);
+      ref.Set(TokenPayload(d.payload));
+    } else {
+      ref.Set(st.WithMessage(st.message(), " (set on_error: skip to skip such rows)"));
+    }
+  }
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReleaseLocked(charge.get());
+    wake = waiting_ > 0;
+  }
+  if (wake) cv_.notify_all();
+}
+
 void SourceLoader::ReaderLoop() {
-  pool_ = std::make_unique<WorkerPool>(source_.workers);
+  // Metadata first: the reader alone reads headers, `workers` threads decode.
+  const bool defer = options_.read_payloads && transform_->defers();
+  pool_ = std::make_unique<WorkerPool>(defer ? 1 : source_.workers);
+  if (defer) decoder_ = std::make_unique<TaskRunner>(source_.workers);
   Status st;
   StreamPos pos = start_;
   const auto& file_list = this->file_list();
@@ -194,11 +306,16 @@ void SourceLoader::ReaderLoop() {
     const auto windows = EpochWindows(file_list, seed_, source_index_, pos.epoch,
                                       source_.shuffle_window_rows);
     for (int64_t w = pos.window; w < static_cast<int64_t>(windows.size()) && st.ok(); ++w) {
+      if (w % options_.shard_count != options_.shard_index) continue;  // another shard's
+      if (options_.on_read_window) {
+        options_.on_read_window(options_.shard_index, pos.epoch, w);
+      }
       st = ReadWindow(pos.epoch, w, windows[size_t(w)], w == pos.window ? pos.offset : 0);
     }
     pos = StreamPos{pos.epoch + 1, 0, 0};
   }
   pool_.reset();  // joins the workers
+  decoder_.reset();  // finishes (or, stopping, cancels) every payload handed to it
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!st.IsCancelled()) error_ = st;
@@ -241,6 +358,7 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
   std::vector<RowOutput> out;
   std::vector<Status> status;
   std::vector<Sample> samples;
+  std::vector<Deferred> deferred;
   for (int64_t k = first_offset; k < n;) {
     // The batch [k, end): at most max_rows rows and about max_bytes of payload.
     int64_t end = k, bytes = 0;
@@ -269,6 +387,7 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     // samples before it.
     Status error;
     samples.clear();
+    deferred.clear();
     for (int64_t j = 0; j < m && error.ok(); ++j) {
       const RowRef& r = rows[size_t(order[size_t(k + j)])];
       if (!status[size_t(j)].ok()) {
@@ -283,19 +402,28 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
       s.meta.epoch = epoch;
       s.meta.pos = StreamPos{epoch, window, k + j};
       s.meta.skip = o.skip;
-      if (o.skip == SkipReason::kNull && source_.on_error == OnError::kFail) {
+      const bool bad = o.skip == SkipReason::kNull || o.skip == SkipReason::kError;
+      if (bad && source_.on_error == OnError::kFail) {
         error = DataError(where(r).ToString(),
                           o.null_what + " (set on_error: skip to skip such rows)");
         break;
       }
+      if (o.skip != SkipReason::kNone) LogSkip(where(r), o);
       if (o.skip == SkipReason::kNone) {
         s.meta.tokens = o.tokens;
         s.meta.image_tokens = o.image_tokens;
-        if (o.payload) s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
+        if (o.payload && o.deferred) {
+          s.payload = PayloadRef::Pending();
+          deferred.push_back(Deferred{samples.size(), std::move(o.payload),
+                                      arrays[size_t(r.arrays_slot)], r.array_index,
+                                      where(r), o.payload_bytes});
+        } else if (o.payload) {
+          s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
+        }
       }
       samples.push_back(std::move(s));
     }
-    if (!PushBatch(&samples)) return Status::Cancelled("stopping");
+    if (!PushBatch(&samples, &deferred)) return Status::Cancelled("stopping");
     ARROW_RETURN_NOT_OK(error);
     k = end;
   }

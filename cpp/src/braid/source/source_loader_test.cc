@@ -351,6 +351,55 @@ TEST(SourceLoaderFormatTest, Int64TokensReadBackExactly) {
   for (const auto& r : reads) EXPECT_EQ(r.payload->tokens, docs[size_t(r.meta.row)]);
 }
 
+TEST_F(SourceLoaderTest, Int32TokensAreViewsThatOutliveTheLoader) {
+  // list<int32> ids are not copied: the payload views the row group's values buffer,
+  // charges its own slice, and keeps the buffer alive after the loader is gone.
+  std::vector<Sample> reads;
+  {
+    auto loader = MakeLoader(OneSourceConfig(src()));
+    ASSERT_NE(loader, nullptr);
+    reads = ReadN(loader.get(), total_rows());
+  }
+  for (const auto& r : reads) {
+    const Payload& p = *r.payload.Get().ValueOrDie();
+    EXPECT_TRUE(p.tokens.is_view());
+    EXPECT_EQ(p.bytes(), r.meta.tokens * int64_t{sizeof(int32_t)});
+    EXPECT_EQ(p.tokens, docs_[size_t(r.meta.file)][size_t(r.meta.row)]);
+  }
+}
+
+TEST(SourceLoaderFormatTest, Int64TokensAreCopiedIntoOwnedIds) {
+  testing::ScopedTempDir dir("braid-loader-int64-owned");
+  testing::TokenFileOptions opts;
+  opts.int64_values = true;
+  ASSERT_TRUE(testing::WriteTokenFile(dir.Sub("a.parquet"), {{5, 6}}, opts).ok());
+  auto loader = MakeLoader(OneSourceConfig(dir.Sub("a.parquet"), 1, 1));
+  ASSERT_NE(loader, nullptr);
+  const auto reads = ReadN(loader.get(), 1);
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_FALSE(reads[0].payload->tokens.is_view());
+  EXPECT_EQ(reads[0].payload->tokens, (std::vector<int32_t>{5, 6}));
+}
+
+TEST(TokenSpanTest, OwnedAndViewedIdsCopyAndMove) {
+  TokenSpan owned(std::vector<int32_t>{1, 2, 3});
+  TokenSpan copy = owned;
+  EXPECT_EQ(copy, owned);
+  EXPECT_NE(copy.data(), owned.data());  // an owned copy has its own ids
+  TokenSpan moved = std::move(copy);
+  EXPECT_EQ(moved, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(copy.empty());  // NOLINT: a moved-from span is empty
+  auto buffer = std::make_shared<std::vector<int32_t>>(std::vector<int32_t>{9, 8, 7, 6});
+  TokenSpan view = TokenSpan::View(buffer->data() + 1, 2, buffer);
+  buffer.reset();  // the view keeps it alive
+  TokenSpan view_copy = view;
+  EXPECT_TRUE(view_copy.is_view());
+  EXPECT_EQ(view_copy.data(), view.data());  // a viewed copy shares the buffer
+  EXPECT_EQ(view_copy, (std::vector<int32_t>{8, 7}));
+  EXPECT_EQ(view[1], 7);
+  EXPECT_EQ(std::vector<int32_t>(view.begin(), view.end()), (std::vector<int32_t>{8, 7}));
+}
+
 TEST(SourceLoaderFormatTest, Int64TokenOutOfInt32RangeIsADataError) {
   testing::ScopedTempDir dir("braid-loader-int64-range");
   auto values = std::make_shared<arrow::Int64Builder>();
@@ -636,6 +685,50 @@ TEST_F(SourceLoaderBadInputTest, CorruptDataPagesFailOnReadNamingTheRowGroup) {
   for (int i = 0; i < 100 && st.ok(); ++i) st = (*loader)->Next().status();
   ExpectDataError(st, path);
   EXPECT_THAT(st.message(), HasSubstr("row group"));
+}
+
+// Skips are logged on stderr, rate-limited: the first 10 of a source, then every 1000th.
+TEST(SourceLoaderSkipLogTest, SkipsAreLoggedWithLocationAndReasonRateLimited) {
+  testing::ScopedTempDir dir("braid-skiplog");
+  const std::string path = dir.Sub("nulls.parquet");
+  testing::TokenFileOptions opts;
+  opts.row_group_rows = 2100;  // one row group, read in file order
+  Docs docs(2100, std::vector<int32_t>{7, 8});
+  for (int64_t r = 0; r < 2100; ++r) {
+    if (r % 2 == 0 || r >= 40) opts.null_rows.push_back(r);  // 2080 null rows
+  }
+  ASSERT_TRUE(testing::WriteTokenFile(path, docs, opts).ok());
+  auto loader = MakeLoader(OneSourceConfig(path, /*seed=*/1, /*window_rows=*/1,
+                                           OnError::kSkip));
+  ASSERT_NE(loader, nullptr);
+  ::testing::internal::CaptureStderr();
+  const auto reads = ReadN(loader.get(), 2100);
+  loader->Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  int64_t skipped = 0;
+  for (const auto& r : reads) skipped += r.meta.skip != SkipReason::kNone;
+  EXPECT_EQ(skipped, 2080);
+  EXPECT_THAT(log, HasSubstr("braid: source 'src' skipped " + path +
+                             " (row group 0, row 0): null column 'input_ids' (skip 1)"));
+  EXPECT_THAT(log, HasSubstr("(row group 0, row 18): null column 'input_ids' (skip 10; "
+                             "further skips of this source are logged every 1000th)"));
+  EXPECT_THAT(log, HasSubstr("(skip 1000)"));
+  EXPECT_THAT(log, HasSubstr("(skip 2000)"));
+  // The reader may run ahead into the next epoch: every logged count must be one the
+  // rate limit allows, and within the first epoch's 2080 skips exactly 12 are logged.
+  std::vector<int64_t> logged;
+  for (size_t at = log.find("(skip "); at != std::string::npos;
+       at = log.find("(skip ", at + 1)) {
+    logged.push_back(std::stoll(log.substr(at + 6)));
+  }
+  std::vector<int64_t> first_epoch;
+  for (int64_t n : logged) {
+    EXPECT_TRUE(n <= 10 || n % 1000 == 0) << n;
+    if (n <= 2080) first_epoch.push_back(n);
+  }
+  EXPECT_EQ(first_epoch,
+            (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1000, 2000}))
+      << log;
 }
 
 TEST_F(SourceLoaderBadInputTest, SourceWithNoRows) {

@@ -7,36 +7,40 @@
 #include <arrow/api.h>
 
 #include "braid/source/image.h"
+#include "braid/source/user_transform.h"
 
 namespace braid {
 namespace {
 
 // ---------------------------------------------------------------------------------------
-// Token column: list<int32|int64>, passed through.
+// Token column: list<int32|int64>, passed through. int32 ids are not copied: the payload
+// views the column's values buffer (shared by the row group's rows, kept alive by the
+// payload); int64 ids are range-checked and narrowed into the payload's own vector.
 
-template <typename ListT, typename ValueT>
-Status CopyTokens(const ListT& list, int64_t i, std::vector<int32_t>* out,
-                  const RowLocation& where) {
-  const auto& values = static_cast<const ValueT&>(*list.values());
+template <typename ListT>
+Result<TokenSpan> Int64Tokens(const ListT& list, int64_t i, const RowLocation& where) {
+  const auto& values = static_cast<const arrow::Int64Array&>(*list.values());
   const int64_t begin = list.value_offset(i);
   const int64_t len = list.value_length(i);
-  const auto* raw = values.raw_values();
-  if constexpr (sizeof(*raw) == sizeof(int32_t)) {
-    out->assign(raw + begin, raw + begin + len);  // a memcpy, no zero fill first
-    return Status::OK();
-  }
-  out->reserve(static_cast<size_t>(len));
+  const int64_t* raw = values.raw_values() + begin;
+  std::vector<int32_t> out(static_cast<size_t>(len));
   for (int64_t k = 0; k < len; ++k) {
-    const auto v = raw[begin + k];
-    if constexpr (sizeof(v) > sizeof(int32_t)) {
-      if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
-        return DataError(where.ToString(),
-                         "token id " + std::to_string(v) + " does not fit int32");
-      }
+    const int64_t v = raw[k];
+    if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
+      return DataError(where.ToString(),
+                       "token id " + std::to_string(v) + " does not fit int32");
     }
-    out->push_back(static_cast<int32_t>(v));
+    out[size_t(k)] = static_cast<int32_t>(v);
   }
-  return Status::OK();
+  return TokenSpan(std::move(out));
+}
+
+template <typename ListT>
+TokenSpan Int32Tokens(const ListT& list, int64_t i) {
+  const auto& values = static_cast<const arrow::Int32Array&>(*list.values());
+  const int32_t* raw = values.raw_values() + list.value_offset(i);
+  return TokenSpan::View(raw, static_cast<size_t>(list.value_length(i)),
+                         values.data()->buffers[1]);
 }
 
 // Length, null flag, and child-null check of row `i` of a list<int> array.
@@ -50,18 +54,18 @@ ListInfo InfoOf(const arrow::Array& array, int64_t i) {
   ListInfo info;
   info.null = array.IsNull(i);
   if (info.null) return info;
-  std::shared_ptr<arrow::Array> values;
+  const arrow::Array* values = nullptr;
   int64_t begin = 0;
   if (array.type_id() == arrow::Type::LIST) {
     const auto& list = static_cast<const arrow::ListArray&>(array);
     info.length = list.value_length(i);
     begin = list.value_offset(i);
-    values = list.values();
+    values = list.values().get();
   } else {
     const auto& list = static_cast<const arrow::LargeListArray&>(array);
     info.length = list.value_length(i);
     begin = list.value_offset(i);
-    values = list.values();
+    values = list.values().get();
   }
   if (values->null_count() > 0) {
     for (int64_t k = 0; k < info.length; ++k) {
@@ -74,18 +78,15 @@ ListInfo InfoOf(const arrow::Array& array, int64_t i) {
   return info;
 }
 
-Status CopyRow(const arrow::Array& array, int64_t i, std::vector<int32_t>* out,
-               const RowLocation& where) {
-  const bool large = array.type_id() == arrow::Type::LARGE_LIST;
+// The ids of row `i`. REQUIRES: the row and its values are not null.
+Result<TokenSpan> RowTokens(const arrow::Array& array, int64_t i, const RowLocation& where) {
   const bool wide = array.type()->field(0)->type()->id() == arrow::Type::INT64;
-  if (!large) {
+  if (array.type_id() == arrow::Type::LIST) {
     const auto& list = static_cast<const arrow::ListArray&>(array);
-    return wide ? CopyTokens<arrow::ListArray, arrow::Int64Array>(list, i, out, where)
-                : CopyTokens<arrow::ListArray, arrow::Int32Array>(list, i, out, where);
+    return wide ? Int64Tokens(list, i, where) : Int32Tokens(list, i);
   }
   const auto& list = static_cast<const arrow::LargeListArray&>(array);
-  return wide ? CopyTokens<arrow::LargeListArray, arrow::Int64Array>(list, i, out, where)
-              : CopyTokens<arrow::LargeListArray, arrow::Int32Array>(list, i, out, where);
+  return wide ? Int64Tokens(list, i, where) : Int32Tokens(list, i);
 }
 
 class TokenColumnTransform : public Transform {
@@ -110,8 +111,9 @@ class TokenColumnTransform : public Transform {
     }
     out->tokens = info.length;
     if (want_payload) {
+      ARROW_ASSIGN_OR_RAISE(TokenSpan ids, RowTokens(*cols[0], i, where));
       out->payload = std::make_shared<Payload>();
-      ARROW_RETURN_NOT_OK(CopyRow(*cols[0], i, &out->payload->tokens, where));
+      out->payload->tokens = std::move(ids);
     }
     return Status::OK();
   }
@@ -179,8 +181,7 @@ class TextTransform : public Transform {
       out->skip = SkipReason::kEmpty;
       return Status::OK();
     }
-    auto payload = std::make_shared<Payload>();
-    auto& ids = payload->tokens;
+    std::vector<int32_t> ids;
     if (tok_->add_bos()) ids.push_back(tok_->bos_id());
     const Status st = tok_->Encode(text, &ids);
     if (!st.ok()) return DataError(where.ToString(), st.message());
@@ -190,7 +191,10 @@ class TextTransform : public Transform {
       return Status::OK();
     }
     out->tokens = static_cast<int64_t>(ids.size());
-    if (want_payload) out->payload = std::move(payload);
+    if (want_payload) {
+      out->payload = std::make_shared<Payload>();
+      out->payload->tokens = std::move(ids);
+    }
     return Status::OK();
   }
 
@@ -275,7 +279,7 @@ class ChatTransform : public Transform {
       return Status::OK();
     }
     auto payload = std::make_shared<Payload>();
-    auto& ids = payload->tokens;
+    std::vector<int32_t> ids;
     auto& mask = payload->loss_mask;
     if (tok_->add_bos()) ids.push_back(tok_->bos_id());
     for (const auto& t : turns) {
@@ -289,6 +293,7 @@ class ChatTransform : public Transform {
       mask.resize(ids.size(), trained ? 1 : 0);
     }
     out->tokens = static_cast<int64_t>(ids.size());
+    payload->tokens = std::move(ids);
     if (want_payload) out->payload = std::move(payload);
     return Status::OK();
   }
@@ -343,8 +348,9 @@ class ChatTransform : public Transform {
 
 // ---------------------------------------------------------------------------------------
 // Image + caption: [BOS] image_token_id x num_patches, ids(caption) [EOS]. loss_mask is 0
-// on BOS and the placeholders, 1 on the caption and EOS. The image is always decoded (also
-// without a payload) so that skips and token counts never depend on want_payload.
+// on BOS and the placeholders, 1 on the caption and EOS. Apply reads only the image's
+// header (the grid, hence the token count, and header-level skips, the same with or
+// without a payload); Finish decodes the pixels (docs/sources.md, "Metadata first").
 
 bool IsBinary(const arrow::DataType& t) {
   return t.id() == arrow::Type::BINARY || t.id() == arrow::Type::LARGE_BINARY ||
@@ -406,17 +412,18 @@ class ImageCaptionTransform : public Transform {
       out->skip = SkipReason::kEmpty;
       return Status::OK();
     }
-    Result<ImagePatches> patches = DecodeImage(image, options_);
-    if (!patches.ok()) {
+    // Metadata first: the header gives the grid, hence the token count; the pixels are
+    // decoded by Finish, or never when only metadata is read.
+    Result<ImageGrid> grid = ReadImageGrid(image, options_);
+    if (!grid.ok()) {
       // Bad bytes follow on_error like a null: fail naming the row, or a counted skip.
-      return Null(patches.status().message() + " (column '" + image_column_ + "')", out);
+      return Null(grid.status().message() + " (column '" + image_column_ + "')", out);
     }
-    auto payload = std::make_shared<Payload>();
-    auto& ids = payload->tokens;
-    auto& mask = payload->loss_mask;
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
     if (tok_->add_bos()) ids.push_back(tok_->bos_id());
-    const int64_t n = patches->num_patches();
-    payload->image_start.push_back(static_cast<int64_t>(ids.size()));
+    const int64_t n = grid->num_patches();
+    const auto image_start = static_cast<int64_t>(ids.size());
     ids.insert(ids.end(), size_t(n), image_token_id_);
     mask.resize(ids.size(), 0);
     if (!caption.empty()) {
@@ -428,10 +435,40 @@ class ImageCaptionTransform : public Transform {
     out->tokens = static_cast<int64_t>(ids.size());
     out->image_tokens = n;
     if (want_payload) {
-      payload->images.push_back(std::move(*patches));
+      auto payload = std::make_shared<Payload>();
+      payload->tokens = std::move(ids);
+      payload->loss_mask = std::move(mask);
+      payload->image_start.push_back(image_start);
+      ImagePatches patches;  // pixels: Finish
+      patches.grid_h = grid->grid_h;
+      patches.grid_w = grid->grid_w;
+      payload->images.push_back(std::move(patches));
+      out->payload_bytes = payload->bytes() + n * PatchValues() * int64_t{sizeof(float)};
       out->payload = std::move(payload);
+      out->deferred = true;
     }
     return Status::OK();
+  }
+
+  bool defers() const override { return true; }
+
+  Status Finish(const Columns& cols, int64_t i, const RowLocation& where,
+                Payload* payload) const override {
+    ImagePatches& im = payload->images.front();
+    std::string_view image;
+    BinaryAt(*cols[0], i, &image);  // not null: Apply checked
+    Result<ImagePatches> patches = DecodeImage(image, options_);
+    if (patches.ok() && patches->grid_h == im.grid_h && patches->grid_w == im.grid_w) {
+      im = std::move(*patches);
+      return Status::OK();
+    }
+    // A blank that still fits the published metadata: no pixels, nothing trained.
+    im.pixels.assign(size_t(im.num_patches() * PatchValues()), 0.0f);
+    payload->loss_mask.assign(payload->tokens.size(), 0);
+    const std::string what =
+        patches.ok() ? "cannot decode image: its size differs from its header"
+                     : patches.status().message();
+    return DataError(where.ToString(), what + " (column '" + image_column_ + "')");
   }
 
  private:
@@ -445,6 +482,8 @@ class ImageCaptionTransform : public Transform {
   const std::string text_column_;
   const std::string key_;
   const int32_t image_token_id_;
+  int64_t PatchValues() const { return 3 * options_.patch_size * options_.patch_size; }
+
   const ImageOptions options_;
   const std::shared_ptr<const Tokenizer> tok_;
 };
@@ -455,6 +494,11 @@ Result<std::unique_ptr<Transform>> MakeTransform(const Config& config,
                                                  int32_t source_index) {
   const SourceConfig& s = config.sources[static_cast<size_t>(source_index)];
   const std::string key = "sources[" + std::to_string(source_index) + "]";
+  if (s.user_transform.enabled()) {
+    ARROW_ASSIGN_OR_RAISE(auto callback, MakeRowCallback(s.user_transform.python,
+                                                         key + ".transform.python"));
+    return MakeUserTransform(config, source_index, std::move(callback));
+  }
   if (s.text_column.empty() && !s.chat.enabled()) {
     return std::make_unique<TokenColumnTransform>(s.tokens_column);
   }

@@ -7,10 +7,12 @@
 //   text_column    a string, tokenized with the root tokenizer (+ BOS / EOS)
 //   chat           prompt/response strings or a messages list, tokenized with the chat
 //                  template; loss_mask = 1 on response (assistant) tokens only
+//   transform      a user function over the named columns (source/user_transform.h)
 //   image_column + text_column
 //                  an encoded image (JPEG / PNG, source/image.h) and its caption:
 //                  [BOS] image placeholders, caption ids [EOS]; loss_mask = 0 on the
-//                  placeholders; the payload carries the image's patches
+//                  placeholders; the payload carries the image's patches. Apply reads
+//                  only the image header (its token count); Finish decodes it
 //
 // Thread-safe: Apply is const and runs on the loader's worker threads concurrently.
 #pragma once
@@ -44,10 +46,15 @@ struct RowLocation {
 /// What a transform made of one row.
 struct RowOutput {
   SkipReason skip = SkipReason::kNone;
-  std::string null_what;  ///< for kNull: what was null ("null column 'text'")
+  std::string null_what;  ///< for kNull / kError: what was wrong ("null column 'text'")
   int64_t tokens = 0;
   int64_t image_tokens = 0;  ///< image placeholder tokens among `tokens`
   std::shared_ptr<Payload> payload;  ///< set when asked for and not skipped
+  /// Metadata first: `payload` has its tokens and loss mask but still lacks its slow part
+  /// (decoded images), which Transform::Finish adds later; `payload_bytes` is what the
+  /// finished payload will hold.
+  bool deferred = false;
+  int64_t payload_bytes = 0;
 };
 
 class Transform {
@@ -62,6 +69,20 @@ class Transform {
   /// is reported in `out` (the loader applies on_error). `where` names file/row group/row.
   virtual Status Apply(const Columns& cols, int64_t i, bool want_payload,
                        const RowLocation& where, RowOutput* out) const = 0;
+  /// The loader is stopping: Apply calls from now on may return Cancelled early. Called
+  /// before the loader joins its threads (user transforms: source/user_transform.h).
+  virtual void Cancel() const {}
+  /// True if Apply (with a payload) may leave the slow part of a payload to Finish, so
+  /// the loader can publish the sample's metadata first (image-caption samples).
+  virtual bool defers() const { return false; }
+  /// Completes a payload that Apply left deferred, later and on any thread (`cols` kept
+  /// alive by the caller). On failure (e.g. an image whose header was fine but whose body
+  /// does not decode) returns the error naming `where`, and leaves `payload` well-formed
+  /// but blank: the images' pixels 0 and the loss mask all 0.
+  virtual Status Finish(const Columns& /*cols*/, int64_t /*i*/,
+                        const RowLocation& /*where*/, Payload* /*payload*/) const {
+    return Status::OK();
+  }
 };
 
 /// The transform of config.sources[source_index]; loads the tokenizer where needed (fails

@@ -70,4 +70,38 @@ void WorkerPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
   fn_ = nullptr;
 }
 
+TaskRunner::TaskRunner(int64_t threads) {
+  for (int64_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+TaskRunner::~TaskRunner() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void TaskRunner::Submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void TaskRunner::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+    if (tasks_.empty()) return;  // stopping, and every task has run
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
 }  // namespace braid

@@ -6,10 +6,16 @@
 //
 // Thread-compatible: ParallelFor is called from one thread at a time. The destructor joins
 // the pool threads (a running loop finishes first).
+//
+// TaskRunner is the asynchronous counterpart for work that outlives the batch that made
+// it (a loader's image decodes, published before they finish): `threads` threads run
+// submitted tasks in submission order. Thread-safe; the destructor runs every task
+// already submitted, then joins, so no submitted task is ever dropped.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -45,6 +51,27 @@ class WorkerPool {
   int64_t generation_ = 0;                             // GUARDED_BY(mu_)
   int64_t busy_ = 0;   // GUARDED_BY(mu_) pool threads inside the current loop
   bool stop_ = false;  // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+class TaskRunner {
+ public:
+  /// REQUIRES: threads >= 1.
+  explicit TaskRunner(int64_t threads);
+  ~TaskRunner();
+  TaskRunner(const TaskRunner&) = delete;
+  TaskRunner& operator=(const TaskRunner&) = delete;
+
+  /// Queues `task` (which must not throw) to run on one of the threads.
+  void Submit(std::function<void()> task);
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                        // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;
 };
 

@@ -1,0 +1,77 @@
+// One source read by several loader instances, merged back into the source's one order.
+//
+// A ShardedSource owns n SourceLoaders of the same source; loader k reads only the
+// shuffle windows w of each epoch with w % n == k (SourceLoader::Options::shard_index),
+// each on its own reader thread with its own workers. Next() walks the source's order
+// (EpochWindows is a pure function, so every loader and the merge agree on it) and takes
+// each window's samples from the loader that owns it, so the stream (metadata, payloads,
+// skips, errors) is identical to one loader's for every n. This is the step towards
+// spreading one source over several machines: a shard needs only (config, source, shard,
+// n, start), never another shard's data.
+//
+// n is `sources[].loaders`, lowered to the fewest windows any epoch can have (every
+// loader then owns a window in every epoch; one without would spin through epochs).
+// Each loader buffers runtime.read_ahead_bytes / n of payload; the first Next() starts
+// every loader's reader, so each reads ahead of its turn.
+//
+// Thread-compatible like SourceLoader: Next() from one consumer thread; Stop() and the
+// destructor from any thread.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/source/sample.h"
+#include "braid/source/source_loader.h"
+#include "braid/status.h"
+
+namespace braid {
+
+class ShardedSource : public SampleStream {
+ public:
+  /// Opens `shards` loaders of config.sources[source_index] positioned at `start` (a
+  /// shard whose next window comes later starts there). `options` apply to each loader,
+  /// read_ahead_bytes divided among them. Fails as SourceLoader::Make does, or Invalid
+  /// if shards < 1.
+  static Result<std::unique_ptr<ShardedSource>> Make(
+      const Config& config, int32_t source_index, StreamPos start,
+      SourceLoader::Options options, int64_t shards);
+  ~ShardedSource() override;
+
+  /// The next sample in the source's order, from the loader that owns its window.
+  /// Errors are those of that loader, in stream order, then repeated.
+  Result<Sample> Next() override;
+  int64_t rows_per_epoch() const override { return loaders_.front()->rows_per_epoch(); }
+
+  /// Stops every loader (see SourceLoader::Stop).
+  void Stop();
+
+  /// The number of loaders (sources[].loaders, lowered as the header says).
+  int64_t shards() const { return static_cast<int64_t>(loaders_.size()); }
+  SourceLoader& loader(int64_t k) { return *loaders_[size_t(k)]; }
+
+ private:
+  ShardedSource(const Config& config, int32_t source_index, StreamPos start,
+                std::vector<std::unique_ptr<SourceLoader>> loaders);
+  // Computes the windows of `epoch` into windows_.
+  void LoadEpoch(int64_t epoch);
+
+  const uint64_t seed_;
+  const int32_t source_index_;
+  const int64_t window_rows_;
+  std::vector<std::unique_ptr<SourceLoader>> loaders_;
+  // The position of the next sample and the rows of each window of its epoch. Used only
+  // with more than one loader (one loader is passed through).
+  StreamPos next_;
+  std::vector<int64_t> window_rows_of_epoch_;
+  Status error_;  // the first error, repeated
+  bool started_ = false;  // the loaders' reader threads were started
+};
+
+/// The fewest shuffle windows an epoch of these files can have: every window but the last
+/// holds at least `window_rows` rows and fewer than window_rows + the largest row group.
+int64_t MinWindowsPerEpoch(const std::vector<SourceFiles::File>& files,
+                           int64_t window_rows);
+
+}  // namespace braid
