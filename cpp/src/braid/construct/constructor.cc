@@ -63,8 +63,12 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   const MicroBatch& mb = plan.ranks[size_t(dp)].micro_batches[size_t(micro_batch)];
   const int64_t rows = static_cast<int64_t>(mb.sequences.size());
   const int64_t seq_len = plan.seq_len;
+  // Segments of cu_seqlens: every piece, and the padding of a row that is not full (its
+  // own segment, so no document of the next row attends to it).
   int64_t num_pieces = 0;
-  for (const auto& seq : mb.sequences) num_pieces += static_cast<int64_t>(seq.docs.size());
+  for (const auto& seq : mb.sequences) {
+    num_pieces += static_cast<int64_t>(seq.docs.size()) + (seq.tokens < seq_len ? 1 : 0);
+  }
 
   Batch batch;
   batch.step = plan.step;
@@ -113,8 +117,19 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
       }
       cu[++piece_index] = static_cast<int32_t>(t);
     }
-    // A sequence shorter than L (not produced with packing) is padded.
-    for (; t < (r + 1) * seq_len; ++t) lab[t] = kIgnoreLabel;
+    // A sequence shorter than L (token slack, postponed multimodal documents, the end of
+    // a step) is padded; the padding is a segment of its own.
+    if (t < (r + 1) * seq_len) {
+      for (int64_t k = 0; t < (r + 1) * seq_len; ++t, ++k) {
+        lab[t] = kIgnoreLabel;
+        pos[t] = k;
+      }
+      cu[++piece_index] = static_cast<int32_t>(t);
+    }
+  }
+  if (piece_index != num_pieces) {
+    return Status::Invalid("step ", plan.step, ": rank ", dp, " micro-batch ", micro_batch,
+                           ": sequence token counts disagree with their pieces");
   }
   batch.tensors.push_back(std::move(input_ids));
   batch.tensors.push_back(std::move(labels));

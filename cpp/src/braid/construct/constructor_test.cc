@@ -87,6 +87,43 @@ TEST(ConstructorTest, HandBuiltPlanGivesExactTensors) {
               ElementsAreArray({0, 4, 6, 9, 12}));
 }
 
+// A row that is not full (token slack) ends with padding that is a cu_seqlens segment of
+// its own: the next row's first document never spans it, and the last boundary is the
+// micro-batch's token count.
+TEST(ConstructorTest, PaddedRowsEndWithTheirOwnSegment) {
+  const auto a = Payload({10, 11, 12});
+  const auto b = Payload({20, 21, 22, 23});
+  const auto c = Payload({30, 31});
+  Sequence s0, s1, s2;
+  s0.docs = {Piece(0, a, 0, 3)};  // 3 of 5: padded
+  s0.tokens = 3;
+  s1.docs = {Piece(1, b, 0, 4), Piece(0, c, 0, 1, /*doc_tokens=*/1)};  // full
+  s1.tokens = 5;
+  s2.docs = {Piece(0, c, 0, 2)};  // 2 of 5: padded
+  s2.tokens = 2;
+  StepPlan plan;
+  plan.seq_len = 5;
+  plan.ranks.resize(1);
+  plan.ranks[0].micro_batches.resize(1);
+  plan.ranks[0].micro_batches[0].sequences = {s0, s1, s2};
+  auto built = BuildMicroBatch(plan, 0, 0);
+  ASSERT_TRUE(built.ok()) << built.status().ToString();
+  EXPECT_THAT(Values<int32_t>(*built, "cu_seqlens", DType::kInt32),
+              ElementsAreArray({0, 3, 5, 9, 10, 12, 15}));
+  EXPECT_THAT(Values<int64_t>(*built, "labels", DType::kInt64),
+              ElementsAreArray({11, 12, -100, -100, -100, /**/ 21, 22, 23, -100, -100,
+                                /**/ 31, -100, -100, -100, -100}));
+  EXPECT_THAT(Values<int64_t>(*built, "position_ids", DType::kInt64),
+              ElementsAreArray({0, 1, 2, 0, 1, /**/ 0, 1, 2, 3, 0, /**/ 0, 1, 0, 1, 2}));
+  EXPECT_THAT(Values<float>(*built, "loss_mask", DType::kFloat32),
+              ElementsAreArray({1, 1, 0, 0, 0, /**/ 1, 1, 1, 0, 0, /**/ 1, 0, 0, 0, 0}));
+
+  // A sequence whose token count disagrees with its pieces is refused, not misbuilt.
+  plan.ranks[0].micro_batches[0].sequences[1].tokens = 4;
+  EXPECT_THAT(BuildMicroBatch(plan, 0, 0).status().message(),
+              ::testing::HasSubstr("disagree"));
+}
+
 TEST(ConstructorTest, PlanWithoutPayloadsIsInvalid) {
   Sequence s;
   DocPiece d;
