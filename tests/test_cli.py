@@ -85,6 +85,20 @@ def test_run_writes_the_report(config_path, tmp_path):
     assert data["source_share"]["web"] == pytest.approx(0.7, abs=0.01)
     assert data["loader_peak_rss_bytes"] > 0
     assert (report / "imbalance.png").stat().st_size > 0
+    assert data["padding_tokens"] == 0 and data["multimodal_cut"] == 0
+    assert data["blanked"] == {"web": 0, "code": 0}
+
+    # With token slack a quarter of every sequence is padding, reported as such; the
+    # shares are of document tokens.
+    config = json.loads(config_path.read_text())
+    config["balance"] = dict(config.get("balance", {}), slack=0.25)
+    slack = write_config(tmp_path / "slack.yaml", config)
+    result = braid_cli("run", slack, "--steps", 6, "--report", tmp_path / "slack")
+    assert result.returncode == 0, result.stderr
+    assert "padding          192 tokens (25.00% of slots)" in result.stdout
+    data = json.loads((tmp_path / "slack" / "report.json").read_text())
+    assert data["padding_tokens"] == 6 * 128 // 4
+    assert sum(data["source_share"].values()) == pytest.approx(1.0)
 
 
 def test_demo_runs_and_prints_its_summary(tmp_path):

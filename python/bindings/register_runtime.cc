@@ -53,18 +53,22 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["imbalance_max"] = s.imbalance_max;
   d["sequential_imbalance_mean"] = s.sequential_imbalance_mean;
   d["loader_peak_rss_bytes"] = s.peak_rss_bytes;
-  nb::dict tokens, share, target, skipped;
+  d["padding_tokens"] = s.padding_tokens;
+  d["multimodal_cut"] = s.multimodal_cut;
+  nb::dict tokens, share, target, skipped, blanked;
   for (size_t i = 0; i < s.source_names.size(); ++i) {
     const char* name = s.source_names[i].c_str();
     tokens[name] = s.source_tokens[i];
     if (i < s.source_share.size()) share[name] = s.source_share[i];
     target[name] = s.target_share[i];
     skipped[name] = s.skipped[i];
+    blanked[name] = i < s.blanked.size() ? s.blanked[i] : 0;
   }
   d["source_tokens"] = tokens;
   d["source_share"] = share;
   d["target_share"] = target;
   d["skipped"] = skipped;
+  d["blanked"] = blanked;
   d["step_imbalance"] = s.step_imbalance;
   d["step_seconds"] = s.step_seconds;
   return d;

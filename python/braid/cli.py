@@ -57,6 +57,11 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
     print("summary:", file=out)
     print(f"  steps            {summary['steps']}", file=out)
     print(f"  tokens           {summary['tokens']:,}", file=out)
+    padding = summary["padding_tokens"]
+    print(f"  padding          {padding:,} tokens "
+          f"({padding / max(summary['tokens'], 1):.2%} of slots)"
+          + (f", {summary['multimodal_cut']} multimodal documents cut for lack of room"
+             if summary["multimodal_cut"] else ""), file=out)
     print(f"  tokens/s         {summary['tokens_per_s']:,.0f}", file=out)
     print(f"  imbalance        mean {summary['imbalance_mean']:.4f}  "
           f"max {summary['imbalance_max']:.4f}  (max rank cost / mean rank cost)", file=out)
@@ -67,7 +72,9 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
     print("  source share     achieved / target", file=out)
     for name, share in summary["source_share"].items():
         print(f"    {name:<14} {share:.4f} / {summary['target_share'][name]:.4f}"
-              f"   skipped {summary['skipped'][name]}", file=out)
+              f"   skipped {summary['skipped'][name]}"
+              + (f", blanked {summary['blanked'][name]}" if summary["blanked"][name] else ""),
+              file=out)
 
 
 def _run(config, steps: int, report: Optional[str]) -> dict:

@@ -143,11 +143,15 @@ void PackText(const BalanceConfig& b, int64_t seq_len, const std::vector<int32_t
 // first, each into the first sequence with room for it from the one the interleaved order
 // would have put it in (wrapping around); text pieces then fill the rooms in order, cut
 // where a room ends. Each sequence keeps its pieces in interleave order. An atomic piece
-// that fits no room (a step packed nearly full of them) is packed as text: cut.
+// that fits no room (a step packed nearly full of them) is cut after its image tokens in
+// the largest room that holds them, the rest packed as text; only when no room holds its
+// image tokens is it packed as text from its start (the constructor then refuses a
+// split image, naming the document).
 // With token slack the rooms are `fill` tokens; an atomic piece may also take the slack
-// (up to seq_len), text never does.
-void PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
-                    std::vector<DocPiece> pieces, std::vector<Sequence>* sequences) {
+// (up to seq_len), text never does. Returns how many atomic pieces fit no room.
+int64_t PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
+                       std::vector<DocPiece> pieces, std::vector<Sequence>* sequences) {
+  int64_t cut = 0;
   const size_t n_seq = sequences->size();
   const int64_t headroom = seq_len - fill;
   std::vector<int64_t> room(n_seq, fill);  // to the fill; negative: into the slack
@@ -167,7 +171,28 @@ void PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
         return;
       }
     }
-    text.emplace_back(index++, std::move(piece));  // the last resort: cut
+    // No room holds the whole document: keep its image tokens whole and cut after them,
+    // in the room with the most space from the natural one on; the rest packs as text.
+    ++cut;
+    size_t best = n_seq;
+    int64_t best_room = std::max<int64_t>(piece.image_tokens, 1) - 1;
+    for (size_t j = 0; j < n_seq; ++j) {
+      const size_t k = (natural + j) % n_seq;
+      if (room[k] > best_room) {
+        best = k;
+        best_room = room[k];
+      }
+    }
+    if (best < n_seq) {
+      DocPiece head = piece;
+      head.len = best_room;
+      piece.start += best_room;
+      piece.len -= best_room;
+      piece.image_tokens = 0;
+      room[best] = 0;
+      parts[best].emplace_back(index++, std::move(head));
+    }
+    text.emplace_back(index++, std::move(piece));  // the rest (or all: the last resort)
   };
   for (DocPiece& piece : pieces) {
     if (piece.image_tokens > 0 && piece.len > seq_len) {
@@ -213,6 +238,7 @@ void PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
       seq.docs.push_back(std::move(part));
     }
   }
+  return cut;
 }
 
 }  // namespace
@@ -436,7 +462,8 @@ Result<StepPlan> Planner::PlanStep() {
     for (int32_t k : perm_) shuffled.push_back(std::move(pieces_[size_t(k)]));
     CutLongPieces(config_.balance, seq_len, fill, &shuffled);
     if (multimodal) {
-      PackMultimodal(config_.balance, seq_len, fill, std::move(shuffled), &sequences);
+      plan.multimodal_cut =
+          PackMultimodal(config_.balance, seq_len, fill, std::move(shuffled), &sequences);
     } else {
       pieces_.swap(shuffled);
       perm_.resize(pieces_.size());

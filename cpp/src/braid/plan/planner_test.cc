@@ -1404,6 +1404,51 @@ TEST(PlannerVisionTest, MultimodalDocumentsAreNeverCutInsideTheirImages) {
   }
 }
 
+// Only multimodal documents, each longer than half a sequence: a third of a step's
+// documents find no sequence with room for them whole. They are cut after their image
+// tokens (never inside), in a room that holds those, and counted in
+// StepPlan::multimodal_cut. (Images too large for any room left are still cut like text;
+// the constructor refuses such a step, naming the document: docs/planner.md.)
+TEST(PlannerVisionTest, DocumentsWithNoRoomAreCutAfterTheirImagesAndCounted) {
+  constexpr int64_t kSeqLen = 512;
+  auto docs = std::make_shared<Docs>();
+  std::vector<int64_t> images;
+  for (int64_t r = 0; r < 300; ++r) {
+    const int64_t len = 300 + (r * 37) % 150;  // 300..449 tokens: one per sequence
+    docs->push_back(std::vector<int32_t>(size_t(len), int32_t(7 + r)));
+    images.push_back(20 + (r * 13) % 40);     // 20..59 image tokens, leading
+  }
+  auto vlm = Src("vlm", Constant(1.0), docs);
+  vlm.image_tokens = images;
+  std::vector<MemorySource> sources{vlm};
+  Shape shape;
+  shape.seq_len = kSeqLen;
+  shape.sequences = 16;
+  shape.dp = 4;
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(10);
+  ASSERT_EQ(plans.size(), 10u);
+  int64_t cut = 0;
+  for (const StepPlan& plan : plans) {
+    cut += plan.multimodal_cut;
+    for (const RankPlan& rank : plan.ranks) {
+      for (const MicroBatch& mb : rank.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          EXPECT_LE(seq.tokens, kSeqLen);
+          for (const DocPiece& d : seq.docs) {
+            const int64_t img = images[size_t(int64_t(d.file) * kRowsPerFile + d.row)];
+            EXPECT_FALSE(d.start > 0 && d.start < img) << "cut inside the image tokens";
+            if (d.start == 0) EXPECT_GE(d.len, img);
+          }
+        }
+      }
+    }
+  }
+  CheckCoverage(plans, config);
+  EXPECT_GT(cut, 10);  // ~10 of ~26 documents per step
+}
+
 TEST(PlannerVisionTest, HybridAddsTheVisionTermAndBackboneIgnoresIt) {
   auto sources = VisionSources();
   Shape shape;

@@ -73,6 +73,9 @@ struct StepPlan {
   /// The imbalance the same sequences would have if assigned in order (what per-rank
   /// loaders get); for reports, not part of the plan.
   double sequential_imbalance = 1.0;
+  /// Documents that start with image tokens and found no sequence with room for them
+  /// whole, so they were cut like text (docs/planner.md); for reports, not in the JSON.
+  int64_t multimodal_cut = 0;
   std::vector<int64_t> source_tokens;  ///< per source, tokens in this step
   std::vector<RankPlan> ranks;
   PlannerState state_before;

@@ -167,6 +167,12 @@ Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
   return views;
 }
 
+std::vector<int64_t> Engine::blanked_payloads() const {
+  std::vector<int64_t> out;
+  for (const auto& source : loaders_) out.push_back(source->blanked_payloads());
+  return out;
+}
+
 std::string Engine::StateJson() const {
   if (last_plan_ == nullptr) {
     return PlannerStateToJson(start_state_, config_, skip_first_);

@@ -76,6 +76,10 @@ class Engine {
   /// continues the stream exactly there.
   std::string StateJson() const;
 
+  /// Per source, payloads blanked after their metadata was published (an image whose
+  /// body did not decode, on_error: skip). Thread-safe.
+  std::vector<int64_t> blanked_payloads() const;
+
   /// Micro-batches per step that this process receives.
   int64_t local_micro_batches_per_step(int64_t step) const;
 

@@ -734,6 +734,9 @@ TEST(EngineImageTest, SameBatchesForAnyWorkerCountWithABlankedImageUnderSkip) {
     with_images += a[i]->Find("pixel_values") != nullptr;
   }
   EXPECT_EQ(with_images, 30);
+  // The blanked row is counted per source (run summaries report it).
+  EXPECT_GE(one->blanked_payloads().at(0), 1);
+  EXPECT_EQ(one->blanked_payloads().size(), 1u);
 }
 
 }  // namespace

@@ -66,6 +66,8 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
   std::vector<double> sequential;                     // GUARDED_BY(mu)
   std::vector<std::vector<int64_t>> tokens_by_step;   // GUARDED_BY(mu)
   std::vector<std::vector<int64_t>> skipped_by_step;  // GUARDED_BY(mu)
+  std::vector<int64_t> padding_by_step;                // GUARDED_BY(mu)
+  std::vector<int64_t> cut_by_step;                    // GUARDED_BY(mu)
   Engine::Options options;
   options.on_plan = [&](const StepPlan& plan) {
     std::lock_guard<std::mutex> lock(mu);
@@ -75,6 +77,10 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     std::vector<int64_t> skipped;
     for (const auto& c : plan.state_after.sources) skipped.push_back(c.skipped);
     skipped_by_step.push_back(std::move(skipped));
+    int64_t filled = 0;
+    for (int64_t t : plan.source_tokens) filled += t;
+    padding_by_step.push_back(plan.seq_len * config.SequencesAt(plan.step) - filled);
+    cut_by_step.push_back(plan.multimodal_cut);
   };
   const auto t0 = std::chrono::steady_clock::now();
   ARROW_ASSIGN_OR_RAISE(auto engine, Engine::Make(config, std::move(options)));
@@ -108,15 +114,20 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
         target_sum[i] += config.WeightAt(i, step) / total_weight;
       }
       summary.skipped = skipped_by_step[size_t(step)];
+      summary.padding_tokens += padding_by_step[size_t(step)];
+      summary.multimodal_cut += cut_by_step[size_t(step)];
     }
     summary.imbalance_mean = imbalance_sum / static_cast<double>(summary.steps);
     summary.sequential_imbalance_mean = sequential_sum / static_cast<double>(summary.steps);
     summary.seconds = std::chrono::duration<double>(now - t0).count();
     summary.tokens_per_s = summary.tokens / std::max(summary.seconds, 1e-9);
+    summary.blanked = engine->blanked_payloads();
     summary.source_share.assign(n, 0.0);
+    int64_t document_tokens = 0;  // the shares are of document tokens, not padding
+    for (int64_t t : summary.source_tokens) document_tokens += t;
     for (size_t i = 0; i < n; ++i) {
       summary.source_share[i] = static_cast<double>(summary.source_tokens[i]) /
-                                static_cast<double>(summary.tokens);
+                                static_cast<double>(std::max<int64_t>(document_tokens, 1));
       summary.target_share[i] = target_sum[i] / static_cast<double>(summary.steps);
     }
     if (progress) progress(summary);

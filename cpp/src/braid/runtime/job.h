@@ -22,7 +22,7 @@ Result<std::string> RunPlanJob(const Config& config, int64_t steps,
 
 struct RunSummary {
   int64_t steps = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;  ///< token slots received (documents and padding)
   int64_t micro_batches = 0;
   double seconds = 0;
   double tokens_per_s = 0;
@@ -35,6 +35,10 @@ struct RunSummary {
   std::vector<double> source_share;  ///< achieved share of tokens
   std::vector<double> target_share;  ///< mean normalized weight over the steps
   std::vector<int64_t> skipped;      ///< samples skipped per source, whole run
+  /// Per source: payloads blanked after publishing (undecodable image bodies, skip).
+  std::vector<int64_t> blanked;
+  int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
+  int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)
   std::vector<double> step_imbalance;
   std::vector<double> step_seconds;  ///< wall time to receive each step's micro-batches
 };

@@ -50,6 +50,12 @@ class ShardedSource : public SampleStream {
   /// The number of loaders (sources[].loaders, lowered as the header says).
   int64_t shards() const { return static_cast<int64_t>(loaders_.size()); }
   SourceLoader& loader(int64_t k) { return *loaders_[size_t(k)]; }
+  /// Payloads blanked after publishing, over every loader (SourceLoader::blanked_payloads).
+  int64_t blanked_payloads() const {
+    int64_t n = 0;
+    for (const auto& l : loaders_) n += l->blanked_payloads();
+    return n;
+  }
 
  private:
   ShardedSource(const Config& config, int32_t source_index, StreamPos start,
