@@ -118,10 +118,10 @@ TEST(ConstructorTest, PaddedRowsEndWithTheirOwnSegment) {
   EXPECT_THAT(Values<float>(*built, "loss_mask", DType::kFloat32),
               ElementsAreArray({1, 1, 0, 0, 0, /**/ 1, 1, 1, 0, 0, /**/ 1, 0, 0, 0, 0}));
 
-  // A sequence whose token count disagrees with its pieces is refused, not misbuilt.
-  plan.ranks[0].micro_batches[0].sequences[1].tokens = 4;
+  // A sequence whose pieces overflow seq_len is refused, not written past its row.
+  plan.ranks[0].micro_batches[0].sequences[2].docs.push_back(Piece(1, b, 0, 4));
   EXPECT_THAT(BuildMicroBatch(plan, 0, 0).status().message(),
-              ::testing::HasSubstr("disagree"));
+              ::testing::HasSubstr("sequence 2: its pieces hold 6 tokens, more than seq_len 5"));
 }
 
 TEST(ConstructorTest, PlanWithoutPayloadsIsInvalid) {
