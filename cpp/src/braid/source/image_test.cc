@@ -479,7 +479,7 @@ StepPlan OneSequencePlan(std::vector<DocPiece> docs, int64_t seq_len) {
   plan.ranks.resize(1);
   plan.ranks[0].micro_batches.resize(1);
   Sequence seq;
-  seq.docs = std::move(docs);
+  seq.docs.assign(docs.begin(), docs.end());
   plan.ranks[0].micro_batches[0].sequences.push_back(seq);
   return plan;
 }
@@ -759,6 +759,97 @@ TEST_F(ImageSourceTest, StopWhilePayloadsArePendingCompletesThem) {
       EXPECT_TRUE(p.status().IsCancelled()) << p.status().ToString();
     }
   }
+}
+
+// Several images per row: a list<binary> column. Every image's placeholders lead the
+// document, in list order, then the caption; the payload carries one ImagePatches per
+// image; an empty list is an empty row, a null element a null.
+TEST_F(ImageSourceTest, ListColumnGivesSeveralImagesPerRowInOrder) {
+  const std::string path = dir_->Sub("multi.parquet");
+  {
+    auto ib = std::make_shared<arrow::BinaryBuilder>();
+    arrow::ListBuilder lb(arrow::default_memory_pool(), ib);
+    arrow::StringBuilder cb;
+    ASSERT_TRUE(lb.Append().ok());  // row 0: two images
+    ASSERT_TRUE(ib->Append(Jpeg(28, 42, 200, 100, 50)).ok());
+    ASSERT_TRUE(ib->Append(Png(70, 14, 0, 0, 255)).ok());
+    ASSERT_TRUE(lb.Append().ok());  // row 1: one image
+    ASSERT_TRUE(ib->Append(Png(14, 14, 255, 0, 0)).ok());
+    ASSERT_TRUE(lb.Append().ok());  // row 2: none
+    ASSERT_TRUE(lb.Append().ok());  // row 3: a null element
+    ASSERT_TRUE(ib->Append(Png(14, 14, 255, 0, 0)).ok());
+    ASSERT_TRUE(ib->AppendNull().ok());
+    for (const char* c : {"two pictures.", "one.", "none.", "broken."}) {
+      ASSERT_TRUE(cb.Append(c).ok());
+    }
+    auto images = lb.Finish().ValueOrDie();
+    auto captions = cb.Finish().ValueOrDie();
+    auto table = arrow::Table::Make(
+        arrow::schema({arrow::field("image", arrow::list(arrow::binary())),
+                       arrow::field("caption", arrow::utf8())}),
+        {images, captions});
+    auto out = arrow::io::FileOutputStream::Open(path).ValueOrDie();
+    ASSERT_TRUE(parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
+                                           /*chunk_size=*/4)
+                    .ok());
+  }
+  Config config = ImageConfig(path, OnError::kSkip);
+  const Pulled full = Pull(config, 4);
+  SourceLoader::Options meta_only;
+  meta_only.read_payloads = false;
+  const Pulled meta = Pull(config, 4, meta_only);
+  ASSERT_EQ(full.samples.size(), 4u);
+  ASSERT_EQ(meta.samples.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) ExpectSameMeta(full.samples[i].meta, meta.samples[i].meta);
+  const float red[3] = {Norm(255), Norm(0), Norm(0)};
+  for (size_t i = 0; i < 4; ++i) {
+    const Sample& s = full.samples[i];
+    switch (s.meta.row) {
+      case 0: {
+        ASSERT_TRUE(full.payloads[i].ok()) << full.payloads[i].status().ToString();
+        const Payload& p = **full.payloads[i];
+        EXPECT_EQ(s.meta.image_tokens, 6 + 5);
+        ASSERT_EQ(p.images.size(), 2u);
+        EXPECT_EQ(p.image_start, (std::vector<int64_t>{0, 6}));
+        EXPECT_EQ(p.images[0].grid_h, 3);
+        EXPECT_EQ(p.images[0].grid_w, 2);
+        EXPECT_EQ(p.images[1].grid_h, 1);
+        EXPECT_EQ(p.images[1].grid_w, 5);
+        EXPECT_EQ(p.images[1].pixels.size(), size_t(5 * 588));
+        std::vector<int32_t> expected(11, 7);
+        for (int32_t id : Encode("two pictures.")) expected.push_back(id);
+        expected.push_back(2);
+        EXPECT_EQ(p.tokens, expected);
+        // Both images reach the micro-batch, whole and in order.
+        DocPiece d = Piece(s.payload, 0, int64_t(expected.size()), 0);
+        auto batch = BuildMicroBatch(OneSequencePlan({d}, 64), 0, 0);
+        ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+        EXPECT_EQ(batch->Find("pixel_values")->shape, (std::vector<int64_t>{11, 588}));
+        EXPECT_EQ(batch->Find("image_grid")->shape, (std::vector<int64_t>{2, 2}));
+        break;
+      }
+      case 1: {
+        ASSERT_TRUE(full.payloads[i].ok());
+        const Payload& p = **full.payloads[i];
+        EXPECT_EQ(s.meta.image_tokens, 1);
+        ASSERT_EQ(p.images.size(), 1u);
+        ExpectSolid(p.images[0], 14, red, 1e-5f);
+        break;
+      }
+      case 2:
+        EXPECT_EQ(s.meta.skip, SkipReason::kEmpty);
+        break;
+      default:
+        EXPECT_EQ(s.meta.skip, SkipReason::kNull);
+        break;
+    }
+  }
+  // With on_error: fail the null element names the row.
+  auto failing = SourceLoader::Make(ImageConfig(path, OnError::kFail), 0, StreamPos{}, {});
+  ASSERT_TRUE(failing.ok());
+  Status first_error;
+  for (int i = 0; i < 4 && first_error.ok(); ++i) first_error = (*failing)->Next().status();
+  EXPECT_THAT(first_error.message(), HasSubstr("row 3"));
 }
 
 }  // namespace

@@ -374,6 +374,42 @@ bool BinaryAt(const arrow::Array& a, int64_t i, std::string_view* out) {
   return true;
 }
 
+bool IsImageColumn(const arrow::DataType& t) {
+  if (IsBinary(t)) return true;
+  const auto id = t.id();
+  return (id == arrow::Type::LIST || id == arrow::Type::LARGE_LIST) &&
+         IsBinary(*t.field(0)->type());
+}
+
+// The encoded images of row `i`: one for a binary column, each element of a list<binary>
+// column in order. False if the row (or an element of its list) is null.
+bool ImagesAt(const arrow::Array& a, int64_t i, std::vector<std::string_view>* out) {
+  out->clear();
+  if (a.IsNull(i)) return false;
+  if (IsBinary(*a.type())) {
+    out->emplace_back();
+    return BinaryAt(a, i, &out->back());
+  }
+  int64_t begin = 0, end = 0;
+  std::shared_ptr<arrow::Array> values;
+  if (a.type_id() == arrow::Type::LIST) {
+    const auto& list = static_cast<const arrow::ListArray&>(a);
+    begin = list.value_offset(i);
+    end = list.value_offset(i + 1);
+    values = list.values();
+  } else {
+    const auto& list = static_cast<const arrow::LargeListArray&>(a);
+    begin = list.value_offset(i);
+    end = list.value_offset(i + 1);
+    values = list.values();
+  }
+  for (int64_t k = begin; k < end; ++k) {
+    out->emplace_back();
+    if (!BinaryAt(*values, k, &out->back())) return false;
+  }
+  return true;
+}
+
 class ImageCaptionTransform : public Transform {
  public:
   ImageCaptionTransform(const SourceConfig& s, std::string key,
@@ -387,44 +423,62 @@ class ImageCaptionTransform : public Transform {
 
   std::vector<ColumnSpec> columns() const override {
     auto check_binary = [](const arrow::DataType& t) -> std::string {
-      return IsBinary(t) ? "" : "a binary column (encoded JPEG / PNG bytes)";
+      return IsImageColumn(t) ? ""
+                              : "a binary column (encoded JPEG / PNG / WebP bytes) or a "
+                                "list of them";
     };
     return {{image_column_, key_ + ".image_column", check_binary},
             {text_column_, key_ + ".text_column", CheckString}};
   }
 
   int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
-    std::string_view image;
-    const int64_t encoded = BinaryAt(*cols[0], i, &image) ? int64_t(image.size()) : 0;
-    return std::min(encoded * 64, options_.max_pixels * 12) + StringBytes(*cols[1], i);
+    std::vector<std::string_view> images;
+    ImagesAt(*cols[0], i, &images);
+    int64_t bytes = StringBytes(*cols[1], i);
+    for (std::string_view image : images) {
+      bytes += std::min(int64_t(image.size()) * 64, options_.max_pixels * 12);
+    }
+    return bytes;
   }
 
   Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
-    std::string_view image, caption;
-    if (!BinaryAt(*cols[0], i, &image)) {
+    std::vector<std::string_view> images;
+    std::string_view caption;
+    if (!ImagesAt(*cols[0], i, &images)) {
       return Null("null column '" + image_column_ + "'", out);
     }
     if (!StringAt(*cols[1], i, &caption)) {
       return Null("null column '" + text_column_ + "'", out);
     }
-    if (image.empty()) {
+    if (images.empty() ||
+        std::any_of(images.begin(), images.end(), [](auto im) { return im.empty(); })) {
       out->skip = SkipReason::kEmpty;
       return Status::OK();
     }
-    // Metadata first: the header gives the grid, hence the token count; the pixels are
+    // Metadata first: the headers give the grids, hence the token count; the pixels are
     // decoded by Finish, or never when only metadata is read.
-    Result<ImageGrid> grid = ReadImageGrid(image, options_);
-    if (!grid.ok()) {
-      // Bad bytes follow on_error like a null: fail naming the row, or a counted skip.
-      return Null(grid.status().message() + " (column '" + image_column_ + "')", out);
+    std::vector<ImageGrid> grids;
+    for (size_t k = 0; k < images.size(); ++k) {
+      Result<ImageGrid> grid = ReadImageGrid(images[k], options_);
+      if (!grid.ok()) {
+        // Bad bytes follow on_error like a null: fail naming the row, or a counted skip.
+        return Null(grid.status().message() + " (column '" + image_column_ + "'" +
+                        (images.size() > 1 ? ", image " + std::to_string(k) : "") + ")",
+                    out);
+      }
+      grids.push_back(*grid);
     }
     std::vector<int32_t> ids;
     std::vector<uint8_t> mask;
+    std::vector<int64_t> starts;
     if (tok_->add_bos()) ids.push_back(tok_->bos_id());
-    const int64_t n = grid->num_patches();
-    const auto image_start = static_cast<int64_t>(ids.size());
-    ids.insert(ids.end(), size_t(n), image_token_id_);
+    int64_t n = 0;  // placeholders of every image, leading the document
+    for (const ImageGrid& grid : grids) {
+      starts.push_back(static_cast<int64_t>(ids.size()));
+      ids.insert(ids.end(), size_t(grid.num_patches()), image_token_id_);
+      n += grid.num_patches();
+    }
     mask.resize(ids.size(), 0);
     if (!caption.empty()) {
       const Status st = tok_->Encode(caption, &ids);
@@ -438,11 +492,13 @@ class ImageCaptionTransform : public Transform {
       auto payload = std::make_shared<Payload>();
       payload->tokens = std::move(ids);
       payload->loss_mask = std::move(mask);
-      payload->image_start.push_back(image_start);
-      ImagePatches patches;  // pixels: Finish
-      patches.grid_h = grid->grid_h;
-      patches.grid_w = grid->grid_w;
-      payload->images.push_back(std::move(patches));
+      payload->image_start = std::move(starts);
+      for (const ImageGrid& grid : grids) {
+        ImagePatches patches;  // pixels: Finish
+        patches.grid_h = grid.grid_h;
+        patches.grid_w = grid.grid_w;
+        payload->images.push_back(std::move(patches));
+      }
       out->payload_bytes = payload->bytes() + n * PatchValues() * int64_t{sizeof(float)};
       out->payload = std::move(payload);
       out->deferred = true;
@@ -454,21 +510,28 @@ class ImageCaptionTransform : public Transform {
 
   Status Finish(const Columns& cols, int64_t i, const RowLocation& where,
                 Payload* payload) const override {
-    ImagePatches& im = payload->images.front();
-    std::string_view image;
-    BinaryAt(*cols[0], i, &image);  // not null: Apply checked
-    Result<ImagePatches> patches = DecodeImage(image, options_);
-    if (patches.ok() && patches->grid_h == im.grid_h && patches->grid_w == im.grid_w) {
-      im = std::move(*patches);
-      return Status::OK();
+    std::vector<std::string_view> images;
+    ImagesAt(*cols[0], i, &images);  // not null, as many as Apply saw
+    for (size_t k = 0; k < payload->images.size(); ++k) {
+      ImagePatches& im = payload->images[k];
+      Result<ImagePatches> patches = DecodeImage(images[k], options_);
+      if (patches.ok() && patches->grid_h == im.grid_h && patches->grid_w == im.grid_w) {
+        im = std::move(*patches);
+        continue;
+      }
+      // A blank that still fits the published metadata: no pixels, nothing trained.
+      for (ImagePatches& blank : payload->images) {
+        blank.pixels.assign(size_t(blank.num_patches() * PatchValues()), 0.0f);
+      }
+      payload->loss_mask.assign(payload->tokens.size(), 0);
+      const std::string what =
+          patches.ok() ? "cannot decode image: its size differs from its header"
+                       : patches.status().message();
+      return DataError(where.ToString(),
+                       what + " (column '" + image_column_ + "'" +
+                           (images.size() > 1 ? ", image " + std::to_string(k) : "") + ")");
     }
-    // A blank that still fits the published metadata: no pixels, nothing trained.
-    im.pixels.assign(size_t(im.num_patches() * PatchValues()), 0.0f);
-    payload->loss_mask.assign(payload->tokens.size(), 0);
-    const std::string what =
-        patches.ok() ? "cannot decode image: its size differs from its header"
-                     : patches.status().message();
-    return DataError(where.ToString(), what + " (column '" + image_column_ + "')");
+    return Status::OK();
   }
 
  private:

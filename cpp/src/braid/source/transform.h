@@ -9,9 +9,10 @@
 //                  template; loss_mask = 1 on response (assistant) tokens only
 //   transform      a user function over the named columns (source/user_transform.h)
 //   image_column + text_column
-//                  an encoded image (JPEG / PNG, source/image.h) and its caption:
-//                  [BOS] image placeholders, caption ids [EOS]; loss_mask = 0 on the
-//                  placeholders; the payload carries the image's patches. Apply reads
+//                  an encoded image (JPEG / PNG / WebP, source/image.h), or a list of
+//                  them, and a caption: [BOS] every image's placeholders, caption ids
+//                  [EOS]; loss_mask = 0 on the placeholders; the payload carries the
+//                  images' patches. Apply reads
 //                  only the image header (its token count); Finish decodes it
 //
 // Thread-safe: Apply is const and runs on the loader's worker threads concurrently.
