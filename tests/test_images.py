@@ -102,6 +102,27 @@ def test_loader_batches_carry_whole_images(tmp_path: Path, model: str):
     assert batches == 6
 
 
+def test_several_images_per_row_arrive_in_list_order(tmp_path: Path, model: str):
+    # A list<binary> column: [28x42 red, 14x28 blue] per row -> 6 + 2 placeholders.
+    red, blue = (255, 0, 0), (0, 0, 255)
+    rows = [[png(28, 42, red), png(14, 28, blue)]] * 8
+    pq.write_table(pa.table({"image": pa.array(rows, pa.list_(pa.binary())),
+                             "caption": [CAPTION] * len(rows)}),
+                   tmp_path / "m.parquet", row_group_size=4)
+    caption = list(_core.sentencepiece_tokenize(model, CAPTION))
+    doc = [IMAGE_TOKEN] * 8 + caption + [2]
+    loader = braid.Loader(config(model, tmp_path / "m.parquet", 2 * len(doc)),
+                          rank=0, world_size=1)
+    for batch in itertools.islice(iter(loader), 3):
+        assert batch["input_ids"][0].tolist() == doc + doc
+        assert batch["image_grid"].tolist() == [[3, 2], [2, 1], [3, 2], [2, 1]]
+        pixels = batch["pixel_values"].numpy().reshape(16, 3, 14 * 14)
+        colours = [red] * 6 + [blue] * 2
+        for patch, colour in zip(pixels, colours + colours):
+            assert np.allclose(patch, np.array([norm(v) for v in colour],
+                                               np.float32)[:, None], atol=1e-5)
+
+
 def test_jpeg_images_decode_within_tolerance(tmp_path: Path, model: str):
     if not hasattr(_core, "encode_test_jpeg"):
         pytest.skip("this build has no JPEG test encoder")
