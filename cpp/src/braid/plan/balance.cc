@@ -5,7 +5,6 @@
 #include <bit>
 #include <cstdint>
 #include <numeric>
-#include <queue>
 #include <utility>
 
 namespace braid {
@@ -40,18 +39,50 @@ struct Partial {
   double spread() const { return bins.front().sum - bins.back().sum; }
 };
 
-// Heaviest first, ties in the current order (what a stable sort gives).
-void SortBins(std::vector<Bin>* bins) {
+// A key that orders like `cost`, descending: flip the sign bit of a positive double, every
+// bit of a negative one, then complement. -0.0 counts as 0.0 (a tie, as in a comparison).
+uint64_t DescendingKey(double cost) {
+  const uint64_t bits = std::bit_cast<uint64_t>(cost == 0 ? 0.0 : cost);
+  const uint64_t ascending = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
+  return ~ascending;
+}
+
+// Heaviest first, ties in the current order (what a stable sort gives). Many bins (a
+// partition over 1,000 ranks, sorted after every merge) take a stable radix sort on the
+// sums' bits, 8 bits a pass, into `*tmp`; both give the same order.
+void SortBins(std::vector<Bin>* bins, std::vector<Bin>* tmp) {
   bool sorted = true;
   for (size_t i = 0; i < bins->size(); ++i) {
     (*bins)[i].pos = static_cast<int32_t>(i);
     if (i > 0 && (*bins)[i].sum > (*bins)[i - 1].sum) sorted = false;
   }
   if (sorted) return;
-  std::sort(bins->begin(), bins->end(), [](const Bin& a, const Bin& b) {
-    if (a.sum != b.sum) return a.sum > b.sum;
-    return a.pos < b.pos;
-  });
+  const size_t n = bins->size();
+  if (n < 256) {
+    std::sort(bins->begin(), bins->end(), [](const Bin& a, const Bin& b) {
+      if (a.sum != b.sum) return a.sum > b.sum;
+      return a.pos < b.pos;
+    });
+    return;
+  }
+  constexpr int kPasses = 8;
+  std::array<std::array<uint32_t, 256>, kPasses> count{};
+  for (const Bin& bin : *bins) {
+    const uint64_t key = DescendingKey(bin.sum);
+    for (int p = 0; p < kPasses; ++p) ++count[size_t(p)][(key >> (8 * p)) & 0xff];
+  }
+  tmp->resize(n);
+  const uint64_t first = DescendingKey(bins->front().sum);
+  for (int p = 0; p < kPasses; ++p) {
+    auto& c = count[size_t(p)];
+    if (c[(first >> (8 * p)) & 0xff] == n) continue;  // every key has this digit
+    uint32_t sum = 0;
+    for (uint32_t& x : c) sum += std::exchange(x, sum);
+    for (const Bin& bin : *bins) {
+      (*tmp)[c[(DescendingKey(bin.sum) >> (8 * p)) & 0xff]++] = bin;
+    }
+    bins->swap(*tmp);
+  }
 }
 
 // Item indices by cost, heaviest first, ties by index (what a stable sort gives).
@@ -67,15 +98,10 @@ std::vector<int32_t> ByCostDescending(const std::vector<double>& costs) {
     for (size_t i = 0; i < n; ++i) idx[i] = keys[i].second;
     return idx;
   }
-  // Keys that order like the costs, descending: flip the sign bit of a positive double,
-  // every bit of a negative one, then complement. -0.0 counts as 0.0 (a tie, as in the
-  // comparison sort).
   std::vector<uint64_t> key(n), key_tmp(n);
   std::vector<int32_t> idx(n), idx_tmp(n);
   for (size_t i = 0; i < n; ++i) {
-    const uint64_t bits = std::bit_cast<uint64_t>(costs[i] == 0 ? 0.0 : costs[i]);
-    const uint64_t ascending = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
-    key[i] = ~ascending;
+    key[i] = DescendingKey(costs[i]);
     idx[i] = static_cast<int32_t>(i);
   }
   constexpr int kBits = 11, kPasses = 6;  // 66 >= 64 bits
@@ -125,6 +151,7 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
     return p;
   };
   Lists lists(costs.size());
+  std::vector<Bin> tmp;  // SortBins' scratch
   int64_t next_order = 0;
   for (size_t start = 0; start < sorted.size(); start += size_t(m)) {
     Partial p;
@@ -135,7 +162,7 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
       p.bins[size_t(j)].sum = costs[size_t(item)];
       p.bins[size_t(j)].list = item;
     }
-    SortBins(&p.bins);
+    SortBins(&p.bins, &tmp);
     push(std::move(p));
   }
   while (heap.size() > 1) {
@@ -148,7 +175,7 @@ std::vector<std::vector<int32_t>> KarmarkarKarp(const std::vector<double>& costs
       dst.sum += src.sum;
       lists.Append(dst.list, src.list);
     }
-    SortBins(&a.bins);
+    SortBins(&a.bins, &tmp);
     a.order = next_order++;
     push(std::move(a));
   }
@@ -169,15 +196,35 @@ std::vector<std::vector<int32_t>> Greedy(const std::vector<double>& costs, int64
   const size_t per_bin = costs.size() / size_t(m);
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(m));
   for (auto& bin : out) bin.reserve(per_bin);
-  // (sum, bin) min-heap over bins that still have room.
+  // (sum, bin) min-heap over bins that still have room. The lightest bin takes the item
+  // and sinks once to its new place (one sift instead of a pop and a push); the order of
+  // (sum, bin) is total, so the bin chosen is the one any min-heap gives.
   using Entry = std::pair<double, int64_t>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-  for (int64_t j = 0; j < m; ++j) heap.emplace(0.0, j);
+  std::vector<Entry> heap(static_cast<size_t>(m));
+  for (int64_t j = 0; j < m; ++j) heap[size_t(j)] = {0.0, j};  // already a heap
+  auto sift_down = [&heap] {
+    const size_t n = heap.size();
+    const Entry e = heap[0];
+    size_t i = 0;
+    for (size_t c = 1; c < n; c = 2 * i + 1) {
+      if (c + 1 < n && heap[c + 1] < heap[c]) ++c;
+      if (!(heap[c] < e)) break;
+      heap[i] = heap[c];
+      i = c;
+    }
+    heap[i] = e;
+  };
   for (int32_t item : ByCostDescending(costs)) {
-    auto [sum, bin] = heap.top();
-    heap.pop();
-    out[size_t(bin)].push_back(item);
-    if (out[size_t(bin)].size() < per_bin) heap.emplace(sum + costs[size_t(item)], bin);
+    Entry& top = heap.front();
+    const size_t bin = size_t(top.second);
+    out[bin].push_back(item);
+    if (out[bin].size() < per_bin) {
+      top.first += costs[size_t(item)];
+    } else {
+      top = heap.back();
+      heap.pop_back();
+    }
+    if (!heap.empty()) sift_down();
   }
   return out;
 }

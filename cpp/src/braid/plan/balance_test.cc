@@ -296,6 +296,94 @@ TEST_P(KarmarkarKarpVsGreedyTest, KarmarkarKarpIsBalancedLargestDifferencing) {
   }
 }
 
+// Balanced LDM with its ties spelled out, returning the partition: items sorted by cost
+// descending (ties by index), bins of a partial kept in a stable descending order, the
+// partial with the largest spread merged first (ties: the older one), its bins' items
+// first. Linear scans and stable sorts; the planner's KK must give exactly this.
+std::vector<std::vector<int32_t>> ReferenceKarmarkarKarp(const std::vector<double>& costs,
+                                                         int64_t m) {
+  struct RefBin {
+    double sum = 0;
+    std::vector<int32_t> items;
+  };
+  struct Part {
+    std::vector<RefBin> bins;
+    int64_t order = 0;
+    double spread() const { return bins.front().sum - bins.back().sum; }
+  };
+  auto sort_bins = [](std::vector<RefBin>* bins) {
+    std::stable_sort(bins->begin(), bins->end(),
+                     [](const RefBin& a, const RefBin& b) { return a.sum > b.sum; });
+  };
+  std::vector<int32_t> idx(costs.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return costs[size_t(a)] > costs[size_t(b)]; });
+  std::vector<Part> parts;
+  int64_t next_order = 0;
+  for (size_t start = 0; start < idx.size(); start += size_t(m)) {
+    Part p;
+    p.order = next_order++;
+    for (int64_t j = 0; j < m; ++j) {
+      const int32_t item = idx[start + size_t(j)];
+      p.bins.push_back({costs[size_t(item)], {item}});
+    }
+    sort_bins(&p.bins);
+    parts.push_back(std::move(p));
+  }
+  auto take_widest = [&] {
+    size_t best = 0;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      if (parts[i].spread() > parts[best].spread() ||
+          (parts[i].spread() == parts[best].spread() && parts[i].order < parts[best].order)) {
+        best = i;
+      }
+    }
+    Part p = std::move(parts[best]);
+    parts.erase(parts.begin() + long(best));
+    return p;
+  };
+  while (parts.size() > 1) {
+    Part a = take_widest();
+    Part b = take_widest();
+    for (int64_t j = 0; j < m; ++j) {
+      RefBin& dst = a.bins[size_t(j)];
+      const RefBin& src = b.bins[size_t(m - 1 - j)];
+      dst.sum += src.sum;
+      dst.items.insert(dst.items.end(), src.items.begin(), src.items.end());
+    }
+    sort_bins(&a.bins);
+    a.order = next_order++;
+    parts.push_back(std::move(a));
+  }
+  std::vector<std::vector<int32_t>> out;
+  for (RefBin& bin : parts.front().bins) {
+    std::sort(bin.items.begin(), bin.items.end());
+    out.push_back(std::move(bin.items));
+  }
+  return out;
+}
+
+// With many bins (a step at dp >= 256) KK sorts a partial's bins by a radix sort on the
+// sums; the partition must be the one the stable comparison sort gives, ties included.
+TEST(BalanceTest, KarmarkarKarpWithManyBinsMatchesTheReferenceExactly) {
+  for (int64_t m : {256, 300, 1024}) {
+    for (int64_t per_bin : {2, 5, 16}) {
+      const int64_t n = m * per_bin;
+      std::vector<double> ties(static_cast<size_t>(n)), zeros(static_cast<size_t>(n), 0.0);
+      for (size_t i = 0; i < ties.size(); ++i) ties[i] = double((i * 7919) % 5);
+      for (size_t i = 0; i < zeros.size(); i += 3) zeros[i] = (i % 2) ? -0.0 : 1e6;
+      const std::vector<double> tail = LongTailCosts(n, uint64_t(n) * 13 + uint64_t(m));
+      for (const std::vector<double>* costs :
+           std::vector<const std::vector<double>*>{&ties, &zeros, &tail}) {
+        SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n);
+        EXPECT_EQ(PartitionEqualCount(*costs, m, BalanceAlgorithm::kKarmarkarKarp),
+                  ReferenceKarmarkarKarp(*costs, m));
+      }
+    }
+  }
+}
+
 // KK against greedy LPT on many planner-shaped instances: 8 packed sequences per bin
 // (8 micro-batches per rank), long-tail document lengths.
 struct Means {

@@ -76,37 +76,44 @@ bool CutsLongPieces(const BalanceConfig& b, int64_t fill,
   return false;
 }
 
-// Packing text: the pieces, visited in `order`, fill sequences of exactly seq_len tokens
-// in turn; a piece that crosses a sequence boundary is cut there. Moves the pieces out
-// of `*pieces`. `lens[k]` is (*pieces)[k].len.
-void PackText(const BalanceConfig& b, int64_t seq_len, const std::vector<int32_t>& order,
-              const std::vector<int64_t>& lens, std::vector<DocPiece>* pieces,
-              std::vector<Sequence>* sequences) {
-  // Pass 1 counts the parts of each sequence so that pass 2 allocates each once.
-  {
-    size_t current = 0;
-    int64_t filled = 0;
-    int32_t parts = 0;
-    for (int32_t k : order) {
-      int64_t len = lens[size_t(k)];
-      while (len > 0) {
-        const int64_t take = std::min(seq_len - filled, len);
-        ++parts;
-        len -= take;
-        filled += take;
-        if (filled == seq_len) {
-          (*sequences)[current++].docs.reserve(size_t(parts));
-          filled = 0;
-          parts = 0;
-        }
+// Packing text, pass 1, on the pieces' lengths alone: the pieces, visited in `order`, fill
+// sequences of exactly `fill` tokens in turn; a piece that crosses a sequence boundary is
+// cut there. Gives each sequence's part count, tokens and cost (its parts' costs summed in
+// order). `lens[k]` is the length of piece k.
+void CountText(const BalanceConfig& b, int64_t fill, const std::vector<int32_t>& order,
+               const std::vector<int64_t>& lens, size_t num_sequences,
+               std::vector<int32_t>* parts, std::vector<int64_t>* tokens,
+               std::vector<double>* costs) {
+  parts->assign(num_sequences, 0);
+  tokens->assign(num_sequences, 0);
+  costs->assign(num_sequences, 0.0);
+  size_t current = 0;
+  int64_t filled = 0;
+  for (int32_t k : order) {
+    int64_t len = lens[size_t(k)];
+    while (len > 0) {
+      const int64_t take = std::min(fill - filled, len);
+      ++(*parts)[current];
+      (*tokens)[current] += take;
+      (*costs)[current] += PieceCost(b, take);
+      len -= take;
+      filled += take;
+      if (filled == fill) {
+        ++current;
+        filled = 0;
       }
     }
-    if (parts > 0) (*sequences)[current].docs.reserve(size_t(parts));
   }
-  // Pass 2. The order is random over a buffer far larger than the cache: fetch a few
-  // pieces ahead.
-  constexpr size_t kAhead = 8;
+}
+
+// Packing text, pass 2: moves the pieces, visited in `order`, into the sequences as
+// CountText cut them (each sequence's docs reserved for its parts by the caller).
+void FillText(int64_t fill, const std::vector<int32_t>& order, std::vector<DocPiece>* pieces,
+              std::vector<Sequence>* sequences) {
+  // The order is random over a buffer far larger than the cache: fetch pieces ahead.
+  constexpr size_t kAhead = 24;
   size_t current = 0;
+  int64_t filled = 0;
   for (size_t i = 0; i < order.size(); ++i) {
     if (i + kAhead < order.size()) {
       const char* ahead =
@@ -116,23 +123,23 @@ void PackText(const BalanceConfig& b, int64_t seq_len, const std::vector<int32_t
     }
     DocPiece& piece = (*pieces)[size_t(order[i])];
     while (piece.len > 0) {
-      Sequence& seq = (*sequences)[current];
-      const int64_t room = seq_len - seq.tokens;
+      auto& docs = (*sequences)[current].docs;
+      const int64_t room = fill - filled;
       if (piece.len <= room) {  // the rest of the piece fits: move it
-        seq.tokens += piece.len;
-        seq.cost += PieceCost(b, piece.len);
-        seq.docs.push_back(std::move(piece));
-        if (seq.tokens == seq_len) ++current;
+        filled += piece.len;
+        docs.push_back(std::move(piece));
+        if (filled == fill) {
+          ++current;
+          filled = 0;
+        }
         break;
       }
-      DocPiece part = piece;
+      DocPiece& part = docs.emplace_back(piece);
       part.len = room;
       piece.start += room;
       piece.len -= room;
-      seq.tokens += room;
-      seq.cost += PieceCost(b, room);
-      seq.docs.push_back(std::move(part));
       ++current;
+      filled = 0;
     }
   }
 }
@@ -409,6 +416,9 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
     piece.len = take;
     piece.doc_tokens = doc_tokens;
     piece.image_tokens = cursor.head_start == 0 ? head.meta.image_tokens : 0;
+    piece_lens_.push_back(take);
+    any_image_tokens_ = any_image_tokens_ || piece.image_tokens > 0;
+    any_payload_ = any_payload_ || static_cast<bool>(head.payload);
     need -= take;
     cursor.head_start += take;
     if (cursor.head_start < doc_tokens) {
@@ -417,8 +427,7 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
       piece.payload = std::move(head.payload);
       cursor.next = After(head.meta.pos);
       cursor.head_start = 0;
-      has_head_[size_t(source)] = false;
-      head = Sample{};
+      has_head_[size_t(source)] = false;  // `head` is stale (its payload moved out)
     }
   }
   if (need > 0) cursor.carry += static_cast<double>(need);  // a deferred document
@@ -440,6 +449,9 @@ Result<StepPlan> Planner::PlanStep() {
   // 1-2. Quotas and draw, source by source.
   plan.source_tokens = Quotas(capacity);
   pieces_.clear();
+  piece_lens_.clear();
+  any_image_tokens_ = false;
+  any_payload_ = false;
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (plan.source_tokens[i] > 0) {
       ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len,
@@ -453,31 +465,55 @@ Result<StepPlan> Planner::PlanStep() {
   perm_.resize(pieces_.size());
   std::iota(perm_.begin(), perm_.end(), 0);
   rng.Shuffle(&perm_);
-  bool multimodal = false;
-  for (const DocPiece& piece : pieces_) multimodal = multimodal || piece.image_tokens > 0;
-  std::vector<Sequence> sequences(static_cast<size_t>(num_sequences));
+  const bool multimodal = any_image_tokens_;
+  // The plan's nested vectors go to its arena, sized for the pieces drawn plus a cut per
+  // sequence boundary: a step allocates a few large blocks and frees them at once.
+  plan.arena = PlanArena((pieces_.size() + size_t(num_sequences)) * sizeof(DocPiece) +
+                         size_t(num_sequences) * (sizeof(Sequence) + sizeof(MicroBatch)));
+  plan.arena.set_pieces_without_payloads(!any_payload_);
+  const PlanAllocator alloc = plan.arena.allocator();
+  const bool slack = fill < seq_len && config_.balance.algorithm != BalanceAlgorithm::kNone;
   if (multimodal || CutsLongPieces(config_.balance, fill, pieces_)) {
     std::vector<DocPiece> shuffled;
     shuffled.reserve(pieces_.size());
     for (int32_t k : perm_) shuffled.push_back(std::move(pieces_[size_t(k)]));
     CutLongPieces(config_.balance, seq_len, fill, &shuffled);
-    if (multimodal) {
-      plan.multimodal_cut =
-          PackMultimodal(config_.balance, seq_len, fill, std::move(shuffled), &sequences);
-    } else {
-      pieces_.swap(shuffled);
-      perm_.resize(pieces_.size());
-      std::iota(perm_.begin(), perm_.end(), 0);
-    }
-  }
-  if (!multimodal) {  // text: pack in order, cut where a sequence fills
+    pieces_.swap(shuffled);
+    perm_.resize(pieces_.size());
+    std::iota(perm_.begin(), perm_.end(), 0);
     piece_lens_.resize(pieces_.size());
     for (size_t k = 0; k < pieces_.size(); ++k) piece_lens_[k] = pieces_[k].len;
-    PackText(config_.balance, fill, perm_, piece_lens_, &pieces_, &sequences);
+  }
+  // The sequences in packing order, their vectors in the arena in that order too (filling
+  // them there, sequentially, and then moving each sequence to its micro-batch beats
+  // filling them in the plan's order: docs/planner.md).
+  std::vector<Sequence>& sequences = sequences_;
+  sequences.clear();
+  sequences.reserve(size_t(num_sequences));
+  for (int64_t i = 0; i < num_sequences; ++i) sequences.emplace_back(alloc);
+  std::vector<double>& costs = seq_costs_;
+  if (multimodal) {
+    plan.multimodal_cut =
+        PackMultimodal(config_.balance, seq_len, fill, std::move(pieces_), &sequences);
+    pieces_.clear();
+    seq_tokens_.resize(sequences.size());
+    costs.resize(sequences.size());
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      seq_tokens_[i] = sequences[i].tokens;
+      costs[i] = sequences[i].cost;
+    }
+  } else {  // text, in two passes: the cuts from the lengths, then the pieces
+    CountText(config_.balance, fill, perm_, piece_lens_, size_t(num_sequences),
+              &seq_parts_, &seq_tokens_, &costs);
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      Sequence& seq = sequences[i];
+      seq.docs.reserve(size_t(seq_parts_[i]));
+      seq.tokens = seq_tokens_[i];
+      seq.cost = costs[i];
+    }
+    FillText(fill, perm_, &pieces_, &sequences);
   }
   // 4. Balance over DP ranks, then cut each rank's sequences into micro-batches.
-  std::vector<double> costs(sequences.size());
-  for (size_t i = 0; i < sequences.size(); ++i) costs[i] = sequences[i].cost;
   const int64_t dp = config_.topology.buckets();  // one per DP rank by default
   const auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
   {  // in order, num_sequences / dp consecutive sequences per rank
@@ -492,14 +528,18 @@ Result<StepPlan> Planner::PlanStep() {
     plan.sequential_imbalance = total > 0 ? max_sum / (total / double(dp)) : 1.0;
   }
   // Token slack: pieces move between the ranks' sequences into the room it left.
-  if (fill < seq_len && config_.balance.algorithm != BalanceAlgorithm::kNone) {
+  if (slack) {
     MovePiecesBetweenBins(config_.balance, seq_len, rank_bins, &sequences);
-    for (size_t i = 0; i < sequences.size(); ++i) costs[i] = sequences[i].cost;
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      seq_tokens_[i] = sequences[i].tokens;
+      costs[i] = sequences[i].cost;
+    }
   }
   plan.imbalance = Imbalance(costs, rank_bins);
   const int64_t mbs = config_.batch.micro_batch_size;
   const int64_t n_micro = num_sequences / (dp * mbs);
-  plan.ranks.resize(static_cast<size_t>(dp));
+  plan.ranks.reserve(static_cast<size_t>(dp));
+  for (int64_t r = 0; r < dp; ++r) plan.ranks.emplace_back(alloc);
   std::vector<int32_t> flat;  // reused by every rank
   std::vector<double> member_costs, mb_costs;
   std::vector<int32_t> order(static_cast<size_t>(n_micro));  // of the micro-batches
@@ -525,8 +565,8 @@ Result<StepPlan> Planner::PlanStep() {
     for (int64_t k = 0; k < n_micro; ++k) {
       int64_t tokens = 0;
       for (int64_t j = k * mbs; j < (k + 1) * mbs; ++j) {
-        tokens += sequences[size_t(flat[size_t(j)])].tokens;
-        mb_costs[size_t(k)] += sequences[size_t(flat[size_t(j)])].cost;
+        tokens += seq_tokens_[size_t(flat[size_t(j)])];
+        mb_costs[size_t(k)] += costs[size_t(flat[size_t(j)])];
       }
       rank.tokens += tokens;
       rank.cost += mb_costs[size_t(k)];
@@ -543,13 +583,14 @@ Result<StepPlan> Planner::PlanStep() {
       MicroBatch& mb = rank.micro_batches[size_t(pos)];
       mb.sequences.reserve(size_t(mbs));
       for (int64_t j = k * mbs; j < (k + 1) * mbs; ++j) {
-        Sequence& seq = sequences[size_t(flat[size_t(j)])];
-        mb.tokens += seq.tokens;
-        mb.cost += seq.cost;
-        mb.sequences.push_back(std::move(seq));
+        const size_t s = size_t(flat[size_t(j)]);
+        mb.tokens += seq_tokens_[s];
+        mb.cost += costs[s];
+        mb.sequences.push_back(std::move(sequences[s]));
       }
     }
   }
+  sequences.clear();  // all moved into the plan: keep nothing that refers to its arena
   ++state_.step;
   plan.state_after = state_;
   return plan;

@@ -84,7 +84,15 @@ class Planner {
   // (not state): the drawn pieces, their lengths, the interleave order.
   std::vector<DocPiece> pieces_;
   std::vector<int64_t> piece_lens_;  // pieces_[k].len, compact for the packer's count
+  bool any_image_tokens_ = false;    // whether any of pieces_ has image tokens
+  bool any_payload_ = false;         // whether any of pieces_ has a payload
   std::vector<int32_t> perm_;
+  // The step's sequences in packing order (their vectors in the plan's arena; moved into
+  // the plan's micro-batches), and per sequence its parts, tokens and cost.
+  std::vector<Sequence> sequences_;
+  std::vector<int32_t> seq_parts_;
+  std::vector<int64_t> seq_tokens_;
+  std::vector<double> seq_costs_;
 };
 
 }  // namespace braid

@@ -5,9 +5,19 @@
 // (docs/plan-format.md). PlannerState is everything needed to continue the stream exactly:
 // the step, and per source its cursor, the consumed part of a split document, and the
 // rounding carry of its token quota. Thread-safe: immutable values once built.
+//
+// Memory: the nested vectors of a plan the planner builds (every micro-batch's sequences,
+// every sequence's pieces) live in one arena the plan owns (StepPlan::arena), so building
+// and destroying a step's ~16k sequences is a few large allocations, not one per vector.
+// A plan copied, or built by hand (tests), uses the heap. Moving a part (a MicroBatch, a
+// Sequence) out of a planner-built plan keeps it in that plan's arena: copy a part that
+// must outlive its plan.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <memory_resource>
 #include <string>
 #include <vector>
 
@@ -33,23 +43,102 @@ struct DocPiece {
   PayloadRef payload;      ///< empty when planning without payloads
 };
 
+/// The allocator of a plan's nested vectors: the plan's arena for a planner-built plan,
+/// the heap (the default) otherwise. Sequence, MicroBatch and RankPlan are allocator-aware:
+/// a vector of them built with an arena allocator puts their own vectors there too.
+using PlanAllocator = std::pmr::polymorphic_allocator<std::byte>;
+
 struct Sequence {
-  std::vector<DocPiece> docs;
+  using allocator_type = PlanAllocator;
+  std::pmr::vector<DocPiece> docs;
   int64_t tokens = 0;
   double cost = 0;
+
+  Sequence() = default;
+  explicit Sequence(const allocator_type& alloc) : docs(alloc) {}
+  Sequence(const Sequence& other, const allocator_type& alloc)
+      : docs(other.docs, alloc), tokens(other.tokens), cost(other.cost) {}
+  Sequence(Sequence&& other, const allocator_type& alloc)
+      : docs(std::move(other.docs), alloc), tokens(other.tokens), cost(other.cost) {}
+  Sequence(const Sequence&) = default;  ///< the copy's vectors on the heap
+  Sequence(Sequence&&) noexcept = default;
+  Sequence& operator=(const Sequence&) = default;
+  Sequence& operator=(Sequence&&) = default;
 };
 
 struct MicroBatch {
-  std::vector<Sequence> sequences;  ///< micro_batch_size of them
+  using allocator_type = PlanAllocator;
+  std::pmr::vector<Sequence> sequences;  ///< micro_batch_size of them
   int64_t tokens = 0;
   double cost = 0;
+
+  MicroBatch() = default;
+  explicit MicroBatch(const allocator_type& alloc) : sequences(alloc) {}
+  MicroBatch(const MicroBatch& other, const allocator_type& alloc)
+      : sequences(other.sequences, alloc), tokens(other.tokens), cost(other.cost) {}
+  MicroBatch(MicroBatch&& other, const allocator_type& alloc)
+      : sequences(std::move(other.sequences), alloc),
+        tokens(other.tokens),
+        cost(other.cost) {}
+  MicroBatch(const MicroBatch&) = default;
+  MicroBatch(MicroBatch&&) noexcept = default;
+  MicroBatch& operator=(const MicroBatch&) = default;
+  MicroBatch& operator=(MicroBatch&&) = default;
 };
 
 struct RankPlan {
+  using allocator_type = PlanAllocator;
   int64_t dp = 0;
   int64_t tokens = 0;
   double cost = 0;
-  std::vector<MicroBatch> micro_batches;
+  std::pmr::vector<MicroBatch> micro_batches;
+
+  RankPlan() = default;
+  explicit RankPlan(const allocator_type& alloc) : micro_batches(alloc) {}
+  RankPlan(const RankPlan& other, const allocator_type& alloc)
+      : dp(other.dp),
+        tokens(other.tokens),
+        cost(other.cost),
+        micro_batches(other.micro_batches, alloc) {}
+  RankPlan(RankPlan&& other, const allocator_type& alloc)
+      : dp(other.dp),
+        tokens(other.tokens),
+        cost(other.cost),
+        micro_batches(std::move(other.micro_batches), alloc) {}
+  RankPlan(const RankPlan&) = default;
+  RankPlan(RankPlan&&) noexcept = default;
+  RankPlan& operator=(const RankPlan&) = default;
+  RankPlan& operator=(RankPlan&&) = default;
+};
+
+/// The memory of a planner-built plan's nested vectors (a monotonic arena). It moves with
+/// its plan; a copy has none (the copy's vectors are on the heap). Not thread-safe to
+/// allocate from; a built plan only reads.
+class PlanArena {
+ public:
+  PlanArena() = default;
+  /// An arena whose first block holds `initial_bytes`.
+  explicit PlanArena(size_t initial_bytes)
+      : resource_(std::make_unique<std::pmr::monotonic_buffer_resource>(initial_bytes)) {}
+  PlanArena(const PlanArena&) noexcept {}  // NOLINT: a copy has no arena
+  PlanArena& operator=(const PlanArena&) = delete;
+  PlanArena(PlanArena&&) noexcept = default;
+  PlanArena& operator=(PlanArena&&) noexcept = default;
+
+  /// The allocator of the arena; the heap's when there is none.
+  PlanAllocator allocator() const {
+    return resource_ ? PlanAllocator(resource_.get()) : PlanAllocator();
+  }
+  explicit operator bool() const { return resource_ != nullptr; }
+
+  /// Says that no piece in the arena holds a payload (a plan made from metadata only), so
+  /// the plan is freed with its arena without visiting its pieces.
+  void set_pieces_without_payloads(bool v) { pieces_without_payloads_ = v; }
+  bool pieces_without_payloads() const { return resource_ && pieces_without_payloads_; }
+
+ private:
+  std::unique_ptr<std::pmr::monotonic_buffer_resource> resource_;
+  bool pieces_without_payloads_ = false;
 };
 
 struct SourceCursor {
@@ -67,6 +156,15 @@ struct PlannerState {
 };
 
 struct StepPlan {
+  StepPlan() = default;
+  StepPlan(const StepPlan&) = default;  ///< the copy's nested vectors on the heap, no arena
+  StepPlan(StepPlan&&) noexcept = default;
+  StepPlan& operator=(const StepPlan& other) { return *this = StepPlan(other); }
+  /// `ranks` first (its old contents go while their arena lives), then `arena`.
+  StepPlan& operator=(StepPlan&&) noexcept = default;
+  /// Destroys `ranks` before `arena`, which holds their vectors.
+  ~StepPlan();
+
   int64_t step = 0;
   int64_t seq_len = 0;
   double imbalance = 1.0;
@@ -80,6 +178,10 @@ struct StepPlan {
   std::vector<RankPlan> ranks;
   PlannerState state_before;
   PlannerState state_after;
+  /// Holds the nested vectors of `ranks` in a planner-built plan; empty when they are on
+  /// the heap. INVARIANT: declared after `ranks` and outlives their contents (see the
+  /// destructor and the move assignment).
+  PlanArena arena;
 };
 
 /// One JSON object on one line, the `braid plan` contract.
