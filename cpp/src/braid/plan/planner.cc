@@ -6,6 +6,7 @@
 
 #include "braid/plan/balance.h"
 #include "braid/plan/rebalance.h"
+#include "braid/plan/swap_refine.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {
@@ -515,7 +516,12 @@ Result<StepPlan> Planner::PlanStep() {
   }
   // 4. Balance over DP ranks, then cut each rank's sequences into micro-batches.
   const int64_t dp = config_.topology.buckets();  // one per DP rank by default
-  const auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
+  auto rank_bins = PartitionEqualCount(costs, dp, config_.balance.algorithm);
+  if (config_.balance.algorithm != BalanceAlgorithm::kNone &&
+      SwapBetweenExtremeBins(costs, &rank_bins, /*max_swaps=*/dp) > 0) {
+    // Then swaps between the costliest and the cheapest rank (plan/swap_refine.h).
+    for (auto& bin : rank_bins) std::sort(bin.begin(), bin.end());
+  }
   {  // in order, num_sequences / dp consecutive sequences per rank
     const size_t per = costs.size() / size_t(dp);
     double max_sum = 0, total = 0;

@@ -13,6 +13,7 @@
 #include <set>
 #include <tuple>
 
+#include "braid/plan/balance.h"
 #include "braid/plan/rebalance.h"
 #include "braid/source/source_loader.h"
 #include "braid/testing/memory_stream.h"
@@ -1357,6 +1358,36 @@ TEST(PlannerSplitTest, LeversKeepTheDrawAndCapPieces) {
       }
       EXPECT_EQ(a, b) << "step " << i;
     }
+  }
+}
+
+// After Karmarkar-Karp (or greedy) the planner swaps sequences between the costliest and
+// the cheapest rank: the plan's imbalance is never above the partition's alone, and lower
+// on some steps.
+TEST(PlannerBalanceTest, SwapsAfterThePartitionNeverRaiseTheImbalance) {
+  for (auto algorithm : {BalanceAlgorithm::kKarmarkarKarp, BalanceAlgorithm::kGreedy}) {
+    Shape shape;
+    shape.seq_len = 1024;
+    shape.sequences = 64;
+    shape.dp = 8;
+    shape.algorithm = algorithm;
+    const Config config = MakeConfig(ThreeSources(), shape);
+    MemoryJob job(config, ThreeSources());
+    int64_t lower = 0;
+    for (const StepPlan& plan : job.Plan(20)) {
+      std::vector<double> costs;
+      for (const RankPlan& rank : plan.ranks) {
+        for (const MicroBatch& mb : rank.micro_batches) {
+          for (const Sequence& seq : mb.sequences) costs.push_back(seq.cost);
+        }
+      }
+      // The same sequences, partitioned without the swaps.
+      const double partition_only =
+          Imbalance(costs, PartitionEqualCount(costs, shape.dp, algorithm));
+      EXPECT_LE(plan.imbalance, partition_only * (1 + 1e-12)) << "step " << plan.step;
+      lower += plan.imbalance < partition_only * (1 - 1e-9);
+    }
+    EXPECT_GT(lower, 0) << ToString(algorithm);
   }
 }
 

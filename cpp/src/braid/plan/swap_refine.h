@@ -6,7 +6,8 @@
 // exchange keeps every bin's item count (a micro-batch has a fixed shape) and, when the
 // cost it shifts lies strictly between 0 and the gap, lowers the larger of the two. The
 // planner applies it to sequences after balancing (docs/planner.md), so only which rank
-// holds a sequence changes, never the sequences of a step.
+// holds a sequence changes, never the sequences of a step. The planner runs it after KK
+// and greedy, over ranks, with at most dp swaps.
 // Thread-safe: a pure function.
 #pragma once
 
