@@ -86,6 +86,10 @@ def test_run_writes_the_report(config_path, tmp_path):
     assert data["loader_peak_rss_bytes"] > 0
     assert (report / "imbalance.png").stat().st_size > 0
     assert data["padding_tokens"] == 0 and data["multimodal_cut"] == 0
+    # Start-up excluded: the rate after the first step is over the last 5 steps' tokens.
+    assert data["steady_tokens_per_s"] > 0
+    after_first = data["seconds"] - data["step_seconds"][0]
+    assert data["steady_tokens_per_s"] == pytest.approx(5 * 128 / after_first, rel=1e-6)
     assert data["blanked"] == {"web": 0, "code": 0}
 
     # With token slack a quarter of every sequence is padding, reported as such; the

@@ -49,6 +49,7 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["micro_batches"] = s.micro_batches;
   d["seconds"] = s.seconds;
   d["tokens_per_s"] = s.tokens_per_s;
+  d["steady_tokens_per_s"] = s.steady_tokens_per_s;
   d["imbalance_mean"] = s.imbalance_mean;
   d["imbalance_max"] = s.imbalance_max;
   d["sequential_imbalance_mean"] = s.sequential_imbalance_mean;

@@ -62,7 +62,8 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
           f"({padding / max(summary['tokens'], 1):.2%} of slots)"
           + (f", {summary['multimodal_cut']} multimodal documents cut for lack of room"
              if summary["multimodal_cut"] else ""), file=out)
-    print(f"  tokens/s         {summary['tokens_per_s']:,.0f}", file=out)
+    print(f"  tokens/s         {summary['tokens_per_s']:,.0f} (whole run), "
+          f"{summary['steady_tokens_per_s']:,.0f} after the first step", file=out)
     print(f"  imbalance        mean {summary['imbalance_mean']:.4f}  "
           f"max {summary['imbalance_max']:.4f}  (max rank cost / mean rank cost)", file=out)
     print(f"                   mean {summary['sequential_imbalance_mean']:.4f} for the same "

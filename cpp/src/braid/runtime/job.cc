@@ -89,6 +89,7 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
                               config.MicroBatchesPerRankAt(0);
   auto last = t0;
   double imbalance_sum = 0, sequential_sum = 0;
+  int64_t first_step_tokens = 0;
   std::vector<double> target_sum(n, 0.0);
   for (int64_t step = 0; step < steps; ++step) {
     const int64_t per_step = config.MicroBatchesPerRankAt(step) * local_ranks;
@@ -121,6 +122,12 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     summary.sequential_imbalance_mean = sequential_sum / static_cast<double>(summary.steps);
     summary.seconds = std::chrono::duration<double>(now - t0).count();
     summary.tokens_per_s = summary.tokens / std::max(summary.seconds, 1e-9);
+    if (step == 0) first_step_tokens = summary.tokens;
+    if (summary.steps >= 2) {  // from the end of the first step: start-up excluded
+      summary.steady_tokens_per_s =
+          double(summary.tokens - first_step_tokens) /
+          std::max(summary.seconds - summary.step_seconds.front(), 1e-9);
+    }
     summary.blanked = engine->blanked_payloads();
     summary.source_share.assign(n, 0.0);
     int64_t document_tokens = 0;  // the shares are of document tokens, not padding

@@ -25,7 +25,8 @@ struct RunSummary {
   int64_t tokens = 0;  ///< token slots received (documents and padding)
   int64_t micro_batches = 0;
   double seconds = 0;
-  double tokens_per_s = 0;
+  double tokens_per_s = 0;         ///< whole run, start-up (opening sources) included
+  double steady_tokens_per_s = 0;  ///< after the first step (0 until two steps ran)
   double imbalance_mean = 0;
   double imbalance_max = 0;
   double sequential_imbalance_mean = 0;  ///< same sequences assigned in order
