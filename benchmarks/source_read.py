@@ -81,6 +81,18 @@ def best(fn, repeat: int):
     return min(runs, key=lambda r: r[1])
 
 
+
+def compare(title: str, baseline: str, raw, braid, workers: int, target: float) -> None:
+    """Prints both rates of (tokens, seconds) pairs over the same tokens and their ratio."""
+    (raw_tok, raw_s), (br_tok, br_s) = raw, braid
+    assert raw_tok == br_tok, (raw_tok, br_tok)
+    print(f"{title}, {raw_tok / 1e6:.1f}M tokens, workers={workers}")
+    print(f"    {baseline:<18}{raw_tok / raw_s / 1e6:8.2f} M tokens/s")
+    print(f"    {'Braid loader':<18}{br_tok / br_s / 1e6:8.2f} M tokens/s")
+    print(f"    {'ratio':<18}{(br_tok / br_s) / (raw_tok / raw_s):8.3f}   "
+          f"(target >= {target})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=20_000_000)
@@ -108,13 +120,8 @@ def main() -> None:
         raw_tok, raw_s = best(lambda: arrow_scan(paths, "input_ids", args.workers > 1),
                               args.repeat)
         br_tok, br_s = best(braid_tokens, args.repeat)
-        assert raw_tok == br_tok, (raw_tok, br_tok)
-        a = (br_tok / br_s) / (raw_tok / raw_s)
-        print(f"(a) token column, {rows} docs, {raw_tok / 1e6:.1f}M tokens, "
-              f"workers={args.workers}")
-        print(f"    raw Arrow scan   {raw_tok / raw_s / 1e6:8.1f} M tokens/s")
-        print(f"    Braid loader     {br_tok / br_s / 1e6:8.1f} M tokens/s")
-        print(f"    ratio            {a:8.3f}   (target >= 0.85)")
+        compare(f"(a) token column, {rows} docs", "raw Arrow scan", (raw_tok, raw_s),
+                (br_tok, br_s), args.workers, target=0.85)
 
         # (b) text column.
         texts = make_texts(args.texts, seed=3)
@@ -137,13 +144,8 @@ def main() -> None:
 
         raw_tok, raw_s = best(raw_text, args.repeat)
         br_tok, br_s = best(braid_text, args.repeat)
-        assert raw_tok == br_tok, (raw_tok, br_tok)
-        b = (br_tok / br_s) / (raw_tok / raw_s)
-        print(f"(b) text column, {len(texts)} docs, {raw_tok / 1e6:.1f}M tokens, "
-              f"workers={args.workers}")
-        print(f"    raw SentencePiece {raw_tok / raw_s / 1e6:7.2f} M tokens/s")
-        print(f"    Braid loader      {br_tok / br_s / 1e6:7.2f} M tokens/s")
-        print(f"    ratio             {b:7.3f}   (target >= 0.9)")
+        compare(f"(b) text column, {len(texts)} docs", "raw SentencePiece",
+                (raw_tok, raw_s), (br_tok, br_s), args.workers, target=0.9)
 
 
 if __name__ == "__main__":

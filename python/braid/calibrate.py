@@ -155,25 +155,24 @@ def load_config_doc(path: str) -> Any:
     return doc
 
 
+def _copied_mapping(parent: dict, key: str, where: str) -> dict:
+    """A copy of parent[key] (a new dict when absent), stored back into `parent`."""
+    value = parent.get(key)
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise CalibrateError(f"{where}: must be a mapping")
+    parent[key] = dict(value)
+    return parent[key]
+
+
 def with_costs(doc: dict, attn: float, linear: float, where: str = "config") -> dict:
     """A copy of `doc` with balance.cost.attn / linear set; other keys kept in order."""
     out = dict(doc)
-    balance = out.get("balance")
-    if balance is None:
-        balance = {}
-    if not isinstance(balance, dict):
-        raise CalibrateError(f"{where}: balance: must be a mapping")
-    balance = dict(balance)
-    cost = balance.get("cost")
-    if cost is None:
-        cost = {}
-    if not isinstance(cost, dict):
-        raise CalibrateError(f"{where}: balance.cost: must be a mapping")
-    cost = dict(cost)
+    balance = _copied_mapping(out, "balance", f"{where}: balance")
+    cost = _copied_mapping(balance, "cost", f"{where}: balance.cost")
     cost["attn"] = attn
     cost["linear"] = linear
-    balance["cost"] = cost
-    out["balance"] = balance
     return out
 
 

@@ -678,16 +678,8 @@ Config CaptionConfig(const std::string& path, const std::string& model, OnError 
   c.batch.seq_len = 64;
   c.batch.global_tokens = 128;
   c.tokenizer.model = model;
-  SourceConfig s;
-  s.name = "captions";
-  s.path = path;
-  s.image_column = "image";
-  s.text_column = "caption";
-  s.image_token_id = 7;
-  s.shuffle_window_rows = 8;
-  s.on_error = on_error;
-  s.workers = workers;
-  c.sources.push_back(s);
+  c.sources.push_back(
+      testing::CaptionSource(path, on_error, workers, /*window_rows=*/8));
   EXPECT_TRUE(ValidateConfig(c).ok());
   return c;
 }

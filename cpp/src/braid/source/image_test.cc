@@ -21,6 +21,7 @@
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
 #include "braid/source/source_loader.h"
+#include "braid/testing/parquet_fixture.h"
 #include "braid/testing/sentencepiece_fixture.h"
 #include "braid/testing/temp_dir.h"
 
@@ -307,16 +308,8 @@ class ImageSourceTest : public ::testing::Test {
     c.batch.seq_len = 256;
     c.batch.global_tokens = 256;
     c.tokenizer.model = dir_->Sub("tok.model");
-    SourceConfig s;
-    s.name = "captions";
-    s.path = path;
-    s.image_column = "image";
-    s.text_column = "caption";
-    s.image_token_id = 7;
-    s.shuffle_window_rows = 1;
-    s.on_error = on_error;
-    s.workers = 2;
-    c.sources.push_back(s);
+    c.sources.push_back(
+        testing::CaptionSource(path, on_error, /*workers=*/2, /*window_rows=*/1));
     return c;
   }
 

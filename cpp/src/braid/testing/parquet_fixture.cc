@@ -126,4 +126,18 @@ Result<DemoDataset> MakeDemoDataset(const std::string& dir, uint64_t seed, int64
   return out;
 }
 
+SourceConfig CaptionSource(const std::string& path, OnError on_error, int64_t workers,
+                           int64_t window_rows) {
+  SourceConfig s;
+  s.name = "captions";
+  s.path = path;
+  s.image_column = "image";
+  s.text_column = "caption";
+  s.image_token_id = 7;
+  s.shuffle_window_rows = window_rows;
+  s.on_error = on_error;
+  s.workers = workers;
+  return s;
+}
+
 }  // namespace braid::testing

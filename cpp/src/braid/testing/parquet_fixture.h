@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/config/config.h"
 #include "braid/status.h"
 
 namespace braid::testing {
@@ -34,6 +35,11 @@ struct LengthSpec {
 };
 std::vector<std::vector<int32_t>> RandomDocs(int64_t count, const LengthSpec& lengths,
                                              uint64_t seed, int32_t vocab = 32000);
+
+/// An image-caption source over `path`: image column "image", caption column "caption",
+/// placeholder id 7, the given error policy, worker threads and shuffle window.
+SourceConfig CaptionSource(const std::string& path, OnError on_error, int64_t workers,
+                           int64_t window_rows);
 
 struct DemoDataset {
   std::string config_path;
