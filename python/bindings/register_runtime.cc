@@ -56,6 +56,7 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["loader_peak_rss_bytes"] = s.peak_rss_bytes;
   d["padding_tokens"] = s.padding_tokens;
   d["multimodal_cut"] = s.multimodal_cut;
+  d["multimodal_deferred"] = s.multimodal_deferred;
   nb::dict tokens, share, target, skipped, blanked;
   for (size_t i = 0; i < s.source_names.size(); ++i) {
     const char* name = s.source_names[i].c_str();

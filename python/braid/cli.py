@@ -61,7 +61,9 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
     print(f"  padding          {padding:,} tokens "
           f"({padding / max(summary['tokens'], 1):.2%} of slots)"
           + (f", {summary['multimodal_cut']} multimodal documents cut for lack of room"
-             if summary["multimodal_cut"] else ""), file=out)
+             if summary["multimodal_cut"] else "")
+          + (f", {summary['multimodal_deferred']} deferred to a later step"
+             if summary["multimodal_deferred"] else ""), file=out)
     print(f"  tokens/s         {summary['tokens_per_s']:,.0f} (whole run), "
           f"{summary['steady_tokens_per_s']:,.0f} after the first step", file=out)
     print(f"  imbalance        mean {summary['imbalance_mean']:.4f}  "

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "braid/plan/balance.h"
 #include "braid/plan/rebalance.h"
@@ -145,77 +146,54 @@ void FillText(int64_t fill, const std::vector<int32_t>& order, std::vector<DocPi
   }
 }
 
-// Packing with multimodal pieces (docs/planner.md). A piece that starts a multimodal
-// document (image_tokens > 0) is atomic: one longer than L first gives its first L tokens
-// (which hold every image token) as an atomic head and the rest as text. Atomic pieces go
-// first, each into the first sequence with room for it from the one the interleaved order
-// would have put it in (wrapping around); text pieces then fill the rooms in order, cut
-// where a room ends. Each sequence keeps its pieces in interleave order. An atomic piece
-// that fits no room (a step packed nearly full of them) is cut after its image tokens in
-// the largest room that holds them, the rest packed as text; only when no room holds its
-// image tokens is it packed as text from its start (the constructor then refuses a
-// split image, naming the document).
-// With token slack the rooms are `fill` tokens; an atomic piece may also take the slack
-// (up to seq_len), text never does. Returns how many atomic pieces fit no room.
-int64_t PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
-                       std::vector<DocPiece> pieces, std::vector<Sequence>* sequences) {
-  int64_t cut = 0;
+// Where the draw placed a piece that starts a multimodal document: the piece (its index
+// in the draw), its sequence, and the length of its atomic head (the whole piece, its
+// first L tokens, or, when no sequence had room for that, the room it was cut to after
+// its image tokens).
+struct Placement {
+  int32_t piece = 0;
+  int32_t sequence = 0;
+  int64_t head = 0;
+};
+
+// Packing with multimodal pieces (docs/planner.md). The draw placed every piece that
+// starts a multimodal document (image_tokens > 0): `placed` gives, in the pieces' order,
+// its sequence and the length of its atomic head (the whole piece, its first L tokens,
+// or the room it was cut to after its image tokens). Heads go to their sequences; the
+// rest of such a piece and every text piece then fill the rooms left in order, cut where
+// a room ends. Each sequence keeps its pieces in the pieces' order. With token slack the
+// rooms are `fill` tokens; a head may take the slack (up to seq_len), text never does.
+Status PackMultimodal(const BalanceConfig& b, int64_t fill, std::vector<DocPiece> pieces,
+                      const std::vector<Placement>& placed,
+                      std::vector<Sequence>* sequences) {
   const size_t n_seq = sequences->size();
-  const int64_t headroom = seq_len - fill;
   std::vector<int64_t> room(n_seq, fill);  // to the fill; negative: into the slack
   std::vector<std::vector<std::pair<size_t, DocPiece>>> parts(n_seq);
   std::vector<std::pair<size_t, DocPiece>> text;
   text.reserve(pieces.size());
-  int64_t flow = 0;  // tokens before the piece in interleave order
-  size_t index = 0;
-  auto atomic = [&](DocPiece piece) {
-    const size_t natural = std::min(size_t(flow / fill), n_seq - 1);
-    flow += piece.len;
-    for (size_t j = 0; j < n_seq; ++j) {
-      const size_t k = (natural + j) % n_seq;
-      if (room[k] + headroom >= piece.len) {
-        room[k] -= piece.len;
-        parts[k].emplace_back(index++, std::move(piece));
-        return;
-      }
-    }
-    // No room holds the whole document: keep its image tokens whole and cut after them,
-    // in the room with the most space from the natural one on; the rest packs as text.
-    ++cut;
-    size_t best = n_seq;
-    int64_t best_room = std::max<int64_t>(piece.image_tokens, 1) - 1;
-    for (size_t j = 0; j < n_seq; ++j) {
-      const size_t k = (natural + j) % n_seq;
-      if (room[k] > best_room) {
-        best = k;
-        best_room = room[k];
-      }
-    }
-    if (best < n_seq) {
-      DocPiece head = piece;
-      head.len = best_room;
-      piece.start += best_room;
-      piece.len -= best_room;
-      piece.image_tokens = 0;
-      room[best] = 0;
-      parts[best].emplace_back(index++, std::move(head));
-    }
-    text.emplace_back(index++, std::move(piece));  // the rest (or all: the last resort)
-  };
+  size_t index = 0, next = 0;
   for (DocPiece& piece : pieces) {
-    if (piece.image_tokens > 0 && piece.len > seq_len) {
+    if (piece.image_tokens > 0) {
+      if (next >= placed.size() || placed[next].head > piece.len ||
+          size_t(placed[next].sequence) >= n_seq) {
+        return Status::Invalid("planner: the multimodal placements of step do not match ",
+                               "its pieces (a bug)");
+      }
+      const Placement& at = placed[next++];
       DocPiece head = piece;
-      head.len = seq_len;
-      piece.start += seq_len;
-      piece.len -= seq_len;
+      head.len = at.head;
+      piece.start += at.head;
+      piece.len -= at.head;
       piece.image_tokens = 0;
-      atomic(std::move(head));
-    } else if (piece.image_tokens > 0) {
-      atomic(std::move(piece));
-      continue;
+      room[size_t(at.sequence)] -= head.len;
+      parts[size_t(at.sequence)].emplace_back(index++, std::move(head));
+      if (piece.len == 0) continue;
     }
-    flow += piece.len;
     text.emplace_back(index++, std::move(piece));
+  }
+  if (next != placed.size()) {
+    return Status::Invalid("planner: ", placed.size() - next,
+                           " multimodal placements without a piece (a bug)");
   }
   size_t k = 0;
   for (auto& [i, piece] : text) {
@@ -228,7 +206,6 @@ int64_t PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
       part.len = std::min(room[k], piece.len);
       piece.start += part.len;
       piece.len -= part.len;
-      piece.image_tokens = 0;
       room[k] -= part.len;
       parts[k].emplace_back(i, std::move(part));
     }
@@ -246,10 +223,52 @@ int64_t PackMultimodal(const BalanceConfig& b, int64_t seq_len, int64_t fill,
       seq.docs.push_back(std::move(part));
     }
   }
-  return cut;
+  return Status::OK();
 }
 
 }  // namespace
+
+// The step's multimodal placements, and the room each sequence has left for atomic
+// heads, by (room, sequence) so that the best fit (the least room that holds a head, ties
+// to the lower sequence) and the most room are found in O(log S).
+class Planner::Placer {
+ public:
+  Placer(size_t sequences, int64_t fill, int64_t headroom) : headroom_(headroom) {
+    for (size_t k = 0; k < sequences; ++k) {
+      by_room_.emplace_hint(by_room_.end(), fill, int32_t(k));
+    }
+  }
+
+  /// Places drawn piece `piece` (a multimodal document's first piece, `atomic` tokens of
+  /// it to be kept whole): whole into the least room that holds it (a head may take the
+  /// token slack); else cut after its image tokens into the most room if that holds
+  /// them (`*cut` set); else false (no room: the document waits for the next step).
+  bool Place(int32_t piece, int64_t atomic, int64_t image_tokens, bool* cut) {
+    auto it = by_room_.lower_bound({atomic - headroom_, INT32_MIN});
+    *cut = false;
+    if (it == by_room_.end()) {
+      const int64_t most = by_room_.empty() ? 0 : std::prev(by_room_.end())->first;
+      if (most < std::max<int64_t>(image_tokens, 1)) return false;
+      it = by_room_.lower_bound({most, INT32_MIN});
+      atomic = most;
+      *cut = true;
+    }
+    const auto [room, sequence] = *it;
+    by_room_.erase(it);
+    by_room_.emplace(room - atomic, sequence);
+    placements_.push_back(Placement{piece, sequence, atomic});
+    return true;
+  }
+
+  const std::vector<Placement>& placements() const { return placements_; }
+
+ private:
+  const int64_t headroom_;
+  std::set<std::pair<int64_t, int32_t>> by_room_;
+  std::vector<Placement> placements_;  // in draw order
+};
+
+Planner::~Planner() = default;
 
 Planner::Planner(const Config& config, std::vector<SampleStream*> streams,
                  PlannerState state)
@@ -338,7 +357,7 @@ std::vector<int64_t> Planner::Quotas(int64_t capacity) {
   return quota;
 }
 
-Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
+Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len, int64_t fill,
                      std::vector<DocPiece>* pieces, int64_t* drawn) {
   auto& cursor = state_.sources[size_t(source)];
   Sample& head = heads_[size_t(source)];
@@ -403,11 +422,38 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len,
     }
     // A multimodal document is not cut inside its image tokens (nor at all when it fits
     // a sequence): a quota too small for it ends here, the carry owes the rest.
-    if (cursor.head_start == 0 && head.meta.image_tokens > 0 &&
+    const bool starts_multimodal = cursor.head_start == 0 && head.meta.image_tokens > 0;
+    if (starts_multimodal &&
         need < (doc_tokens <= seq_len ? doc_tokens : head.meta.image_tokens)) {
+      ++multimodal_deferred_;
       break;
     }
     const int64_t take = std::min(need, doc_tokens - cursor.head_start);
+    if (starts_multimodal) {
+      // Placed now, before it is consumed: a document that no sequence has room for (not
+      // even for its image tokens) stays at the head of the source for the next step.
+      int64_t atomic = std::min(take, seq_len);
+      if (doc_tokens > seq_len) {  // its first piece as the splitting lever cuts it
+        std::vector<DocPiece> probe(1);
+        probe[0].start = 0;
+        probe[0].len = take;
+        probe[0].doc_tokens = doc_tokens;
+        probe[0].image_tokens = head.meta.image_tokens;
+        CutLongPieces(config_.balance, seq_len, fill, &probe);
+        atomic = std::min(probe[0].len, seq_len);
+      }
+      if (!placer_) {
+        placer_ = std::make_unique<Placer>(
+            size_t(config_.batch.global_tokens / seq_len), fill, seq_len - fill);
+      }
+      bool cut = false;
+      if (!placer_->Place(static_cast<int32_t>(pieces->size()), atomic,
+                          head.meta.image_tokens, &cut)) {
+        ++multimodal_deferred_;
+        break;
+      }
+      multimodal_cut_ += cut ? 1 : 0;
+    }
     DocPiece& piece = pieces->emplace_back();
     piece.source = source;
     piece.file = head.meta.file;
@@ -453,12 +499,17 @@ Result<StepPlan> Planner::PlanStep() {
   piece_lens_.clear();
   any_image_tokens_ = false;
   any_payload_ = false;
+  placer_.reset();
+  multimodal_cut_ = 0;
+  multimodal_deferred_ = 0;
   for (size_t i = 0; i < streams_.size(); ++i) {
     if (plan.source_tokens[i] > 0) {
       ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len,
-                               &pieces_, &plan.source_tokens[i]));
+                               fill, &pieces_, &plan.source_tokens[i]));
     }
   }
+  plan.multimodal_cut = multimodal_cut_;
+  plan.multimodal_deferred = multimodal_deferred_;
   // 3. Interleave and pack in that order. The interleave order is a seeded permutation of
   // the drawn pieces (the swaps that would shuffle them); the packer visits the pieces in
   // it and moves each into its sequence, so a piece moves once.
@@ -474,7 +525,19 @@ Result<StepPlan> Planner::PlanStep() {
   plan.arena.set_pieces_without_payloads(!any_payload_);
   const PlanAllocator alloc = plan.arena.allocator();
   const bool slack = fill < seq_len && config_.balance.algorithm != BalanceAlgorithm::kNone;
+  std::vector<Placement> placed;  // the multimodal placements, in interleave order
   if (multimodal || CutsLongPieces(config_.balance, fill, pieces_)) {
+    if (multimodal) {
+      std::vector<int32_t> slot(pieces_.size(), -1);
+      const auto& draw_order = placer_->placements();
+      for (size_t j = 0; j < draw_order.size(); ++j) {
+        slot[size_t(draw_order[j].piece)] = static_cast<int32_t>(j);
+      }
+      placed.reserve(draw_order.size());
+      for (int32_t k : perm_) {
+        if (slot[size_t(k)] >= 0) placed.push_back(draw_order[size_t(slot[size_t(k)])]);
+      }
+    }
     std::vector<DocPiece> shuffled;
     shuffled.reserve(pieces_.size());
     for (int32_t k : perm_) shuffled.push_back(std::move(pieces_[size_t(k)]));
@@ -494,8 +557,8 @@ Result<StepPlan> Planner::PlanStep() {
   for (int64_t i = 0; i < num_sequences; ++i) sequences.emplace_back(alloc);
   std::vector<double>& costs = seq_costs_;
   if (multimodal) {
-    plan.multimodal_cut =
-        PackMultimodal(config_.balance, seq_len, fill, std::move(pieces_), &sequences);
+    ARROW_RETURN_NOT_OK(
+        PackMultimodal(config_.balance, fill, std::move(pieces_), placed, &sequences));
     pieces_.clear();
     seq_tokens_.resize(sequences.size());
     costs.resize(sequences.size());

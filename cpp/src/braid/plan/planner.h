@@ -9,12 +9,16 @@
 //  3. Pack. The drawn pieces are interleaved in a seeded order and packed in that order into
 //     S sequences of exactly L tokens; a piece that crosses a sequence boundary is split.
 //     Documents longer than L follow `oversize` (split | truncate | skip).
-//     Multimodal documents (image_tokens > 0) that fit in L are never cut: a quota that
-//     cannot hold one leaves it for the next step (the carry owes the source the
-//     tokens), and the packer places them first, each whole in the first sequence with
-//     room from where the interleave order would have put it, then fills the rooms with
-//     text in order. Longer ones are cut only after their image tokens (an atomic first
-//     L tokens); one with more image tokens than L is skipped (counted).
+//     Multimodal documents (image_tokens > 0) are never cut inside their image tokens,
+//     and not at all when they fit a sequence and a sequence has room: the draw places
+//     each one into a sequence as it takes it (best fit), before consuming it. A
+//     document that the quota cannot hold, or that no sequence has room for (not even
+//     for its image tokens), stays at the head of its source for the next step (the
+//     carry owes the source the tokens; counted as deferred). One that has no room
+//     whole but room for its image tokens is cut after them (counted as cut). The
+//     packer puts them where the draw placed them, then fills the rooms with text in
+//     interleave order. Longer than L: an atomic first L tokens, the rest text; more
+//     image tokens than L: skipped (counted).
 //  4. Balance. The S sequences are split over dp ranks with equal counts by the configured
 //     algorithm on cost(doc) = attn*len^2 + linear*len (+ vision*image_tokens in the
 //     hybrid cost mode) summed per sequence; each rank's
@@ -58,6 +62,8 @@ class Planner {
                                                std::vector<SampleStream*> streams,
                                                PlannerState state);
 
+  ~Planner();
+
   /// A fresh state (step 0, every source at its start) for `config`.
   static PlannerState InitialState(const Config& config);
 
@@ -70,9 +76,10 @@ class Planner {
   Planner(const Config& config, std::vector<SampleStream*> streams, PlannerState state);
   std::vector<int64_t> Quotas(int64_t capacity);
   /// Draws up to `quota` tokens; `*drawn` gets the tokens drawn (less than the quota
-  /// when a multimodal document is left for the next step).
-  Status Draw(int32_t source, int64_t quota, int64_t seq_len, std::vector<DocPiece>* pieces,
-              int64_t* drawn);
+  /// when a multimodal document is left for the next step). `fill` is the tokens a
+  /// sequence is packed to (multimodal documents are placed into sequences as drawn).
+  Status Draw(int32_t source, int64_t quota, int64_t seq_len, int64_t fill,
+              std::vector<DocPiece>* pieces, int64_t* drawn);
 
   const Config config_;
   std::vector<SampleStream*> streams_;
@@ -87,6 +94,12 @@ class Planner {
   bool any_image_tokens_ = false;    // whether any of pieces_ has image tokens
   bool any_payload_ = false;         // whether any of pieces_ has a payload
   std::vector<int32_t> perm_;
+  // Places the step's multimodal documents into its sequences as they are drawn
+  // (planner.cc): made on the step's first multimodal document, reset every step.
+  class Placer;
+  std::unique_ptr<Placer> placer_;
+  int64_t multimodal_cut_ = 0;       // this step's, for the plan
+  int64_t multimodal_deferred_ = 0;  // this step's, for the plan
   // The step's sequences in packing order (their vectors in the plan's arena; moved into
   // the plan's micro-batches), and per sequence its parts, tokens and cost.
   std::vector<Sequence> sequences_;

@@ -171,9 +171,14 @@ struct StepPlan {
   /// The imbalance the same sequences would have if assigned in order (what per-rank
   /// loaders get); for reports, not part of the plan.
   double sequential_imbalance = 1.0;
-  /// Documents that start with image tokens and found no sequence with room for them
-  /// whole, so they were cut like text (docs/planner.md); for reports, not in the JSON.
+  /// Multimodal documents that found no sequence with room for them whole, so they were
+  /// cut after their image tokens, their text continuing elsewhere (docs/planner.md);
+  /// for reports, not in the JSON.
   int64_t multimodal_cut = 0;
+  /// Multimodal documents left at the head of their source for a later step: its quota
+  /// could not hold them, or no sequence had room for their image tokens
+  /// (docs/planner.md); for reports, not in the JSON.
+  int64_t multimodal_deferred = 0;
   std::vector<int64_t> source_tokens;  ///< per source, tokens in this step
   std::vector<RankPlan> ranks;
   PlannerState state_before;

@@ -68,6 +68,7 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
   std::vector<std::vector<int64_t>> skipped_by_step;  // GUARDED_BY(mu)
   std::vector<int64_t> padding_by_step;                // GUARDED_BY(mu)
   std::vector<int64_t> cut_by_step;                    // GUARDED_BY(mu)
+  std::vector<int64_t> deferred_by_step;               // GUARDED_BY(mu)
   Engine::Options options;
   options.on_plan = [&](const StepPlan& plan) {
     std::lock_guard<std::mutex> lock(mu);
@@ -81,6 +82,7 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     for (int64_t t : plan.source_tokens) filled += t;
     padding_by_step.push_back(plan.seq_len * config.SequencesAt(plan.step) - filled);
     cut_by_step.push_back(plan.multimodal_cut);
+    deferred_by_step.push_back(plan.multimodal_deferred);
   };
   const auto t0 = std::chrono::steady_clock::now();
   ARROW_ASSIGN_OR_RAISE(auto engine, Engine::Make(config, std::move(options)));
@@ -117,6 +119,7 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
       summary.skipped = skipped_by_step[size_t(step)];
       summary.padding_tokens += padding_by_step[size_t(step)];
       summary.multimodal_cut += cut_by_step[size_t(step)];
+      summary.multimodal_deferred += deferred_by_step[size_t(step)];
     }
     summary.imbalance_mean = imbalance_sum / static_cast<double>(summary.steps);
     summary.sequential_imbalance_mean = sequential_sum / static_cast<double>(summary.steps);

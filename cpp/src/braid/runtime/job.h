@@ -40,6 +40,8 @@ struct RunSummary {
   std::vector<int64_t> blanked;
   int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
   int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)
+  /// Multimodal documents deferred to a later step (StepPlan::multimodal_deferred).
+  int64_t multimodal_deferred = 0;
   std::vector<double> step_imbalance;
   std::vector<double> step_seconds;  ///< wall time to receive each step's micro-batches
 };
