@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <set>
 
 #include "braid/plan/balance.h"
 #include "braid/plan/rebalance.h"
@@ -14,6 +13,7 @@ namespace braid {
 namespace {
 
 constexpr uint64_t kDrawSalt = 0xd7a3;
+constexpr uint64_t kPlaceSalt = 0x91ac;
 
 // The position after `pos` (offset + 1); the loader normalizes a window overrun.
 StreamPos After(StreamPos pos) {
@@ -228,43 +228,64 @@ Status PackMultimodal(const BalanceConfig& b, int64_t fill, std::vector<DocPiece
 
 }  // namespace
 
-// The step's multimodal placements, and the room each sequence has left for atomic
-// heads, by (room, sequence) so that the best fit (the least room that holds a head, ties
-// to the lower sequence) and the most room are found in O(log S).
+// The step's multimodal placements, and the room each sequence has left for atomic heads
+// in a max segment tree, so that the first sequence with enough room from a position on
+// (wrapping around) and the one with the most room are found in O(log S).
 class Planner::Placer {
  public:
-  Placer(size_t sequences, int64_t fill, int64_t headroom) : headroom_(headroom) {
-    for (size_t k = 0; k < sequences; ++k) {
-      by_room_.emplace_hint(by_room_.end(), fill, int32_t(k));
-    }
+  Placer(size_t sequences, int64_t fill, int64_t headroom, uint64_t seed)
+      : sequences_(sequences), headroom_(headroom), rng_(seed) {
+    while (leaves_ < sequences) leaves_ *= 2;
+    tree_.assign(2 * leaves_, kNone);
+    for (size_t k = 0; k < sequences; ++k) tree_[leaves_ + k] = fill;
+    for (size_t i = leaves_ - 1; i > 0; --i) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
   }
 
   /// Places drawn piece `piece` (a multimodal document's first piece, `atomic` tokens of
-  /// it to be kept whole): whole into the least room that holds it (a head may take the
-  /// token slack); else cut after its image tokens into the most room if that holds
-  /// them (`*cut` set); else false (no room: the document waits for the next step).
+  /// it to be kept whole): whole into the first sequence with room for it from a seeded
+  /// random one on, wrapping around (a head may take the token slack), so multimodal
+  /// documents spread over the step's sequences as the interleave spreads text; else cut
+  /// after its image tokens into the sequence with the most room if that holds them
+  /// (`*cut` set); else false (no room: the document waits for the next step).
   bool Place(int32_t piece, int64_t atomic, int64_t image_tokens, bool* cut) {
-    auto it = by_room_.lower_bound({atomic - headroom_, INT32_MIN});
+    const size_t from = size_t(rng_.Below(sequences_));
+    int64_t at = Find(1, 0, leaves_, from, atomic - headroom_);
+    if (at < 0) at = Find(1, 0, leaves_, 0, atomic - headroom_);
     *cut = false;
-    if (it == by_room_.end()) {
-      const int64_t most = by_room_.empty() ? 0 : std::prev(by_room_.end())->first;
+    if (at < 0) {
+      const int64_t most = tree_[1];
       if (most < std::max<int64_t>(image_tokens, 1)) return false;
-      it = by_room_.lower_bound({most, INT32_MIN});
+      at = Find(1, 0, leaves_, 0, most);
       atomic = most;
       *cut = true;
     }
-    const auto [room, sequence] = *it;
-    by_room_.erase(it);
-    by_room_.emplace(room - atomic, sequence);
-    placements_.push_back(Placement{piece, sequence, atomic});
+    size_t i = leaves_ + size_t(at);
+    tree_[i] -= atomic;
+    for (i /= 2; i > 0; i /= 2) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+    placements_.push_back(Placement{piece, static_cast<int32_t>(at), atomic});
     return true;
   }
 
   const std::vector<Placement>& placements() const { return placements_; }
 
  private:
+  static constexpr int64_t kNone = INT64_MIN / 4;  // padding leaves: no room
+
+  // The first leaf index >= `from` under `node` (covering [lo, hi)) with room >= `need`;
+  // -1 when none.
+  int64_t Find(size_t node, size_t lo, size_t hi, size_t from, int64_t need) const {
+    if (hi <= from || tree_[node] < need) return -1;
+    if (hi - lo == 1) return int64_t(lo);
+    const size_t mid = (lo + hi) / 2;
+    const int64_t left = Find(2 * node, lo, mid, from, need);
+    return left >= 0 ? left : Find(2 * node + 1, mid, hi, from, need);
+  }
+
+  const size_t sequences_;
   const int64_t headroom_;
-  std::set<std::pair<int64_t, int32_t>> by_room_;
+  internal::Rng rng_;
+  size_t leaves_ = 1;
+  std::vector<int64_t> tree_;          // [1] the root, leaves from leaves_
   std::vector<Placement> placements_;  // in draw order
 };
 
@@ -444,7 +465,8 @@ Status Planner::Draw(int32_t source, int64_t quota, int64_t seq_len, int64_t fil
       }
       if (!placer_) {
         placer_ = std::make_unique<Placer>(
-            size_t(config_.batch.global_tokens / seq_len), fill, seq_len - fill);
+            size_t(config_.batch.global_tokens / seq_len), fill, seq_len - fill,
+            internal::DeriveSeed({config_.seed, kPlaceSalt, uint64_t(state_.step)}));
       }
       bool cut = false;
       if (!placer_->Place(static_cast<int32_t>(pieces->size()), atomic,

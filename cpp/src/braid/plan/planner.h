@@ -11,7 +11,8 @@
 //     Documents longer than L follow `oversize` (split | truncate | skip).
 //     Multimodal documents (image_tokens > 0) are never cut inside their image tokens,
 //     and not at all when they fit a sequence and a sequence has room: the draw places
-//     each one into a sequence as it takes it (best fit), before consuming it. A
+//     each one into a sequence as it takes it (the first with room from a seeded random
+//     one), before consuming it. A
 //     document that the quota cannot hold, or that no sequence has room for (not even
 //     for its image tokens), stays at the head of its source for the next step (the
 //     carry owes the source the tokens; counted as deferred). One that has no room
