@@ -57,7 +57,7 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["padding_tokens"] = s.padding_tokens;
   d["multimodal_cut"] = s.multimodal_cut;
   d["multimodal_deferred"] = s.multimodal_deferred;
-  nb::dict tokens, share, target, skipped, blanked;
+  nb::dict tokens, share, target, skipped, blanked, skipped_files, rows_unknown;
   for (size_t i = 0; i < s.source_names.size(); ++i) {
     const char* name = s.source_names[i].c_str();
     tokens[name] = s.source_tokens[i];
@@ -65,12 +65,17 @@ nb::dict SummaryToDict(const RunSummary& s) {
     target[name] = s.target_share[i];
     skipped[name] = s.skipped[i];
     blanked[name] = i < s.blanked.size() ? s.blanked[i] : 0;
+    skipped_files[name] = i < s.skipped_files.size() ? s.skipped_files[i] : 0;
+    rows_unknown[name] =
+        i < s.skipped_files_rows_unknown.size() ? s.skipped_files_rows_unknown[i] : 0;
   }
   d["source_tokens"] = tokens;
   d["source_share"] = share;
   d["target_share"] = target;
   d["skipped"] = skipped;
   d["blanked"] = blanked;
+  d["skipped_files"] = skipped_files;
+  d["skipped_files_rows_unknown"] = rows_unknown;
   d["step_imbalance"] = s.step_imbalance;
   d["step_seconds"] = s.step_seconds;
   return d;

@@ -76,8 +76,17 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
     for name, share in summary["source_share"].items():
         print(f"    {name:<14} {share:.4f} / {summary['target_share'][name]:.4f}"
               f"   skipped {summary['skipped'][name]}"
-              + (f", blanked {summary['blanked'][name]}" if summary["blanked"][name] else ""),
-              file=out)
+              + (f", blanked {summary['blanked'][name]}" if summary["blanked"][name] else "")
+              + _skipped_files(summary, name), file=out)
+
+
+def _skipped_files(summary: dict, name: str) -> str:
+    files = summary.get("skipped_files", {}).get(name, 0)
+    if not files:
+        return ""
+    unknown = summary.get("skipped_files_rows_unknown", {}).get(name, 0)
+    return (f", files skipped {files}"
+            + (f" ({unknown} with unreadable footers: rows unknown)" if unknown else ""))
 
 
 def _run(config, steps: int, report: Optional[str]) -> dict:

@@ -173,6 +173,20 @@ std::vector<int64_t> Engine::blanked_payloads() const {
   return out;
 }
 
+std::vector<int64_t> Engine::skipped_files() const {
+  std::vector<int64_t> out;
+  for (const auto& source : loaders_) {
+    out.push_back(static_cast<int64_t>(source->skipped_files().size()));
+  }
+  return out;
+}
+
+std::vector<int64_t> Engine::unreadable_files() const {
+  std::vector<int64_t> out;
+  for (const auto& source : loaders_) out.push_back(source->unreadable_files());
+  return out;
+}
+
 std::string Engine::StateJson() const {
   if (last_plan_ == nullptr) {
     return PlannerStateToJson(start_state_, config_, skip_first_);

@@ -80,6 +80,14 @@ class Engine {
   /// body did not decode, on_error: skip). Thread-safe.
   std::vector<int64_t> blanked_payloads() const;
 
+  /// Per source, files skipped so far under on_error: skip, in whole or part (a footer
+  /// or a row group that did not read; found when read, read-ahead included).
+  /// Thread-safe.
+  std::vector<int64_t> skipped_files() const;
+  /// Per source, those of skipped_files() whose footer did not read: their rows are
+  /// unknown and not among the skipped samples. Thread-safe.
+  std::vector<int64_t> unreadable_files() const;
+
   /// Micro-batches per step that this process receives.
   int64_t local_micro_batches_per_step(int64_t step) const;
 

@@ -632,6 +632,48 @@ TEST(EngineErrorTest, CorruptColumnChunkFailsNext) {
   EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kData);
 }
 
+// on_error: skip over a folder with a truncated file (no footer) and a file with a
+// corrupt row group: the job runs, and the run summary counts the skipped files, those
+// whose rows are unknown, and the corrupt row group's rows among the skipped samples.
+TEST(EngineErrorTest, RunJobCountsSkippedFilesUnderSkip) {
+  testing::ScopedTempDir dir("braid-engine-skipfiles");
+  testing::LengthSpec spec;
+  spec.median_tokens = 10;
+  spec.max_tokens = 60;
+  ASSERT_TRUE(
+      testing::WriteTokenFile(dir.Sub("good.parquet"), testing::RandomDocs(100, spec, 1))
+          .ok());
+  testing::TokenFileOptions opts;
+  opts.row_group_rows = 10;
+  for (const char* name : {"a", "b", "c"}) {
+    ASSERT_TRUE(testing::WriteTokenFile(dir.Sub(std::string("bad/") + name + ".parquet"),
+                                        testing::RandomDocs(60, spec, 2), opts)
+                    .ok());
+  }
+  ASSERT_TRUE(testing::TruncateFile(dir.Sub("bad/b.parquet")).ok());
+  ASSERT_TRUE(testing::CorruptRowGroup(dir.Sub("bad/c.parquet"), 2).ok());
+  const Config config =
+      TwoSourceConfig(dir.Sub("good.parquet"), dir.Sub("bad/*.parquet"), OnError::kSkip);
+  ::testing::internal::CaptureStderr();
+  auto summary = RunJob(config, /*steps=*/40, nullptr);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->steps, 40);
+  EXPECT_EQ(summary->skipped_files, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(summary->skipped_files_rows_unknown, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(summary->skipped[0], 0);
+  EXPECT_GE(summary->skipped[1], 10);  // 40 steps read the bad source at least once
+  EXPECT_THAT(log, HasSubstr("skipped file " + dir.Sub("bad/b.parquet")));
+  EXPECT_THAT(log, HasSubstr(dir.Sub("bad/c.parquet") + " (row group 2)"));
+
+  // The same under on_error: fail: the engine does not start, naming the file.
+  auto failing = Engine::Make(
+      TwoSourceConfig(dir.Sub("good.parquet"), dir.Sub("bad/*.parquet"), OnError::kFail),
+      {});
+  ASSERT_FALSE(failing.ok());
+  EXPECT_THAT(failing.status().message(), HasSubstr(dir.Sub("bad/b.parquet")));
+}
+
 TEST(EngineErrorTest, MissingSourceFailsMake) {
   testing::ScopedTempDir dir("braid-engine-missing");
   ASSERT_TRUE(

@@ -132,6 +132,8 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
           std::max(summary.seconds - summary.step_seconds.front(), 1e-9);
     }
     summary.blanked = engine->blanked_payloads();
+    summary.skipped_files = engine->skipped_files();
+    summary.skipped_files_rows_unknown = engine->unreadable_files();
     summary.source_share.assign(n, 0.0);
     int64_t document_tokens = 0;  // the shares are of document tokens, not padding
     for (int64_t t : summary.source_tokens) document_tokens += t;

@@ -38,6 +38,12 @@ struct RunSummary {
   std::vector<int64_t> skipped;      ///< samples skipped per source, whole run
   /// Per source: payloads blanked after publishing (undecodable image bodies, skip).
   std::vector<int64_t> blanked;
+  /// Per source: files skipped under on_error: skip, in whole or part (a footer or a row
+  /// group that did not read; the rows of a skipped row group are among `skipped`).
+  std::vector<int64_t> skipped_files;
+  /// Per source: those of skipped_files whose footer did not read, so their rows are
+  /// unknown (not among `skipped`).
+  std::vector<int64_t> skipped_files_rows_unknown;
   int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
   int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)
   /// Multimodal documents deferred to a later step (StepPlan::multimodal_deferred).

@@ -78,6 +78,17 @@ void ShardedSource::Stop() {
   for (auto& loader : loaders_) loader->Stop();
 }
 
+std::vector<int32_t> ShardedSource::skipped_files() const {
+  std::vector<int32_t> out;
+  for (const auto& loader : loaders_) {
+    const auto files = loader->skipped_files();
+    out.insert(out.end(), files.begin(), files.end());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 void ShardedSource::LoadEpoch(int64_t epoch) {
   const auto windows = EpochWindows(loaders_.front()->file_list(), seed_, source_index_,
                                     epoch, window_rows_);

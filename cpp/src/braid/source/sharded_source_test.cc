@@ -138,6 +138,44 @@ TEST_P(ShardedSourceTest, LoadersReadOnlyTheirOwnWindows) {
   }
 }
 
+// Unreadable files under on_error: skip: a truncated file (no footer) and a corrupt row
+// group give the same stream, skips and skipped files for every loader count, and the
+// truncated file is logged once, not once per loader.
+TEST_P(ShardedSourceTest, UnreadableFilesSkipTheSameForAnyLoaderCount) {
+  const int64_t n = GetParam();
+  const std::string truncated = dir_.Sub("src/part-0.parquet");
+  ASSERT_TRUE(testing::TruncateFile(truncated).ok());
+  ASSERT_TRUE(testing::CorruptRowGroup(dir_.Sub("src/part-2.parquet"), 3).ok());
+  auto one = Make(1);
+  ASSERT_NE(one, nullptr);
+  const auto expected = Read(one.get(), 500);  // two epochs of 210 rows and more
+  ::testing::internal::CaptureStderr();
+  auto many = Make(n);
+  ASSERT_NE(many, nullptr);
+  const auto got = Read(many.get(), 500);
+  const auto skipped_files = many->skipped_files();
+  many->Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(expected.size(), 500u);
+  EXPECT_EQ(got, expected);
+  int64_t corrupt_rows = 0;
+  for (const auto& item : got) {
+    EXPECT_NE(std::get<0>(item), 0);  // the truncated file yields nothing
+    const int64_t row = std::get<1>(item);
+    if (std::get<0>(item) == 2 && row >= 21 && row < 28) {
+      EXPECT_EQ(std::get<6>(item), SkipReason::kError);
+      ++corrupt_rows;
+    }
+  }
+  EXPECT_GE(corrupt_rows, 14);  // the row group's 7 rows in each of two epochs
+  EXPECT_EQ(skipped_files, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(many->unreadable_files(), 1);
+  const std::string line = "skipped file " + truncated + ":";
+  const size_t first = log.find(line);
+  EXPECT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(line, first + 1), std::string::npos) << "logged twice: " << log;
+}
+
 INSTANTIATE_TEST_SUITE_P(Shards, ShardedSourceTest, ::testing::Values(1, 2, 3));
 
 TEST_F(ShardedSourceTest, ShardsAreLoweredToTheFewestWindowsOfAnEpoch) {

@@ -12,9 +12,12 @@
 #include <arrow/filesystem/api.h>
 #include <arrow/io/api.h>
 #include <arrow/type.h>
+#include <arrow/util/future.h>
 #include <parquet/arrow/reader.h>
 #include <parquet/exception.h>
 #include <parquet/file_reader.h>
+
+#include "braid/util/retry_internal.h"
 
 namespace braid {
 namespace {
@@ -166,19 +169,130 @@ std::string ColumnList(const arrow::Schema& schema) {
 
 }  // namespace
 
+namespace {
+
+// A file that notes whether a read of the underlying file failed, so that a failure of
+// the Parquet reader above it can be blamed on the storage (retry, then a storage error)
+// or on the bytes (a data error, never retried).
+class WatchedFile : public arrow::io::RandomAccessFile {
+ public:
+  WatchedFile(std::shared_ptr<arrow::io::RandomAccessFile> inner,
+              std::shared_ptr<std::atomic<bool>> failed)
+      : inner_(std::move(inner)), failed_(std::move(failed)) {}
+
+  arrow::Status Close() override { return inner_->Close(); }
+  bool closed() const override { return inner_->closed(); }
+  arrow::Result<int64_t> Tell() const override { return inner_->Tell(); }
+  arrow::Status Seek(int64_t position) override { return Note(inner_->Seek(position)); }
+  arrow::Result<int64_t> GetSize() override { return Note(inner_->GetSize()); }
+  bool supports_zero_copy() const override { return inner_->supports_zero_copy(); }
+  const arrow::io::IOContext& io_context() const override { return inner_->io_context(); }
+  arrow::Result<int64_t> Read(int64_t nbytes, void* out) override {
+    return Note(inner_->Read(nbytes, out));
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> Read(int64_t nbytes) override {
+    return Note(inner_->Read(nbytes));
+  }
+  arrow::Result<int64_t> ReadAt(int64_t position, int64_t nbytes, bool allow_short_read,
+                                void* out) override {
+    return Note(inner_->ReadAt(position, nbytes, allow_short_read, out));
+  }
+  arrow::Result<int64_t> ReadAt(int64_t position, int64_t nbytes, void* out) override {
+    return Note(inner_->ReadAt(position, nbytes, out));
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> ReadAt(int64_t position, int64_t nbytes,
+                                                       bool allow_short_read) override {
+    return Note(inner_->ReadAt(position, nbytes, allow_short_read));
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> ReadAt(int64_t position,
+                                                       int64_t nbytes) override {
+    return Note(inner_->ReadAt(position, nbytes));
+  }
+  arrow::Future<std::shared_ptr<arrow::Buffer>> ReadAsync(
+      const arrow::io::IOContext& ctx, int64_t position, int64_t nbytes,
+      bool allow_short_read) override {
+    return Watch(inner_->ReadAsync(ctx, position, nbytes, allow_short_read));
+  }
+  arrow::Future<std::shared_ptr<arrow::Buffer>> ReadAsync(const arrow::io::IOContext& ctx,
+                                                          int64_t position,
+                                                          int64_t nbytes) override {
+    return Watch(inner_->ReadAsync(ctx, position, nbytes));
+  }
+  arrow::Status WillNeed(const std::vector<arrow::io::ReadRange>& ranges) override {
+    return inner_->WillNeed(ranges);
+  }
+
+ private:
+  arrow::Status Note(arrow::Status st) {
+    if (!st.ok()) failed_->store(true);
+    return st;
+  }
+  template <typename T>
+  arrow::Result<T> Note(arrow::Result<T> r) {
+    if (!r.ok()) failed_->store(true);
+    return r;
+  }
+  arrow::Future<std::shared_ptr<arrow::Buffer>> Watch(
+      arrow::Future<std::shared_ptr<arrow::Buffer>> f) {
+    return f.Then(
+        [](const std::shared_ptr<arrow::Buffer>& b) { return b; },
+        [failed = failed_](const arrow::Status& st)
+            -> arrow::Result<std::shared_ptr<arrow::Buffer>> {
+          failed->store(true);
+          return st;
+        });
+  }
+
+  std::shared_ptr<arrow::io::RandomAccessFile> inner_;
+  std::shared_ptr<std::atomic<bool>> failed_;
+};
+
+// Arrow's message on one line (Parquet's span several): Braid's errors are one line.
+std::string OneLine(std::string message) {
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) {
+    message.pop_back();
+  }
+  for (size_t at = message.find('\n'); at != std::string::npos;
+       at = message.find('\n', at)) {
+    message.replace(at, 1, " ");
+  }
+  return message;
+}
+
+// `st` (a storage or data error naming `path`) as the same kind of error naming `where`.
+Status At(const Status& st, const std::string& path, const std::string& where) {
+  std::string what = st.message();
+  const std::string prefix = path + ": ";
+  if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
+  return st.IsIOError() ? StorageError(where, what) : DataError(where, what);
+}
+
+// Opens `path` through a WatchedFile that sets `io_failed`.
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatched(
+    arrow::fs::FileSystem* fs, const std::string& path,
+    std::shared_ptr<std::atomic<bool>> io_failed) {
+  auto input = fs->OpenInputFile(path);
+  if (!input.ok()) return StorageError(path, OneLine(input.status().message()));
+  auto file = std::make_shared<WatchedFile>(*input, io_failed);
+  std::string what;
+  try {
+    auto reader = parquet::arrow::OpenFile(file, arrow::default_memory_pool());
+    if (reader.ok()) return std::move(*reader);
+    what = reader.status().message();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  if (io_failed->load()) {
+    return StorageError(path, "cannot read the footer: " + OneLine(what));
+  }
+  return DataError(path, "not a readable Parquet file: " + OneLine(what));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileSystem* fs,
                                                                 const std::string& path) {
-  auto input = fs->OpenInputFile(path);
-  if (!input.ok()) return StorageError(path, input.status().message());
-  try {
-    auto reader = parquet::arrow::OpenFile(*input, arrow::default_memory_pool());
-    if (!reader.ok()) {
-      return DataError(path, "not a readable Parquet file: " + reader.status().message());
-    }
-    return std::move(*reader);
-  } catch (const std::exception& e) {
-    return DataError(path, std::string("not a readable Parquet file: ") + e.what());
-  }
+  return OpenWatched(fs, path, std::make_shared<std::atomic<bool>>(false));
 }
 
 Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
@@ -237,9 +351,11 @@ Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
 }
 
 Result<std::unique_ptr<parquet::arrow::FileReader>> SourceFiles::OpenFile(
-    const std::string& remote, const std::string& cached) {
-  if (!cached.empty()) return OpenParquet(local_fs_.get(), cached);
-  return OpenParquet(fs_.get(), remote);
+    const std::string& remote, const std::string& cached,
+    std::shared_ptr<std::atomic<bool>> io_failed) {
+  if (io_failed == nullptr) io_failed = std::make_shared<std::atomic<bool>>(false);
+  if (!cached.empty()) return OpenWatched(local_fs_.get(), cached, std::move(io_failed));
+  return OpenWatched(fs_.get(), remote, std::move(io_failed));
 }
 
 Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
@@ -258,23 +374,59 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
                                    source.storage_anonymous));
   const bool cache = !source.cache_dir.empty() && out->fs_->type_name() != "local";
   if (cache) out->local_fs_ = std::make_shared<arrow::fs::LocalFileSystem>();
+  const bool skip = source.on_error == OnError::kSkip;
+  std::string first_unreadable;  // the error of the first file skipped
   for (const auto& path : paths) {
     File file;
     file.path = path;
     std::string cached;
-    if (cache) {
-      auto info = out->fs_->GetFileInfo(path);
-      if (!info.ok()) return StorageError(path, info.status().message());
-      ARROW_ASSIGN_OR_RAISE(cached, CachedCopy(out->fs_.get(), *info, source.cache_dir,
-                                               source.cache_max_bytes));
+    // The footer and schema; a failure here makes the file unreadable. Storage failures
+    // are retried (util/retry_internal.h).
+    int tries = 0;
+    auto reader = internal::RetryStorage(
+        [&]() -> Result<std::unique_ptr<parquet::arrow::FileReader>> {
+          cached.clear();
+          if (cache) {
+            auto info = out->fs_->GetFileInfo(path);
+            if (!info.ok()) return StorageError(path, info.status().message());
+            ARROW_ASSIGN_OR_RAISE(cached, CachedCopy(out->fs_.get(), *info,
+                                                     source.cache_dir,
+                                                     source.cache_max_bytes));
+          }
+          return out->OpenFile(path, cached);
+        },
+        internal::kStorageRetryDelaysMs, &tries);
+    std::shared_ptr<arrow::Schema> schema;
+    Status footer = reader.status();
+    if (footer.ok()) {
+      const Status schema_st = (*reader)->GetSchema(&schema);
+      if (!schema_st.ok()) {
+        footer = DataError(path, "cannot read the schema: " + schema_st.message());
+      }
+    }
+    if (!footer.ok()) {
+      if (tries > 1) {
+        footer = footer.WithMessage(footer.message(), " (", tries, " tries)");
+      }
+      if (!skip) {
+        return footer.WithMessage(footer.message(),
+                                  " (set on_error: skip to skip unreadable files)");
+      }
+      // Kept in the list without row groups: the file indexes and the order stay a pure
+      // function of which footers read (docs/decisions.md 22).
+      const std::string prefix = path + ": ";
+      file.unreadable = footer.message();
+      if (file.unreadable.compare(0, prefix.size(), prefix) == 0) {
+        file.unreadable.erase(0, prefix.size());
+      }
+      if (first_unreadable.empty()) first_unreadable = footer.message();
+      ++out->unreadable_files_;
+      out->cached_paths_.emplace_back();
+      out->files_.push_back(std::move(file));
+      out->column_index_.emplace_back();
+      continue;
     }
     out->cached_paths_.push_back(cached);
-    ARROW_ASSIGN_OR_RAISE(auto reader, out->OpenFile(path, cached));
-    std::shared_ptr<arrow::Schema> schema;
-    const Status schema_st = reader->GetSchema(&schema);
-    if (!schema_st.ok()) {
-      return DataError(path, "cannot read the schema: " + schema_st.message());
-    }
     std::vector<int> indices;
     for (const auto& c : out->columns_) {
       const int index = schema->GetFieldIndex(c.name);
@@ -291,7 +443,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
       indices.push_back(index);
     }
     file.column = indices.empty() ? -1 : indices.front();
-    const auto metadata = reader->parquet_reader()->metadata();
+    const auto metadata = (*reader)->parquet_reader()->metadata();
     int64_t first = 0;
     for (int rg = 0; rg < metadata->num_row_groups(); ++rg) {
       const int64_t rows = metadata->RowGroup(rg)->num_rows();
@@ -304,20 +456,50 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     out->files_.push_back(std::move(file));
     out->column_index_.push_back(std::move(indices));
   }
+  if (out->unreadable_files_ == static_cast<int64_t>(out->files_.size())) {
+    return DataError(source.path, key_path + " (source '" + source.name +
+                                      "'): no readable file left: the " +
+                                      std::to_string(out->files_.size()) +
+                                      " file(s) it names are all unreadable and were "
+                                      "skipped (on_error: skip); the first: " +
+                                      first_unreadable);
+  }
   if (out->total_rows_ == 0) {
     return DataError(source.path, key_path + ": the source has no rows");
   }
+  out->lost_.assign(out->files_.size(), Status::OK());
   return out;
 }
 
 Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(int file,
                                                                             int row_group) {
+  const Status& lost = lost_[size_t(file)];
+  if (!lost.ok()) {
+    return StorageError(DataLocation(files_[size_t(file)].path, row_group, -1),
+                        "not read: the file was lost earlier (" + lost.message() + ")");
+  }
+  int tries = 0;
+  auto out = internal::RetryStorage([&] { return ReadColumnsOnce(file, row_group); },
+                                    internal::kStorageRetryDelaysMs, &tries);
+  if (out.ok() || !out.status().IsIOError()) return out;
+  Status st = out.status();
+  if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
+  lost_[size_t(file)] = st;
+  ++dead_files_;
+  return st;
+}
+
+Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumnsOnce(
+    int file, int row_group) {
   const File& f = files_[static_cast<size_t>(file)];
   const std::string where = DataLocation(f.path, row_group, -1);
   if (open_file_ != file) {
     open_reader_.reset();
     open_file_ = -1;
-    ARROW_ASSIGN_OR_RAISE(open_reader_, OpenFile(f.path, cached_paths_[size_t(file)]));
+    open_io_failed_ = std::make_shared<std::atomic<bool>>(false);
+    auto reader = OpenFile(f.path, cached_paths_[size_t(file)], open_io_failed_);
+    if (!reader.ok()) return At(reader.status(), f.path, where);
+    open_reader_ = std::move(*reader);
     open_file_ = file;
   }
   std::vector<std::shared_ptr<arrow::Array>> out;
@@ -335,7 +517,10 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(int 
     if (!st.ok()) {
       open_reader_.reset();
       open_file_ = -1;
-      return DataError(where, "cannot read column '" + name + "': " + st.message());
+      const std::string what =
+          "cannot read column '" + name + "': " + OneLine(st.message());
+      if (open_io_failed_->load()) return StorageError(where, what);  // retried
+      return DataError(where, what);
     }
     if (chunked->length() != f.row_group_rows[size_t(row_group)]) {
       return DataError(where, "column '" + name + "' has " +

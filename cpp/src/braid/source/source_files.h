@@ -7,10 +7,21 @@
 // those columns of one row group on request. Errors name the file (and row group), the
 // column and its config key.
 //
+// Unreadable files. A storage failure (the file vanished, the server stopped answering,
+// a read failed half-way) is retried with backoff (util/retry_internal.h: 4 tries, 50 /
+// 200 / 800 ms); a Parquet file whose bytes are bad (truncated, bad footer, corrupt page)
+// is not. With the source's on_error: skip, a file whose footer cannot be read is kept in
+// the list with no row groups and its reason in File::unreadable (so file indexes keep
+// meaning "index in sorted path order" and the order is a pure function of which footers
+// read, docs/decisions.md 22), and a file whose reads keep failing after retries is lost
+// for the rest of the run (later reads of it fail at once with the same error). With
+// on_error: fail, both are errors naming the file.
+//
 // Thread-compatible: concurrent ReadTokens calls need external synchronization; the
 // source loader calls it from its one reader thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,8 +47,9 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
                     std::vector<std::string>* files, bool anonymous = false);
 
-/// Opens a Parquet file's reader; a missing file is a storage error, a file that is not
-/// Parquet (bad magic, truncated footer) a data error naming it.
+/// Opens a Parquet file's reader; a missing file, or a read of it that fails, is a
+/// storage error (IOError), a file that is not Parquet (bad magic, truncated footer) a
+/// data error naming it. No retries.
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileSystem* fs,
                                                                 const std::string& path);
 
@@ -76,11 +88,15 @@ class SourceFiles {
     std::vector<int64_t> row_group_first_row;  ///< row index of each row group's first row
     int column = -1;                           ///< field index of the first column
     int64_t num_rows = 0;
+    /// Why the footer could not be read (on_error: skip only; the file then has no row
+    /// groups and no rows); "" for a readable file.
+    std::string unreadable;
   };
 
   /// Resolves and opens every file of `source`; `key_path` is its config path
-  /// ("sources[2]"). Fails if no file matches, a footer is unreadable, a column is
-  /// missing or of the wrong type, or the source has no rows.
+  /// ("sources[2]"). Fails if no file matches, a footer is unreadable (with on_error:
+  /// skip: if no footer is readable), a column is missing or of the wrong type, or the
+  /// source has no rows.
   static Result<std::unique_ptr<SourceFiles>> Open(const SourceConfig& source,
                                                    const std::string& key_path,
                                                    std::vector<ColumnSpec> columns);
@@ -91,8 +107,16 @@ class SourceFiles {
 
   const std::vector<File>& files() const { return files_; }
   int64_t total_rows() const { return total_rows_; }
+  /// Files whose footer could not be read (File::unreadable set).
+  int64_t unreadable_files() const { return unreadable_files_; }
+  /// Files unreadable or lost to storage failures so far (see the header).
+  int64_t lost_files() const { return unreadable_files_ + dead_files_; }
+  /// True once `file` is lost to storage failures (its reads fail at once).
+  bool is_lost(int file) const { return !lost_[size_t(file)].ok(); }
 
-  /// The columns of one row group, in ColumnSpec order, one chunk each.
+  /// The columns of one row group, in ColumnSpec order, one chunk each. A storage failure
+  /// is retried (see the header); the error is a storage error (IOError) when the storage
+  /// failed, a data error when the bytes are bad.
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
 
   /// The first column of one row group (the token column of a token source).
@@ -101,9 +125,14 @@ class SourceFiles {
  private:
   SourceFiles() = default;
 
-  // Opens `remote` through fs_, or its cached copy `cached` when that is not empty.
-  Result<std::unique_ptr<parquet::arrow::FileReader>> OpenFile(const std::string& remote,
-                                                               const std::string& cached);
+  // Opens `remote` through fs_, or its cached copy `cached` when that is not empty;
+  // `io_failed` (may be null) is set when a read of the underlying file fails.
+  Result<std::unique_ptr<parquet::arrow::FileReader>> OpenFile(
+      const std::string& remote, const std::string& cached,
+      std::shared_ptr<std::atomic<bool>> io_failed = nullptr);
+  // One try of ReadColumns.
+  Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumnsOnce(int file,
+                                                                     int row_group);
 
   std::shared_ptr<arrow::fs::FileSystem> fs_;
   std::shared_ptr<arrow::fs::FileSystem> local_fs_;  // set when remote files are cached
@@ -112,9 +141,13 @@ class SourceFiles {
   std::vector<File> files_;
   std::vector<std::vector<int>> column_index_;  // per file, per ColumnSpec
   int64_t total_rows_ = 0;
+  int64_t unreadable_files_ = 0;
+  std::vector<Status> lost_;  // per file: the storage error that lost it, else OK
+  int64_t dead_files_ = 0;    // files with an error in lost_
   // The reader of the file read last; row groups of one file are often read in a row.
   int open_file_ = -1;
   std::unique_ptr<parquet::arrow::FileReader> open_reader_;
+  std::shared_ptr<std::atomic<bool>> open_io_failed_;  // open_reader_'s reads failed
 };
 
 }  // namespace braid

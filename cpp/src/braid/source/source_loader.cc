@@ -202,19 +202,70 @@ Result<Sample> SourceLoader::Next() {
 }
 
 void SourceLoader::LogSkip(const RowLocation& where, const RowOutput& out) {
-  const int64_t n = skip_log_->Tick();
-  if (n == 0) return;
   std::string_view why = SkipName(out.skip);
   if (!out.null_what.empty()) why = out.null_what;
   const std::string named = "source '" + source_.name + "': ";  // said once is enough
   if (why.substr(0, named.size()) == named) why.remove_prefix(named.size());
-  std::string line = "source '" + source_.name + "' skipped " + where.ToString() + ": " +
-                     std::string(why) + " (skip " + std::to_string(n);
+  LogSkipLine(where.ToString() + ": " + std::string(why));
+}
+
+void SourceLoader::LogSkipLine(const std::string& what) {
+  const int64_t n = skip_log_->Tick();
+  if (n == 0) return;
+  std::string line = "source '" + source_.name + "' skipped " + what + " (skip " +
+                     std::to_string(n);
   if (n == kSkipLogFirst) {
     line += "; further skips of this source are logged every " +
             std::to_string(kSkipLogEvery) + "th";
   }
   internal::LogLine(line + ")");
+}
+
+std::vector<int32_t> SourceLoader::skipped_files() const {
+  std::vector<int32_t> out;
+  {
+    std::lock_guard<std::mutex> lock(skipped_mu_);
+    out = skipped_files_;
+  }
+  const auto& files = file_list();  // File::unreadable is set once, in Make
+  for (size_t f = 0; f < files.size(); ++f) {
+    if (!files[f].unreadable.empty()) out.push_back(static_cast<int32_t>(f));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+Status SourceLoader::SkipRowGroup(int file, int row_group, const Status& error,
+                                  bool was_lost) {
+  if (source_.on_error != OnError::kSkip) {
+    return error.WithMessage(error.message(),
+                             " (set on_error: skip to skip unreadable files)");
+  }
+  {
+    std::lock_guard<std::mutex> lock(skipped_mu_);
+    auto at = std::lower_bound(skipped_files_.begin(), skipped_files_.end(), file);
+    if (at == skipped_files_.end() || *at != file) skipped_files_.insert(at, file);
+  }
+  const auto& f = file_list()[size_t(file)];
+  const int64_t rows = f.row_group_rows[size_t(row_group)];
+  if (!was_lost) {  // a lost file is logged once, when it was lost
+    std::string why = error.message();
+    const std::string where = DataLocation(f.path, row_group, -1) + ": ";
+    if (why.compare(0, where.size(), where) == 0) why.erase(0, where.size());
+    LogSkipLine(where + why + "; its " + std::to_string(rows) + " rows are skipped" +
+                (files_->is_lost(file) ? "; the file is lost for the rest of the run "
+                                         "(its other row groups are skipped too)"
+                                       : ""));
+  }
+  if (files_->lost_files() == static_cast<int64_t>(file_list().size())) {
+    return DataError(source_.path, "sources[" + std::to_string(source_index_) +
+                                       "] (source '" + source_.name +
+                                       "'): no readable file left (every file was "
+                                       "skipped under on_error: skip); the last: " +
+                                       error.message());
+  }
+  return Status::OK();
 }
 
 void SourceLoader::ReleaseLocked(PendingCharge* charge) {
@@ -302,6 +353,13 @@ void SourceLoader::ReaderLoop() {
   Status st;
   StreamPos pos = start_;
   const auto& file_list = this->file_list();
+  if (options_.shard_index == 0) {  // once per source, not per loader
+    for (const auto& f : file_list) {
+      if (f.unreadable.empty()) continue;
+      LogSkipLine("file " + f.path + ": " + f.unreadable +
+                  "; its rows are unknown (the footer did not read), it yields none");
+    }
+  }
   while (st.ok()) {
     const auto windows = EpochWindows(file_list, seed_, source_index_, pos.epoch,
                                       source_.shuffle_window_rows);
@@ -334,15 +392,29 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
   std::vector<RowRef> rows;
   rows.reserve(static_cast<size_t>(w.rows));
   const auto& file_list = this->file_list();
+  // Per entry of `arrays`: why its row group was not read ("": read). The rows of an
+  // unread row group keep their places and are delivered as skips (the header's
+  // "Unreadable files").
+  std::vector<std::string> unread;
   for (const auto& [file, rg] : w.row_groups) {
-    ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, rg));
     const auto& f = file_list[size_t(file)];
-    const int64_t n = cols.front()->length();
-    for (int64_t i = 0; i < n; ++i) {
-      rows.push_back(RowRef{file, f.row_group_first_row[size_t(rg)] + i, rg, i, i,
-                            static_cast<int64_t>(arrays.size())});
+    const bool was_lost = files_->is_lost(file);
+    auto cols = ReadColumns(file, rg);
+    int64_t n = 0;
+    if (cols.ok()) {
+      n = cols->front()->length();
+      arrays.push_back(std::move(*cols));
+      unread.emplace_back();
+    } else {
+      ARROW_RETURN_NOT_OK(SkipRowGroup(file, rg, cols.status(), was_lost));
+      n = f.row_group_rows[size_t(rg)];
+      arrays.emplace_back();
+      unread.push_back("row group not read: " + cols.status().message());
     }
-    arrays.push_back(std::move(cols));
+    const int64_t slot = static_cast<int64_t>(arrays.size()) - 1;
+    for (int64_t i = 0; i < n; ++i) {
+      rows.push_back(RowRef{file, f.row_group_first_row[size_t(rg)] + i, rg, i, i, slot});
+    }
   }
   std::vector<int64_t> order(rows.size());
   if (source_.shuffle_window_rows > 1) {
@@ -364,7 +436,9 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     int64_t end = k, bytes = 0;
     while (end < n && end - k < max_rows && (end == k || bytes < max_bytes)) {
       const RowRef& r = rows[size_t(order[size_t(end)])];
-      bytes += transform_->EstimateBytes(arrays[size_t(r.arrays_slot)], r.array_index);
+      if (unread[size_t(r.arrays_slot)].empty()) {
+        bytes += transform_->EstimateBytes(arrays[size_t(r.arrays_slot)], r.array_index);
+      }
       ++end;
     }
     const int64_t m = end - k;
@@ -376,6 +450,12 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     pool_->ParallelFor(m, [&](int64_t j) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
       const RowRef& r = rows[size_t(order[size_t(k + j)])];
+      const std::string& not_read = unread[size_t(r.arrays_slot)];
+      if (!not_read.empty()) {
+        out[size_t(j)].skip = SkipReason::kError;
+        out[size_t(j)].null_what = not_read;
+        return;
+      }
       status[size_t(j)] = transform_->Apply(arrays[size_t(r.arrays_slot)], r.array_index,
                                             options_.read_payloads, where(r),
                                             &out[size_t(j)]);
@@ -408,7 +488,10 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
                           o.null_what + " (set on_error: skip to skip such rows)");
         break;
       }
-      if (o.skip != SkipReason::kNone) LogSkip(where(r), o);
+      // (An unread row group was logged once, not per row.)
+      if (o.skip != SkipReason::kNone && unread[size_t(r.arrays_slot)].empty()) {
+        LogSkip(where(r), o);
+      }
       if (o.skip == SkipReason::kNone) {
         s.meta.tokens = o.tokens;
         s.meta.image_tokens = o.image_tokens;

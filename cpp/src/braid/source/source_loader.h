@@ -16,6 +16,15 @@
 // delivered flagged by meta.skip and logged on stderr naming source, file, row group, row
 // and reason: the first 10 skips of a source, then every 1000th with the count.
 //
+// Unreadable files (on_error: skip; source_files.h). A file whose footer did not read
+// has no row groups and yields nothing; it is logged once (by shard 0, when its reader
+// starts). A row group that cannot be read (after retries, for storage failures) keeps
+// its place in the order: each of its rows is delivered as a skip (SkipReason::kError),
+// so positions and the rest of the stream do not move, and the row group is logged once
+// (not per row). Both count in skipped_files(). When no file of the source is left
+// readable, the stream fails (data error naming the source and its path). With
+// on_error: fail, an unreadable row group is an error naming the file and row group.
+//
 // Sharding. Options::shard_index / shard_count make the loader one of several that share
 // the source: it reads only its own windows (source/sharded_source.h merges them).
 //
@@ -126,6 +135,11 @@ class SourceLoader : public SampleStream {
   /// read but whose body did not decode) and were blanked under on_error: skip.
   int64_t blanked_payloads() const { return blanked_.load(std::memory_order_relaxed); }
 
+  /// The files skipped so far under on_error: skip, in whole or part, as indexes in
+  /// sorted path order: those whose footer did not read, and those with a row group this
+  /// loader could not read (found when read: read-ahead included). Sorted. Thread-safe.
+  std::vector<int32_t> skipped_files() const;
+
   const SourceFiles& files() const { return *files_; }
   /// The source's files in sorted path order.
   const std::vector<SourceFiles::File>& file_list() const { return files_->files(); }
@@ -140,6 +154,11 @@ class SourceLoader : public SampleStream {
                     int64_t first_offset);
   // Logs a skipped row (rate-limited by skip_log_).
   void LogSkip(const RowLocation& where, const RowOutput& out);
+  // Logs "source 'NAME' skipped WHAT" with the skip count (rate-limited by skip_log_).
+  void LogSkipLine(const std::string& what);
+  // An unreadable row group: an error with on_error: fail; with skip, counts and logs it
+  // and returns OK unless no file of the source is left readable.
+  Status SkipRowGroup(int file, int row_group, const Status& error, bool was_lost);
   // A payload Apply left to Transform::Finish: sample `sample` of the batch.
   struct Deferred {
     size_t sample = 0;
@@ -182,6 +201,8 @@ class SourceLoader : public SampleStream {
   std::shared_ptr<internal::LogEveryN> skip_log_;
   int64_t total_rows_ = 0;
   std::atomic<bool> stop_requested_{false};  // Stop() was called; workers cut short
+  mutable std::mutex skipped_mu_;
+  std::vector<int32_t> skipped_files_;  // GUARDED_BY(skipped_mu_) sorted, row-group skips
 
   std::mutex mu_;
   std::condition_variable cv_;

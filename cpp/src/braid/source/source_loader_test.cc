@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -737,6 +738,230 @@ TEST_F(SourceLoaderBadInputTest, SourceWithNoRows) {
   const Status st = OpenStatus(path);
   ExpectDataError(st, path);
   EXPECT_THAT(st.message(), HasSubstr("no rows"));
+}
+
+
+// ---------------------------------------------------------------------------
+// Unreadable files (source_files.h and source_loader.h, "Unreadable files").
+
+// dir/part-{0,1,2}.parquet with 30, 40 and 50 rows in row groups of 10 (120 rows).
+class UnreadableFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::LengthSpec spec;
+    spec.median_tokens = 20;
+    spec.max_tokens = 100;
+    for (int f = 0; f < 3; ++f) {
+      docs_.push_back(testing::RandomDocs(30 + 10 * f, spec, uint64_t(f + 21)));
+      testing::TokenFileOptions opts;
+      opts.row_group_rows = 10;
+      ASSERT_TRUE(testing::WriteTokenFile(Part(f), docs_.back(), opts).ok());
+    }
+  }
+  std::string Part(int f) const {
+    return dir_.Sub("src/part-" + std::to_string(f) + ".parquet");
+  }
+  Config JobConfig(OnError on_error, const std::string& path = "") const {
+    return OneSourceConfig(path.empty() ? dir_.Sub("src/*.parquet") : path, /*seed=*/3,
+                           /*window_rows=*/15, on_error);
+  }
+  // The next n samples, with the payload's tokens checked against the files.
+  std::vector<Sample> ReadChecked(SampleStream* stream, int64_t n) {
+    auto reads = ReadN(stream, n);
+    for (const auto& r : reads) {
+      if (r.meta.skip != SkipReason::kNone) continue;
+      auto p = r.payload.Get();
+      EXPECT_TRUE(p.ok());
+      if (!p.ok()) continue;
+      const auto& doc = docs_[size_t(r.meta.file)][size_t(r.meta.row)];
+      EXPECT_EQ(std::vector<int32_t>((*p)->tokens.begin(), (*p)->tokens.end()), doc);
+    }
+    return reads;
+  }
+
+  testing::ScopedTempDir dir_{"braid-unreadable"};
+  std::vector<Docs> docs_;
+};
+
+using Id = std::tuple<int32_t, int64_t, int64_t, int64_t, int64_t, SkipReason>;
+std::vector<Id> Ids(const std::vector<Sample>& samples) {
+  std::vector<Id> out;
+  for (const auto& s : samples) {
+    out.emplace_back(s.meta.file, s.meta.row, s.meta.pos.epoch, s.meta.pos.window,
+                     s.meta.pos.offset, s.meta.skip);
+  }
+  return out;
+}
+
+TEST_F(UnreadableFileTest, TruncatedFileUnderSkipYieldsNothingAndKeepsFileIndexes) {
+  ASSERT_TRUE(testing::TruncateFile(Part(1)).ok());
+  auto loader = MakeLoader(JobConfig(OnError::kSkip));
+  ASSERT_NE(loader, nullptr);
+  const auto& files = loader->file_list();
+  ASSERT_EQ(files.size(), 3u);  // kept: indexes stay "index in sorted path order"
+  EXPECT_EQ(files[1].path, Part(1));
+  EXPECT_THAT(files[1].unreadable, HasSubstr("not a readable Parquet file"));
+  EXPECT_TRUE(files[1].row_group_rows.empty());
+  EXPECT_TRUE(files[0].unreadable.empty() && files[2].unreadable.empty());
+  EXPECT_EQ(loader->rows_per_epoch(), 30 + 50);
+  EXPECT_EQ(loader->skipped_files(), std::vector<int32_t>{1});
+
+  ::testing::internal::CaptureStderr();
+  const auto reads = ReadChecked(loader.get(), 2 * 80);
+  loader->Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  std::map<int64_t, std::set<std::pair<int32_t, int64_t>>> by_epoch;
+  for (const auto& r : reads) {
+    EXPECT_EQ(r.meta.skip, SkipReason::kNone);
+    EXPECT_NE(r.meta.file, 1);
+    EXPECT_TRUE(by_epoch[r.meta.epoch].emplace(r.meta.file, r.meta.row).second);
+  }
+  EXPECT_EQ(by_epoch[0].size(), 80u);
+  EXPECT_EQ(by_epoch[1].size(), 80u);
+  EXPECT_THAT(log, HasSubstr("braid: source 'src' skipped file " + Part(1) +
+                             ": not a readable Parquet file"));
+  EXPECT_THAT(log, HasSubstr("its rows are unknown"));
+
+  // Deterministic: a loader made at any position continues as the first one did.
+  for (size_t at : {size_t{0}, size_t{23}, size_t{80}, size_t{117}}) {
+    auto resumed = MakeLoader(JobConfig(OnError::kSkip), reads[at].meta.pos);
+    ASSERT_NE(resumed, nullptr);
+    const auto rest = ReadN(resumed.get(), int64_t(reads.size() - at));
+    EXPECT_EQ(Ids(rest), Ids(std::vector<Sample>(reads.begin() + long(at), reads.end())))
+        << "resumed at sample " << at;
+  }
+}
+
+TEST_F(UnreadableFileTest, TruncatedFileUnderFailIsOneLineNamingTheFile) {
+  ASSERT_TRUE(testing::TruncateFile(Part(1)).ok());
+  auto loader = SourceLoader::Make(JobConfig(OnError::kFail), 0, {}, {});
+  ASSERT_FALSE(loader.ok());
+  const Status& st = loader.status();
+  ExpectDataError(st, Part(1));
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("not a readable Parquet file"),
+                                  HasSubstr("set on_error: skip")));
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+}
+
+TEST_F(UnreadableFileTest, NoReadableFileLeftIsADataErrorNamingTheSource) {
+  for (int f = 0; f < 3; ++f) ASSERT_TRUE(testing::TruncateFile(Part(f)).ok());
+  auto loader = SourceLoader::Make(JobConfig(OnError::kSkip), 0, {}, {});
+  ASSERT_FALSE(loader.ok());
+  ExpectDataError(loader.status(), dir_.Sub("src/*.parquet"));
+  EXPECT_THAT(loader.status().message(),
+              AllOf(HasSubstr("sources[0] (source 'src')"), HasSubstr("no readable file"),
+                    HasSubstr(Part(0))));
+}
+
+TEST_F(UnreadableFileTest, CorruptRowGroupUnderSkipIsSkippedWholeWithItsRowsCounted) {
+  ASSERT_TRUE(testing::CorruptRowGroup(Part(2), 1).ok());  // rows 10..19 of file 2
+  auto loader = MakeLoader(JobConfig(OnError::kSkip));
+  ASSERT_NE(loader, nullptr);
+  EXPECT_EQ(loader->rows_per_epoch(), 120);  // the footer read: the rows are known
+  ::testing::internal::CaptureStderr();
+  const auto reads = ReadChecked(loader.get(), 120);
+  const auto skipped_files = loader->skipped_files();
+  loader->Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  std::set<std::pair<int32_t, int64_t>> seen, skipped;
+  for (const auto& r : reads) {
+    EXPECT_TRUE(seen.emplace(r.meta.file, r.meta.row).second);
+    if (r.meta.skip != SkipReason::kNone) {
+      EXPECT_EQ(r.meta.skip, SkipReason::kError);
+      skipped.emplace(r.meta.file, r.meta.row);
+    }
+  }
+  EXPECT_EQ(seen.size(), 120u);  // every row keeps its place in the order
+  std::set<std::pair<int32_t, int64_t>> expected;
+  for (int64_t row = 10; row < 20; ++row) expected.emplace(2, row);
+  EXPECT_EQ(skipped, expected);
+  EXPECT_EQ(skipped_files, std::vector<int32_t>{2});
+  EXPECT_THAT(log,
+              HasSubstr("braid: source 'src' skipped " + Part(2) + " (row group 1): "));
+  EXPECT_THAT(log, HasSubstr("its 10 rows are skipped"));
+  EXPECT_EQ(log.find("(row group 1, row "), std::string::npos) << "logged per row:\n" << log;
+
+  // Resuming inside the window that holds the bad row group gives the same stream.
+  size_t first_skip = 0;
+  while (reads[first_skip].meta.skip == SkipReason::kNone) ++first_skip;
+  for (size_t at : {first_skip, first_skip + 1}) {
+    auto resumed = MakeLoader(JobConfig(OnError::kSkip), reads[at].meta.pos);
+    ASSERT_NE(resumed, nullptr);
+    const auto rest = ReadN(resumed.get(), int64_t(reads.size() - at));
+    EXPECT_EQ(Ids(rest), Ids(std::vector<Sample>(reads.begin() + long(at), reads.end())));
+  }
+}
+
+TEST_F(UnreadableFileTest, CorruptRowGroupUnderFailNamesTheFileAndRowGroup) {
+  ASSERT_TRUE(testing::CorruptRowGroup(Part(2), 1).ok());
+  auto loader = MakeLoader(JobConfig(OnError::kFail));
+  ASSERT_NE(loader, nullptr);
+  Status st;
+  int64_t delivered = 0;
+  for (int i = 0; i < 120 && st.ok(); ++i) {
+    auto s = loader->Next();
+    st = s.status();
+    if (s.ok()) ++delivered;
+  }
+  ExpectDataError(st, Part(2) + " (row group 1)");
+  EXPECT_THAT(st.message(), HasSubstr("set on_error: skip"));
+  EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+  EXPECT_LT(delivered, 120);
+}
+
+TEST_F(UnreadableFileTest, FileDeletedAfterOpenUnderSkipIsSkippedForTheRun) {
+  auto loader = MakeLoader(JobConfig(OnError::kSkip));  // reads every footer
+  ASSERT_NE(loader, nullptr);
+  ASSERT_TRUE(std::filesystem::remove(Part(1)));  // before the reader starts
+  ::testing::internal::CaptureStderr();
+  const auto reads = ReadChecked(loader.get(), 2 * 120);
+  const auto skipped_files = loader->skipped_files();
+  loader->Stop();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  std::map<int64_t, int64_t> skipped_by_epoch;
+  for (const auto& r : reads) {
+    EXPECT_EQ(r.meta.skip != SkipReason::kNone, r.meta.file == 1);
+    if (r.meta.file == 1) ++skipped_by_epoch[r.meta.epoch];
+  }
+  EXPECT_EQ(skipped_by_epoch[0], 40);  // all of its rows, counted as skips
+  EXPECT_EQ(skipped_by_epoch[1], 40);
+  EXPECT_EQ(skipped_files, std::vector<int32_t>{1});
+  // Retried (storage), then skipped; logged once, when it was lost.
+  EXPECT_THAT(log, AllOf(HasSubstr(Part(1)), HasSubstr("(4 tries)"),
+                         HasSubstr("the file is lost for the rest of the run")));
+  size_t lines = 0;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    lines += line.find(Part(1)) != std::string::npos;
+  }
+  EXPECT_EQ(lines, 1u) << log;
+}
+
+TEST_F(UnreadableFileTest, FileDeletedAfterOpenUnderFailIsAStorageErrorNamingIt) {
+  auto loader = MakeLoader(JobConfig(OnError::kFail));
+  ASSERT_NE(loader, nullptr);
+  ASSERT_TRUE(std::filesystem::remove(Part(1)));
+  Status st;
+  for (int i = 0; i < 120 && st.ok(); ++i) st = loader->Next().status();
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(st.IsIOError()) << st.ToString();
+  EXPECT_THAT(st.message(), AllOf(HasSubstr(Part(1)), HasSubstr("(4 tries)"),
+                                  HasSubstr("set on_error: skip")));
+  ASSERT_NE(GetErrorDetail(st), nullptr);
+  EXPECT_EQ(GetErrorDetail(st)->kind(), ErrorKind::kData);
+}
+
+TEST_F(UnreadableFileTest, EveryFileLostMidRunIsADataErrorNamingTheSource) {
+  auto loader = MakeLoader(JobConfig(OnError::kSkip, Part(0)));
+  ASSERT_NE(loader, nullptr);
+  ASSERT_TRUE(std::filesystem::remove(Part(0)));
+  ::testing::internal::CaptureStderr();
+  Status st;
+  for (int i = 0; i < 100 && st.ok(); ++i) st = loader->Next().status();
+  ::testing::internal::GetCapturedStderr();
+  ExpectDataError(st, Part(0));
+  EXPECT_THAT(st.message(), AllOf(HasSubstr("source 'src'"),
+                                  HasSubstr("no readable file left")));
 }
 
 }  // namespace

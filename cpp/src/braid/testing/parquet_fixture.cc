@@ -8,6 +8,8 @@
 #include <arrow/api.h>
 #include <arrow/io/file.h>
 #include <parquet/arrow/writer.h>
+#include <parquet/file_reader.h>
+#include <parquet/metadata.h>
 
 #include "braid/util/rng_internal.h"
 
@@ -49,6 +51,40 @@ Status WriteTokenFile(const std::string& path, const std::vector<std::vector<int
   ARROW_RETURN_NOT_OK(parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
                                                  options.row_group_rows));
   return out->Close();
+}
+
+Status CorruptRowGroup(const std::string& path, int row_group) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // (offset, bytes) per column chunk
+  try {
+    auto reader = parquet::ParquetFileReader::OpenFile(path);
+    auto rg = reader->metadata()->RowGroup(row_group);
+    for (int c = 0; c < rg->num_columns(); ++c) {
+      auto chunk = rg->ColumnChunk(c);
+      const int64_t start = chunk->has_dictionary_page()
+                                ? std::min(chunk->dictionary_page_offset(),
+                                           chunk->data_page_offset())
+                                : chunk->data_page_offset();
+      ranges.emplace_back(start, chunk->total_compressed_size());
+    }
+  } catch (const std::exception& e) {
+    return Status::IOError(path, ": ", e.what());
+  }
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (const auto& [offset, bytes] : ranges) {
+    const std::string junk(static_cast<size_t>(bytes), '\x5a');
+    f.seekp(offset);
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  if (!f) return Status::IOError(path, ": cannot overwrite");
+  return Status::OK();
+}
+
+Status TruncateFile(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec) std::filesystem::resize_file(path, size / 2, ec);
+  if (ec) return Status::IOError(path, ": ", ec.message());
+  return Status::OK();
 }
 
 std::vector<std::vector<int32_t>> RandomDocs(int64_t count, const LengthSpec& spec,

@@ -23,6 +23,14 @@ struct TokenFileOptions {
 Status WriteTokenFile(const std::string& path, const std::vector<std::vector<int32_t>>& docs,
                       const TokenFileOptions& options = {});
 
+/// Overwrites the bytes of every column chunk of row group `row_group` of the Parquet
+/// file at `path` with junk, leaving its footer intact: the file opens, that row group
+/// does not read (a corrupt page), the others do.
+Status CorruptRowGroup(const std::string& path, int row_group);
+
+/// Cuts the file at `path` to half its size (a failed upload: no footer).
+Status TruncateFile(const std::string& path);
+
 /// Documents with seeded lognormal lengths (median `median_tokens`, shape `sigma`),
 /// clipped to [1, max_tokens], and token ids in [0, vocab). A `near_fraction` of them get
 /// a length near `near_tokens` instead (0.9x to 1.1x) when near_tokens > 0.
