@@ -285,3 +285,18 @@ def test_schema_that_differs_between_files_names_the_file(small_dataset, tmp_pat
     path = write_config(tmp_path / "c.yaml", dict(small_dataset["config"], sources=[
         {"name": "mixed", "path": str(folder), "tokens_column": "input_ids"}]))
     check_error(braid_cli("plan", path, "--steps", 1), 3, "b.parquet", "string")
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("window", 1000, "lies outside the source"),
+    ("offset", 10**6, "lies outside the source"),
+])
+def test_a_state_outside_the_source_is_a_config_error(config_path, tmp_path, field, value,
+                                                      needle):
+    state_path = tmp_path / "s.json"
+    plan_lines(config_path, "--steps", 2, "--state-out", state_path)
+    state = json.loads(state_path.read_text())
+    state["sources"][0][field] = value
+    state_path.write_text(json.dumps(state))
+    check_error(braid_cli("plan", config_path, "--steps", 1, "--state-in", state_path), 2,
+                "sources[0]", needle)

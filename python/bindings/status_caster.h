@@ -3,9 +3,11 @@
 //   Invalid, config detail  -> braid.ConfigError (a ValueError)
 //   Invalid, data detail    -> braid.DataError   (a ValueError)
 //   IOError                 -> braid.StorageError (an OSError)
-//   Invalid without detail  -> ValueError
-//   Cancelled               -> RuntimeError
-//   anything else           -> RuntimeError
+//   anything else           -> braid.DataError, the code named in the message unless it
+//                              is Invalid (a status without detail; the C++ core gives
+//                              every error it makes a detail, so this is a status that
+//                              Arrow or Parquet returned as it was)
+
 #pragma once
 
 #include <nanobind/nanobind.h>
