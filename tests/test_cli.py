@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+import braid
 from conftest import braid_cli, write_config
 
 
@@ -285,6 +286,75 @@ def test_schema_that_differs_between_files_names_the_file(small_dataset, tmp_pat
     path = write_config(tmp_path / "c.yaml", dict(small_dataset["config"], sources=[
         {"name": "mixed", "path": str(folder), "tokens_column": "input_ids"}]))
     check_error(braid_cli("plan", path, "--steps", 1), 3, "b.parquet", "string")
+
+
+# --- every exception the CLI can meet: exit code and one line --------------------------
+
+@pytest.mark.parametrize("exc, code, line", [
+    (braid.ConfigError("sources[0].weight: must be >= 0"), 2,
+     "braid: error: sources[0].weight: must be >= 0"),
+    (braid.DataError("/d/a.parquet (row group 2): bad"), 3,
+     "braid: error: /d/a.parquet (row group 2): bad"),
+    (braid.StorageError("s3://b/a.parquet: timed out"), 3,
+     "braid: error: s3://b/a.parquet: timed out"),
+    (FileNotFoundError(2, "No such file or directory", "out/s.json"), 3,
+     "braid: error: [Errno 2] No such file or directory: 'out/s.json'"),
+    (ValueError("two\nlines"), 2, "braid: error: two lines"),
+    (MemoryError(), 3, "braid: error: out of memory"),
+    (KeyboardInterrupt(), 130, "braid: interrupted"),
+])
+def test_each_exception_is_one_line_and_an_exit_code(monkeypatch, capsys, exc, code, line):
+    from braid import cli
+
+    def fail(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "_cmd_plan", fail)
+    assert cli.main(["plan", "job.yaml", "--steps", "1"]) == code
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [line] and captured.out == ""
+
+
+def test_a_closed_stdout_is_exit_141_and_silent(monkeypatch, capsys):
+    from braid import cli
+
+    def fail(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_cmd_plan", fail)
+    monkeypatch.setattr(cli, "_silence_stdout", lambda: None)  # keep pytest's stdout
+    assert cli.main(["plan", "job.yaml", "--steps", "1"]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_an_internal_error_prints_its_traceback_and_says_it_is_a_bug(monkeypatch, capsys):
+    from braid import cli
+
+    def fail(args):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(cli, "_cmd_plan", fail)
+    assert cli.main(["plan", "job.yaml", "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert err.splitlines()[-1].startswith("braid: internal error (a bug in braid")
+
+
+def test_main_restores_the_sigterm_handler(monkeypatch, config_path):
+    import signal
+
+    from braid import cli
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "_cmd_plan", lambda args: 0)
+    assert cli.main(["plan", str(config_path), "--steps", "1"]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_usage_errors_are_argparse_one_liners(config_path):
+    result = braid_cli("plan", config_path)  # --steps missing
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("braid plan: error:")
 
 
 @pytest.mark.parametrize("field, value, needle", [

@@ -149,6 +149,19 @@ def test_a_position_outside_the_source_is_a_config_error_naming_it(small_dataset
     assert type(info.value) is braid.ConfigError
 
 
+def test_close_stops_the_engine_and_a_new_iterator_continues(small_dataset):
+    reference = take(braid.Loader(small_dataset["config"], rank=0, world_size=2), 5)
+    loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    it = iter(loader)
+    got = [next(it), next(it)]
+    loader.close()
+    assert list(it) == []  # the closed iterator ends
+    loader.close()  # idempotent
+    got += take(loader, 3)
+    for want, have in zip(reference, got):
+        assert torch.equal(want["input_ids"], have["input_ids"])
+
+
 def test_statuses_without_detail_are_braid_errors():
     from braid import _core
 

@@ -7,7 +7,9 @@
 //                              is Invalid (a status without detail; the C++ core gives
 //                              every error it makes a detail, so this is a status that
 //                              Arrow or Parquet returned as it was)
-
+//
+// A Python exception raised in a callback (a progress or output function, a transform)
+// that stopped a C++ call is raised again as it was (KeyboardInterrupt, BrokenPipeError).
 #pragma once
 
 #include <nanobind/nanobind.h>
