@@ -25,21 +25,35 @@ def plan_lines(*args):
 def test_plan_prints_one_json_object_per_step(config_path, small_dataset):
     lines = plan_lines(config_path, "--steps", 5)
     assert len(lines) == 5
+    # conftest's make_source: 2 files per source, documents in id order, so file f row r
+    # is document f * per_file + r.
+    docs = {"web": small_dataset["docs"][0], "code": small_dataset["docs"][1]}
+    per_file = {name: (len(d) + 1) // 2 for name, d in docs.items()}
+    attn, linear = 1.0, 32  # the fixture's balance.cost
     for i, line in enumerate(lines):
         step = json.loads(line)
         assert step["step"] == i and step["seq_len"] == 32
-        assert step["imbalance"] >= 1.0
         assert sum(step["source_tokens"].values()) == 128
         assert [r["dp"] for r in step["ranks"]] == [0, 1]
+        source_tokens = Counter()
         for rank in step["ranks"]:
             assert len(rank["micro_batches"]) == 2
             assert rank["tokens"] == sum(m["tokens"] for m in rank["micro_batches"])
             for mb in rank["micro_batches"]:
                 assert mb["tokens"] == 32 == sum(d["len"] for d in mb["docs"])
+                assert mb["cost"] == pytest.approx(
+                    sum(attn * d["len"] ** 2 + linear * d["len"] for d in mb["docs"]))
                 for d in mb["docs"]:
                     assert set(d) == {"src", "file", "row", "epoch", "start", "len"}
-                    tokens = small_dataset["docs"][0 if d["src"] == "web" else 1]
-                    assert d["start"] + d["len"] <= 80
+                    tokens = docs[d["src"]][d["file"] * per_file[d["src"]] + d["row"]]
+                    assert 0 <= d["start"] and 0 < d["len"]
+                    assert d["start"] + d["len"] <= len(tokens)
+                    source_tokens[d["src"]] += d["len"]
+            assert rank["cost"] == pytest.approx(sum(m["cost"] for m in rank["micro_batches"]))
+        assert dict(source_tokens) == {k: v for k, v in step["source_tokens"].items() if v}
+        costs = [r["cost"] for r in step["ranks"]]
+        assert step["imbalance"] == pytest.approx(max(costs) / (sum(costs) / len(costs)),
+                                                  rel=1e-6)
 
 
 def test_plan_is_deterministic_byte_for_byte(config_path):
