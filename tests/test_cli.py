@@ -1,4 +1,4 @@
-"""The `braid` command line: DESIGN.md's contracts for plan, run and demo."""
+"""The `braid` command line: the contracts of docs/plan-format.md for plan, run and demo."""
 
 from __future__ import annotations
 
