@@ -239,6 +239,13 @@ def test_inspect_reports_files_rows_and_lengths(small_dataset):
     assert human.returncode == 0 and "median" in human.stdout and "part-001" in human.stdout
 
 
+@pytest.mark.parametrize("relative", ["web", "web/*.parquet", "web/part-000.parquet"])
+def test_inspect_takes_paths_relative_to_the_current_folder(small_dataset, relative):
+    result = braid_cli("inspect", relative, "--json", cwd=small_dataset["root"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == (60 if "000" not in relative else 30)
+
+
 def test_inspect_missing_path_is_a_data_error(tmp_path):
     check_error(braid_cli("inspect", tmp_path / "none"), 3, "none")
 

@@ -137,7 +137,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    info = _core.inspect(args.path, args.column or "")
+    # A local path is made absolute here: Arrow reads a relative one as a URI without a
+    # scheme and refuses it.
+    path = args.path if "://" in args.path else os.path.abspath(args.path)
+    info = _core.inspect(path, args.column or "")
     if args.json:
         print(json.dumps(info, sort_keys=True))
         return 0
