@@ -1,4 +1,4 @@
-"""The `braid` command line: DESIGN.md's contracts for plan, run and demo."""
+"""The `braid` command line: the contracts of docs/plan-format.md for plan, run and demo."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+import braid
 from conftest import braid_cli, write_config
 
 
@@ -24,21 +25,35 @@ def plan_lines(*args):
 def test_plan_prints_one_json_object_per_step(config_path, small_dataset):
     lines = plan_lines(config_path, "--steps", 5)
     assert len(lines) == 5
+    # conftest's make_source: 2 files per source, documents in id order, so file f row r
+    # is document f * per_file + r.
+    docs = {"web": small_dataset["docs"][0], "code": small_dataset["docs"][1]}
+    per_file = {name: (len(d) + 1) // 2 for name, d in docs.items()}
+    attn, linear = 1.0, 32  # the fixture's balance.cost
     for i, line in enumerate(lines):
         step = json.loads(line)
         assert step["step"] == i and step["seq_len"] == 32
-        assert step["imbalance"] >= 1.0
         assert sum(step["source_tokens"].values()) == 128
         assert [r["dp"] for r in step["ranks"]] == [0, 1]
+        source_tokens = Counter()
         for rank in step["ranks"]:
             assert len(rank["micro_batches"]) == 2
             assert rank["tokens"] == sum(m["tokens"] for m in rank["micro_batches"])
             for mb in rank["micro_batches"]:
                 assert mb["tokens"] == 32 == sum(d["len"] for d in mb["docs"])
+                assert mb["cost"] == pytest.approx(
+                    sum(attn * d["len"] ** 2 + linear * d["len"] for d in mb["docs"]))
                 for d in mb["docs"]:
                     assert set(d) == {"src", "file", "row", "epoch", "start", "len"}
-                    tokens = small_dataset["docs"][0 if d["src"] == "web" else 1]
-                    assert d["start"] + d["len"] <= 80
+                    tokens = docs[d["src"]][d["file"] * per_file[d["src"]] + d["row"]]
+                    assert 0 <= d["start"] and 0 < d["len"]
+                    assert d["start"] + d["len"] <= len(tokens)
+                    source_tokens[d["src"]] += d["len"]
+            assert rank["cost"] == pytest.approx(sum(m["cost"] for m in rank["micro_batches"]))
+        assert dict(source_tokens) == {k: v for k, v in step["source_tokens"].items() if v}
+        costs = [r["cost"] for r in step["ranks"]]
+        assert step["imbalance"] == pytest.approx(max(costs) / (sum(costs) / len(costs)),
+                                                  rel=1e-6)
 
 
 def test_plan_is_deterministic_byte_for_byte(config_path):
@@ -224,6 +239,13 @@ def test_inspect_reports_files_rows_and_lengths(small_dataset):
     assert human.returncode == 0 and "median" in human.stdout and "part-001" in human.stdout
 
 
+@pytest.mark.parametrize("relative", ["web", "web/*.parquet", "web/part-000.parquet"])
+def test_inspect_takes_paths_relative_to_the_current_folder(small_dataset, relative):
+    result = braid_cli("inspect", relative, "--json", cwd=small_dataset["root"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == (60 if "000" not in relative else 30)
+
+
 def test_inspect_missing_path_is_a_data_error(tmp_path):
     check_error(braid_cli("inspect", tmp_path / "none"), 3, "none")
 
@@ -285,3 +307,87 @@ def test_schema_that_differs_between_files_names_the_file(small_dataset, tmp_pat
     path = write_config(tmp_path / "c.yaml", dict(small_dataset["config"], sources=[
         {"name": "mixed", "path": str(folder), "tokens_column": "input_ids"}]))
     check_error(braid_cli("plan", path, "--steps", 1), 3, "b.parquet", "string")
+
+
+# --- every exception the CLI can meet: exit code and one line --------------------------
+
+@pytest.mark.parametrize("exc, code, line", [
+    (braid.ConfigError("sources[0].weight: must be >= 0"), 2,
+     "braid: error: sources[0].weight: must be >= 0"),
+    (braid.DataError("/d/a.parquet (row group 2): bad"), 3,
+     "braid: error: /d/a.parquet (row group 2): bad"),
+    (braid.StorageError("s3://b/a.parquet: timed out"), 3,
+     "braid: error: s3://b/a.parquet: timed out"),
+    (FileNotFoundError(2, "No such file or directory", "out/s.json"), 3,
+     "braid: error: [Errno 2] No such file or directory: 'out/s.json'"),
+    (ValueError("two\nlines"), 2, "braid: error: two lines"),
+    (MemoryError(), 3, "braid: error: out of memory"),
+    (KeyboardInterrupt(), 130, "braid: interrupted"),
+])
+def test_each_exception_is_one_line_and_an_exit_code(monkeypatch, capsys, exc, code, line):
+    from braid import cli
+
+    def fail(args):
+        raise exc
+
+    monkeypatch.setattr(cli, "_cmd_plan", fail)
+    assert cli.main(["plan", "job.yaml", "--steps", "1"]) == code
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [line] and captured.out == ""
+
+
+def test_a_closed_stdout_is_exit_141_and_silent(monkeypatch, capsys):
+    from braid import cli
+
+    def fail(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "_cmd_plan", fail)
+    monkeypatch.setattr(cli, "_silence_stdout", lambda: None)  # keep pytest's stdout
+    assert cli.main(["plan", "job.yaml", "--steps", "1"]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_an_internal_error_prints_its_traceback_and_says_it_is_a_bug(monkeypatch, capsys):
+    from braid import cli
+
+    def fail(args):
+        raise KeyError("oops")
+
+    monkeypatch.setattr(cli, "_cmd_plan", fail)
+    assert cli.main(["plan", "job.yaml", "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert err.splitlines()[-1].startswith("braid: internal error (a bug in braid")
+
+
+def test_main_restores_the_sigterm_handler(monkeypatch, config_path):
+    import signal
+
+    from braid import cli
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "_cmd_plan", lambda args: 0)
+    assert cli.main(["plan", str(config_path), "--steps", "1"]) == 0
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_usage_errors_are_argparse_one_liners(config_path):
+    result = braid_cli("plan", config_path)  # --steps missing
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("braid plan: error:")
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("window", 1000, "lies outside the source"),
+    ("offset", 10**6, "lies outside the source"),
+])
+def test_a_state_outside_the_source_is_a_config_error(config_path, tmp_path, field, value,
+                                                      needle):
+    state_path = tmp_path / "s.json"
+    plan_lines(config_path, "--steps", 2, "--state-out", state_path)
+    state = json.loads(state_path.read_text())
+    state["sources"][0][field] = value
+    state_path.write_text(json.dumps(state))
+    check_error(braid_cli("plan", config_path, "--steps", 1, "--state-in", state_path), 2,
+                "sources[0]", needle)

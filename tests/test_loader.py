@@ -136,6 +136,44 @@ def test_state_of_another_config_is_refused(small_dataset):
         braid.Loader(other, rank=0, world_size=2).load_state_dict(state)
 
 
+def test_a_position_outside_the_source_is_a_config_error_naming_it(small_dataset):
+    loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    take(loader, 2)
+    state = loader.state_dict()
+    state["sources"][1]["window"] = 1000  # the same config, a position its files lack
+    resumed = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    resumed.load_state_dict(state)
+    with pytest.raises(braid.ConfigError, match=r"sources\[1\]: stream position .* lies "
+                       r"outside the source") as info:
+        next(iter(resumed))
+    assert type(info.value) is braid.ConfigError
+
+
+def test_close_stops_the_engine_and_a_new_iterator_continues(small_dataset):
+    reference = take(braid.Loader(small_dataset["config"], rank=0, world_size=2), 5)
+    loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
+    it = iter(loader)
+    got = [next(it), next(it)]
+    loader.close()
+    assert list(it) == []  # the closed iterator ends
+    loader.close()  # idempotent
+    got += take(loader, 3)
+    for want, have in zip(reference, got):
+        assert torch.equal(want["input_ids"], have["input_ids"])
+
+
+def test_statuses_without_detail_are_braid_errors():
+    from braid import _core
+
+    with pytest.raises(braid.ConfigError, match="rgb: must hold"):
+        _core.encode_test_jpeg(b"x", 1, 1)
+    # The JPEG encoder refuses an empty image with a status that carries no detail: the
+    # binding's table still makes it a braid error, never a bare ValueError/RuntimeError.
+    with pytest.raises(braid.DataError) as info:
+        _core.encode_test_jpeg(b"", 0, 0)
+    assert type(info.value) is braid.DataError
+
+
 def test_wrong_world_size_names_the_topology(small_dataset):
     with pytest.raises(braid.ConfigError, match="world_size"):
         braid.Loader(small_dataset["config"], rank=0, world_size=3)

@@ -9,17 +9,16 @@ namespace nb = nanobind;
 namespace braid::python {
 
 [[noreturn]] void ThrowStatus(const Status& st) {
-  const std::string message = st.message();
   const ErrorDetail* detail = GetErrorDetail(st);
-  if (st.IsIOError()) throw StorageErrorException(message);
+  if (st.IsIOError()) throw StorageErrorException(st.message());
   if (st.IsInvalid() && detail != nullptr) {
-    if (detail->kind() == ErrorKind::kConfig) throw ConfigErrorException(message);
-    throw DataErrorException(message);
+    if (detail->kind() == ErrorKind::kConfig) throw ConfigErrorException(st.message());
+    throw DataErrorException(st.message());
   }
-  if (st.IsInvalid()) throw std::invalid_argument(message);
-  throw std::runtime_error(st.ToString());
+  // No detail says where: the input (a file, a value inside it) could not be processed.
+  // The code's name stays in the message unless it is the usual Invalid.
+  throw DataErrorException(st.IsInvalid() ? st.message() : st.ToString());
 }
-
 void RegisterExceptions(nb::module_& m) {
   nb::exception<ConfigErrorException>(m, "ConfigError", PyExc_ValueError);
   nb::exception<DataErrorException>(m, "DataError", PyExc_ValueError);

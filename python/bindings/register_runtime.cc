@@ -129,7 +129,14 @@ void RegisterRuntime(nb::module_& m) {
       .def("state_json", &Engine::StateJson,
            "The state right after the last micro-batch returned, as JSON.")
       .def("local_micro_batches_per_step", &Engine::local_micro_batches_per_step,
-           nb::arg("step"), "Micro-batches this engine yields at `step` (phases change it).");
+           nb::arg("step"), "Micro-batches this engine yields at `step` (phases change it).")
+      .def("stop",
+           [](Engine& e) {
+             // Loader threads may wait for the GIL (Python transforms) before they end.
+             nb::gil_scoped_release release;
+             e.Stop();
+           },
+           "Stops and joins every thread; later next() calls raise. Idempotent.");
 
   m.def("make_engine",
         [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json,
@@ -176,6 +183,9 @@ void RegisterRuntime(nb::module_& m) {
         [](const Config& config, int64_t steps, const std::string& state_in,
            const std::function<void(const std::string&)>& on_line) {
           Result<std::string> result;
+          // The Python exception that stopped the output (BrokenPipeError,
+          // KeyboardInterrupt), raised again as it was once the planner is gone.
+          std::optional<nb::python_error> output_error;
           {
             nb::gil_scoped_release release;
             result = RunPlanJob(config, steps, state_in, [&](const std::string& line) {
@@ -183,11 +193,13 @@ void RegisterRuntime(nb::module_& m) {
               try {
                 on_line(line);
               } catch (nb::python_error& e) {
-                return Status::Cancelled("output failed: ", e.what());
+                output_error.emplace(std::move(e));
+                return Status::Cancelled("the output callback raised");
               }
               return Status::OK();
             });
           }
+          if (output_error) throw std::move(*output_error);
           return ValueOrThrow(std::move(result));
         },
         nb::arg("config"), nb::arg("steps"), nb::arg("state_in"), nb::arg("on_line"),

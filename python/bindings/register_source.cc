@@ -402,7 +402,7 @@ void RegisterSource(nb::module_& m) {
       "encode_test_jpeg",
       [](nb::bytes rgb, int width, int height) {
         if (rgb.size() != size_t(width) * size_t(height) * 3) {
-          ThrowIfError(Status::Invalid("rgb must hold width * height * 3 bytes"));
+          ThrowStatus(ConfigError("rgb", "must hold width * height * 3 bytes"));
         }
         std::string jpeg = ValueOrThrow(
             EncodeJpeg(static_cast<const uint8_t*>(rgb.data()), width, height));

@@ -3,9 +3,13 @@
 //   Invalid, config detail  -> braid.ConfigError (a ValueError)
 //   Invalid, data detail    -> braid.DataError   (a ValueError)
 //   IOError                 -> braid.StorageError (an OSError)
-//   Invalid without detail  -> ValueError
-//   Cancelled               -> RuntimeError
-//   anything else           -> RuntimeError
+//   anything else           -> braid.DataError, the code named in the message unless it
+//                              is Invalid (a status without detail; the C++ core gives
+//                              every error it makes a detail, so this is a status that
+//                              Arrow or Parquet returned as it was)
+//
+// A Python exception raised in a callback (a progress or output function, a transform)
+// that stopped a C++ call is raised again as it was (KeyboardInterrupt, BrokenPipeError).
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -1,7 +1,10 @@
 """The ``braid`` command line: plan, run, demo.
 
-Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad data
-(stderr names the file). Bad input never prints a traceback.
+Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad data or
+storage (stderr names the file); 130 interrupted (SIGINT, Ctrl-C); 141 the reader of
+stdout went away (``braid plan ... | head``); 143 terminated (SIGTERM, as launchers
+send). Each prints at most one line on stderr and no traceback; 1 is an internal error
+(a bug in braid), the only case that prints a traceback.
 """
 
 from __future__ import annotations
@@ -9,14 +12,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import traceback
 from typing import Callable, List, Optional
 
 from braid import _core
 from braid.config import load_config
 
+EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_DATA = 3
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141, as a tool killed by SIGPIPE
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived; raised at the next Python line (a step's progress, a plan line).
+
+    Unwinding it stops the C++ engine: its destructor joins every thread.
+    """
 
 
 def _fmt_bytes(n: float) -> str:
@@ -93,7 +110,7 @@ def _run(config, steps: int, report: Optional[str]) -> dict:
     every = max(1, steps // 10)
 
     def progress(s: dict) -> None:
-        if s["steps"] % every == 0 or s["steps"] == steps:
+        if s["steps"] == 1 or s["steps"] % every == 0 or s["steps"] == steps:
             print(f"step {s['steps']:>6}/{steps}  {s['tokens_per_s']:>12,.0f} tok/s  "
                   f"imbalance {s['step_imbalance'][-1]:.4f}", flush=True)
 
@@ -131,7 +148,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    info = _core.inspect(args.path, args.column or "")
+    # A local path is made absolute here: Arrow reads a relative one as a URI without a
+    # scheme and refuses it.
+    path = args.path if "://" in args.path else os.path.abspath(args.path)
+    info = _core.inspect(path, args.column or "")
     if args.json:
         print(json.dumps(info, sort_keys=True))
         return 0
@@ -225,23 +245,66 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split("\n")) or type(e).__name__
+
+
+def _error(e: BaseException, code: int) -> int:
+    print(f"braid: error: {_one_line(e)}", file=sys.stderr)
+    return code
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated()
+
+
+def _silence_stdout() -> None:
+    # The reader is gone: send what is still buffered to /dev/null, so that the flush at
+    # exit neither fails nor prints "Exception ignored".
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)  # bad usage: argparse prints one line, exits 2
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return args.func(args)
-    except (_core.DataError, _core.StorageError) as e:
-        print(f"braid: error: {e}", file=sys.stderr)
-        return EXIT_DATA
-    except (_core.ConfigError, ValueError) as e:
-        print(f"braid: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as e:
-        print(f"braid: error: {e}", file=sys.stderr)
-        return EXIT_DATA
     except BrokenPipeError:
-        return 0
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return 130
+        print("braid: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        print("braid: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
+    except _core.ConfigError as e:
+        return _error(e, EXIT_USAGE)
+    except (_core.DataError, _core.StorageError) as e:
+        return _error(e, EXIT_DATA)
+    except MemoryError:
+        print("braid: error: out of memory", file=sys.stderr)
+        return EXIT_DATA
+    except OSError as e:  # a file the command writes or reads itself (--state-out, ...)
+        return _error(e, EXIT_DATA)
+    except ValueError as e:  # a value the Python layer rejected
+        return _error(e, EXIT_USAGE)
+    except Exception as e:  # noqa: BLE001 - anything else is a bug, not bad input
+        traceback.print_exc()
+        print(f"braid: internal error (a bug in braid; please report it with the "
+              f"traceback above): {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        return EXIT_INTERNAL
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else
+                          signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,43 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
+import threading
+import weakref
 from typing import Any, Dict, Iterator, Optional
 
 import torch
 
 from braid import _core
 from braid.config import ConfigLike, load_config
+
+# Loaders with a running engine, for the SIGTERM handler.
+_running: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+_sigterm_handler_installed = False
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    # Runs on the main thread between two Python lines (the trainer's, or right after a
+    # next() returns): stop and join every engine's threads, then exit "terminated".
+    for loader in list(_running):
+        loader.close()
+    print("braid: SIGTERM: loader threads stopped; exiting with status 143",
+          file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
+def _install_sigterm_handler() -> None:
+    """On SIGTERM (what torchrun and other launchers send to stop a job), stop the
+    engines cleanly and exit with status 143, unless the program handles SIGTERM itself.
+    """
+    global _sigterm_handler_installed
+    if (_sigterm_handler_installed
+            or threading.current_thread() is not threading.main_thread()):
+        return
+    _sigterm_handler_installed = True
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
 
 class Loader(torch.utils.data.IterableDataset):
@@ -32,6 +63,12 @@ class Loader(torch.utils.data.IterableDataset):
     tensors share memory with the C++ buffers (no copy). Iteration never ends by itself: stop after
     the steps you train. The C++ engine starts on the first ``iter()``, not in the
     constructor, so a Loader can be created before a ``fork``.
+
+    On SIGTERM (torchrun and other launchers stop jobs with it) a Loader that started an
+    engine on the main thread stops every engine's threads and exits with status 143
+    (``SystemExit``, no traceback), unless the program installed its own SIGTERM handler
+    first. Ctrl-C raises ``KeyboardInterrupt`` in the trainer as usual; ``close()`` stops
+    the threads at any time.
 
     ``state_dict()`` / ``load_state_dict()`` follow PyTorch's convention; the state is
     plain JSON-able values and resumes the stream exactly after the last micro-batch
@@ -84,19 +121,32 @@ class Loader(torch.utils.data.IterableDataset):
         # The engine starts here (at iter(), not at the first next()), so state_dict()
         # always describes the newest iterator; a new iterator continues the stream where
         # the previous one stopped (the stream has no epochs to restart).
-        if self._engine is not None:
-            self._state_json = self._engine.state_json()
+        self.close()
+        _install_sigterm_handler()
         self._engine = _core.make_engine(
             self._config, [self.bucket], self._state_json,
             view=(self.tp_rank, self.pp_rank, self.cp_rank),
             split_context=self.split_context)
+        _running.add(self)
         return self._batches(self._engine)
 
-    @staticmethod
-    def _batches(engine: "_core.Engine") -> Iterator[Dict[str, torch.Tensor]]:
-        while True:
+    def _batches(self, engine: "_core.Engine") -> Iterator[Dict[str, torch.Tensor]]:
+        # Ends when close() or a newer iter() replaced this iterator's engine.
+        while self._engine is engine:
             arrays = engine.next()
             yield {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+    def close(self) -> None:
+        """Stops and joins the engine's threads now (freeing the Loader does too).
+
+        The iterators of this Loader end; ``state_dict()`` still holds the position after
+        the last micro-batch yielded, and a new ``iter()`` continues from there.
+        """
+        engine, self._engine = self._engine, None
+        _running.discard(self)
+        if engine is not None:
+            self._state_json = engine.state_json()
+            engine.stop()
 
     def state_dict(self) -> Dict[str, Any]:
         """The position right after the last micro-batch this Loader yielded."""
@@ -112,5 +162,5 @@ class Loader(torch.utils.data.IterableDataset):
         """
         text = json.dumps(state)
         _core.check_state(self._config, text)
-        self._engine = None
+        self.close()
         self._state_json = text

@@ -14,8 +14,8 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// DESIGN.md's sketch, less what this version does not support (tokenizer, phases,
-// text_column / image_column sources).
+// A token-column job as README.md shows one (tokenizer, phases, text and image sources
+// are tested below).
 constexpr const char* kSketch = R"(
 seed: 1234
 topology: {dp: 8, tp: 2, pp: 1, cp: 1}

@@ -5,6 +5,12 @@
 namespace braid {
 namespace {
 
+// "step S: rank R micro-batch M", the location of a constructor error.
+std::string MicroBatchWhere(int64_t step, int64_t dp, int64_t micro_batch) {
+  return "step " + std::to_string(step) + ": rank " + std::to_string(dp) +
+         " micro-batch " + std::to_string(micro_batch);
+}
+
 // --- Images (docs/sources.md): a piece carries an image's patches only if it holds all
 // of the image's placeholder tokens; a piece with part of them is an error. ---
 Status CollectImages(int64_t step, const DocPiece& d, const TokenPayload& payload,
@@ -17,25 +23,30 @@ Status CollectImages(int64_t step, const DocPiece& d, const TokenPayload& payloa
     if (overlap == end - begin) {
       images->push_back(&payload->images[k]);
     } else if (overlap > 0) {
-      return Status::Invalid("step ", step, ": sources[", d.source, "] file ", d.file,
-                             " row ", d.row, ": an image was split (the piece holds ",
-                             overlap, " of its ", end - begin,
-                             " placeholder tokens); set oversize: skip or raise seq_len");
+      return DataError("step " + std::to_string(step) + ": sources[" +
+                           std::to_string(d.source) + "] file " + std::to_string(d.file) +
+                           " row " + std::to_string(d.row),
+                       "an image was split (the piece holds " + std::to_string(overlap) +
+                           " of its " + std::to_string(end - begin) +
+                           " placeholder tokens); set oversize: skip or raise seq_len");
     }
   }
   return Status::OK();
 }
 
 // pixel_values float32 [total_patches, 3*p*p] and image_grid int32 [num_images, 2].
-Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>& images) {
+Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>& images,
+                                         const std::string& where) {
   int64_t total = 0;
   int64_t width = -1;
   for (const ImagePatches* im : images) {
     const int64_t n = im->num_patches();
     const int64_t w = n > 0 ? static_cast<int64_t>(im->pixels.size()) / n : 0;
     if (width >= 0 && w != width) {
-      return Status::Invalid("images of one micro-batch have different patch sizes (",
-                             w, " and ", width, " values per patch)");
+      return DataError(where,
+                       "images of one micro-batch have different patch sizes (" +
+                           std::to_string(w) + " and " + std::to_string(width) +
+                           " values per patch)");
     }
     width = w;
     total += n;
@@ -71,9 +82,10 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
     int64_t used = 0;
     for (const DocPiece& d : seq.docs) used += d.len;
     if (used > seq_len) {
-      return Status::Invalid("step ", plan.step, ": rank ", dp, " micro-batch ",
-                             micro_batch, " sequence ", r, ": its pieces hold ", used,
-                             " tokens, more than seq_len ", seq_len);
+      return DataError(MicroBatchWhere(plan.step, dp, micro_batch) + " sequence " +
+                           std::to_string(r),
+                       "its pieces hold " + std::to_string(used) +
+                           " tokens, more than seq_len " + std::to_string(seq_len));
     }
     num_pieces += static_cast<int64_t>(seq.docs.size()) + (used < seq_len ? 1 : 0);
   }
@@ -104,7 +116,8 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
     int64_t t = r * seq_len;
     for (const DocPiece& d : seq.docs) {
       if (!d.payload) {
-        return Status::Invalid("step ", plan.step, ": the plan carries no payloads");
+        return DataError(MicroBatchWhere(plan.step, dp, micro_batch),
+                         "the plan carries no payloads (planned from metadata only)");
       }
       ARROW_ASSIGN_OR_RAISE(TokenPayload payload, d.payload.Get());
       const TokenSpan& doc = payload->tokens;
@@ -142,7 +155,9 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   batch.tensors.push_back(std::move(cu_seqlens));
   batch.tensors.push_back(std::move(source_ids));
   if (!images.empty()) {
-    ARROW_ASSIGN_OR_RAISE(std::vector<Tensor> image_tensors, ImageTensors(images));
+    ARROW_ASSIGN_OR_RAISE(
+        std::vector<Tensor> image_tensors,
+        ImageTensors(images, MicroBatchWhere(plan.step, dp, micro_batch)));
     for (auto& tensor : image_tensors) batch.tensors.push_back(std::move(tensor));
   }
   return batch;

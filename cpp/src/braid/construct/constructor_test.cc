@@ -120,8 +120,13 @@ TEST(ConstructorTest, PaddedRowsEndWithTheirOwnSegment) {
 
   // A sequence whose pieces overflow seq_len is refused, not written past its row.
   plan.ranks[0].micro_batches[0].sequences[2].docs.push_back(Piece(1, b, 0, 4));
-  EXPECT_THAT(BuildMicroBatch(plan, 0, 0).status().message(),
+  const Status overflow = BuildMicroBatch(plan, 0, 0).status();
+  EXPECT_THAT(overflow.message(),
               ::testing::HasSubstr("sequence 2: its pieces hold 6 tokens, more than seq_len 5"));
+  // A data error with its location, so Python raises braid.DataError.
+  ASSERT_NE(GetErrorDetail(overflow), nullptr);
+  EXPECT_EQ(GetErrorDetail(overflow)->kind(), ErrorKind::kData);
+  EXPECT_EQ(GetErrorDetail(overflow)->where(), "step 0: rank 0 micro-batch 0 sequence 2");
 }
 
 TEST(ConstructorTest, PlanWithoutPayloadsIsInvalid) {
@@ -140,6 +145,8 @@ TEST(ConstructorTest, PlanWithoutPayloadsIsInvalid) {
   ASSERT_FALSE(built.ok());
   EXPECT_TRUE(built.status().IsInvalid());
   EXPECT_THAT(built.status().message(), ::testing::HasSubstr("no payloads"));
+  ASSERT_NE(GetErrorDetail(built.status()), nullptr);
+  EXPECT_EQ(GetErrorDetail(built.status())->kind(), ErrorKind::kData);
 }
 
 TEST(ConstructorTest, TensorStorageOutlivesTheBatch) {

@@ -107,7 +107,10 @@ Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
   int64_t rows = 0, seq_len = 0;
   if (cp > 1) {
     if (ids == nullptr || ids->shape.size() != 2) {
-      return Status::Invalid("a context-parallel view needs input_ids [mbs, seq_len]");
+      return DataError("step " + std::to_string(batch.step) + ": rank " +
+                           std::to_string(batch.dp) + " micro-batch " +
+                           std::to_string(batch.micro_batch),
+                       "a context-parallel view needs input_ids [mbs, seq_len]");
     }
     rows = ids->shape[0];
     seq_len = ids->shape[1];

@@ -1,4 +1,4 @@
-// The data plane as a small language (DESIGN.md, docs/dataplane.md): a builder of the
+// The data plane as a small language (docs/dataplane.md): a builder of the
 // declarative primitives mix / distribute / cost / balance / broadcast_at over a base
 // Config (seed, sources, batch), compiled by Plan() into the same Config the equivalent
 // YAML produces. The planner, the runtime and `braid plan` then run it unchanged.

@@ -91,6 +91,11 @@ class Engine {
   /// Micro-batches per step that this process receives.
   int64_t local_micro_batches_per_step(int64_t step) const;
 
+  /// Stops and joins every thread (what the destructor does), e.g. on SIGTERM. Later
+  /// Next() calls return Cancelled; StateJson() still describes the last micro-batch
+  /// returned. Idempotent. A Next() blocked on another thread returns Cancelled.
+  void Stop();
+
  private:
   struct PlanItem {
     Status status;
@@ -107,7 +112,6 @@ class Engine {
   void PlannerLoop();
   void ConstructorLoop();
   Result<Batch> View(Batch batch) const;  // options_.view's view of a built batch
-  void Stop();
 
   const Config config_;
   Options options_;

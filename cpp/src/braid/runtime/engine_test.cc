@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <parquet/arrow/writer.h>
 
@@ -340,6 +341,42 @@ TEST_F(EngineTest, DestroyWhileThreadsAreBlockedDoesNotHang) {
     std::_Exit(1);
   }
   done.get();
+}
+
+TEST_F(EngineTest, StopEndsNextWithCancelledAndKeepsTheState) {
+  auto engine = MakeEngine(*config_);
+  ASSERT_NE(engine, nullptr);
+  Take(engine.get(), 3);
+  const std::string state = engine->StateJson();
+  engine->Stop();
+  auto next = engine->Next();
+  EXPECT_TRUE(next.status().IsCancelled()) << next.status().ToString();
+  EXPECT_EQ(engine->StateJson(), state);  // what a SIGTERM handler saves
+  engine->Stop();                         // idempotent; the destructor stops again
+}
+
+TEST_F(EngineTest, StopFromAnotherThreadEndsTheConsumersNext) {
+  Config config = *config_;
+  config.runtime.read_ahead_bytes = 1;
+  config.runtime.prefetch_steps = 1;
+  auto engine = MakeEngine(config);
+  ASSERT_NE(engine, nullptr);
+  std::promise<Status> last;
+  std::future<Status> consumer_done = last.get_future();
+  std::thread consumer([&] {
+    Status st;
+    while (st.ok()) st = engine->Next().status();
+    last.set_value(st);
+  });
+  engine->Stop();
+  if (consumer_done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::fprintf(stderr, "FAILED: Next() did not return after Stop()\n");
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  consumer.join();
+  const Status st = consumer_done.get();
+  EXPECT_TRUE(st.IsCancelled()) << st.ToString();
 }
 
 TEST_F(EngineTest, RunPlanJobLinesEqualAPlannersJson) {

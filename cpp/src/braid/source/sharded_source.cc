@@ -111,11 +111,18 @@ Result<Sample> ShardedSource::Next() {
   }
   if (sample->meta.pos != next_) {
     const StreamPos& got = sample->meta.pos;
-    error_ = Status::Invalid("source index ", source_index_, ": loader ", owner,
-                             " delivered (epoch ", got.epoch, ", window ", got.window,
-                             ", offset ", got.offset, ") where (epoch ", next_.epoch,
-                             ", window ", next_.window, ", offset ", next_.offset,
-                             ") was due; did the source's files change?");
+    const auto& files = loaders_[size_t(owner)]->file_list();
+    const std::string file = size_t(sample->meta.file) < files.size()
+                                 ? files[size_t(sample->meta.file)].path
+                                 : "sources[" + std::to_string(source_index_) + "]";
+    error_ = DataError(
+        DataLocation(file, -1, sample->meta.row),
+        "sources[" + std::to_string(source_index_) + "] loader " + std::to_string(owner) +
+            " delivered (epoch " + std::to_string(got.epoch) + ", window " +
+            std::to_string(got.window) + ", offset " + std::to_string(got.offset) +
+            ") where (epoch " + std::to_string(next_.epoch) + ", window " +
+            std::to_string(next_.window) + ", offset " + std::to_string(next_.offset) +
+            ") was due; did the source's files change?");
     return error_;
   }
   if (++next_.offset == window_rows_of_epoch_[size_t(next_.window)]) {

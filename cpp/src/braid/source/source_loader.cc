@@ -111,12 +111,16 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   ARROW_ASSIGN_OR_RAISE(auto files, SourceFiles::Open(source, key, std::move(columns)));
   const auto& file_list = files->files();
   if (start.epoch < 0 || start.window < 0 || start.offset < 0) {
-    return Status::Invalid(key, ": stream position must not be negative");
+    return ConfigError(key, "stream position must not be negative (epoch " +
+                                std::to_string(start.epoch) + ", window " +
+                                std::to_string(start.window) + ", offset " +
+                                std::to_string(start.offset) + ")");
   }
   if (options.shard_count < 1 || options.shard_index < 0 ||
       options.shard_index >= options.shard_count) {
-    return Status::Invalid(key, ": shard ", options.shard_index, " of ",
-                           options.shard_count, " does not exist");
+    return ConfigError(key + ".loaders",
+                       "shard " + std::to_string(options.shard_index) + " of " +
+                           std::to_string(options.shard_count) + " does not exist");
   }
   // A position one past the end of a window means the start of the next one.
   const int64_t window_rows = config.sources[size_t(source_index)].shuffle_window_rows;
@@ -132,9 +136,10 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   }
   if (start.window >= static_cast<int64_t>(windows.size()) ||
       start.offset >= windows[size_t(start.window)].rows) {
-    return Status::Invalid(key, ": stream position (epoch ", start.epoch, ", window ",
-                           start.window, ", offset ", start.offset,
-                           ") lies outside the source; did its files change?");
+    return ConfigError(key, "stream position (epoch " + std::to_string(start.epoch) +
+                                ", window " + std::to_string(start.window) + ", offset " +
+                                std::to_string(start.offset) +
+                                ") lies outside the source; did its files change?");
   }
   return std::unique_ptr<SourceLoader>(
       new SourceLoader(config, source_index, start, options, std::move(files),

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <parquet/arrow/writer.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <set>
 #include <sstream>
@@ -292,10 +295,23 @@ TEST_F(SourceLoaderTest, DestroyWhileTheReaderIsBlockedOnAFullQueue) {
   tiny.read_ahead_bytes = 1;
   auto loader = MakeLoader(config, {}, tiny);
   ASSERT_TRUE(loader->Next().ok());
-  std::this_thread::sleep_for(
-      std::chrono::milliseconds(20));  // the reader blocks in Push
-  loader.reset();                      // must not hang
-  SUCCEED();
+  // Time for the reader to block in Push (the case under test); the destruction below
+  // must end whether it did or not, and the watchdog fails the test if it does not.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::promise<void> destroyed;
+  std::future<void> done = destroyed.get_future();
+  std::thread destroyer([&] {
+    loader.reset();
+    destroyed.set_value();
+  });
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    // The join below would hang too: say why and end the test binary.
+    std::fprintf(stderr, "FAILED: destroying the loader hung for 30 s\n");
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  destroyer.join();
+  EXPECT_EQ(loader, nullptr);
 }
 
 TEST_F(SourceLoaderTest, NextAfterStopIsCancelled) {
