@@ -1996,6 +1996,18 @@ MultimodalCase Case(std::string name, std::function<void(MultimodalCase*)> edit)
   return c;
 }
 
+// A text source beside captions of up to 3 * seq_len, 16 sequences of 1024 over dp 4.
+MultimodalCase Mixed(std::string name, std::function<void(MultimodalCase*)> edit) {
+  return Case(std::move(name), [&](MultimodalCase* c) {
+    c->seq_len = 1024;
+    c->sequences = 16;
+    c->dp = 4;
+    c->text = true;
+    c->long_captions = true;
+    edit(c);
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Levers, MultimodalCutsTest,
     ::testing::Values(
@@ -2003,78 +2015,32 @@ INSTANTIATE_TEST_SUITE_P(
         Case("short_captions_only", [](MultimodalCase*) {}),
         Case("several_images", [](MultimodalCase* c) { c->max_images = 4; }),
         Case("with_text", [](MultimodalCase* c) { c->text = true; }),
-        Case("long_captions_with_text",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 4;
-               c->text = true;
-               c->long_captions = true;
-               c->max_images = 3;
-             }),
-        Case("long_captions_only",
-             [](MultimodalCase* c) {
-               c->seq_len = 512;
-               c->sequences = 16;
-               c->dp = 4;
-               c->long_captions = true;
-             }),
-        Case("even_split_max_piece",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 4;
-               c->text = true;
-               c->long_captions = true;
-               c->split = BalanceConfig::Split::kEven;
-               c->max_piece = 96;
-             }),
-        Case("boundary_max_piece",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 4;
-               c->text = true;
-               c->long_captions = true;
-               c->max_piece = 128;
-             }),
-        Case("slack",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 4;
-               c->text = true;
-               c->long_captions = true;
-               c->slack = 0.05;
-             }),
-        Case("greedy_mbs2",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 2;
-               c->mbs = 2;
-               c->text = true;
-               c->algorithm = BalanceAlgorithm::kGreedy;
-             }),
-        Case("in_order",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 4;
-               c->text = true;
-               c->long_captions = true;
-               c->algorithm = BalanceAlgorithm::kNone;
-             }),
-        Case("phases",
-             [](MultimodalCase* c) {
-               c->seq_len = 1024;
-               c->sequences = 16;
-               c->dp = 4;
-               c->text = true;
-               c->long_captions = true;
-               c->max_images = 2;
-               c->phase_len = 256;
-             })),
+        Mixed("long_captions_with_text", [](MultimodalCase* c) { c->max_images = 3; }),
+        Mixed("long_captions_only",
+              [](MultimodalCase* c) {
+                c->seq_len = 512;
+                c->text = false;
+              }),
+        Mixed("even_split_max_piece",
+              [](MultimodalCase* c) {
+                c->split = BalanceConfig::Split::kEven;
+                c->max_piece = 96;
+              }),
+        Mixed("boundary_max_piece", [](MultimodalCase* c) { c->max_piece = 128; }),
+        Mixed("slack", [](MultimodalCase* c) { c->slack = 0.05; }),
+        Mixed("greedy_mbs2",
+              [](MultimodalCase* c) {
+                c->dp = 2;
+                c->mbs = 2;
+                c->long_captions = false;
+                c->algorithm = BalanceAlgorithm::kGreedy;
+              }),
+        Mixed("in_order", [](MultimodalCase* c) { c->algorithm = BalanceAlgorithm::kNone; }),
+        Mixed("phases",
+              [](MultimodalCase* c) {
+                c->max_images = 2;
+                c->phase_len = 256;
+              })),
     [](const ::testing::TestParamInfo<MultimodalCase>& info) { return info.param.name; });
 
 }  // namespace
