@@ -19,7 +19,8 @@
 namespace braid {
 namespace {
 
-// --- Hardening (docs/config.md, "Limits"): key segments, depth and alias budgets ---
+// --- Hardening (docs/config.md, "Errors and limits"): key segments, UTF-8, depth and
+// alias budgets ---
 // The length of the well-formed UTF-8 sequence of 2-4 bytes at text[i] (no overlong
 // forms, surrogates or values above U+10FFFF), or 0.
 size_t Utf8Length(std::string_view text, size_t i) {
@@ -254,7 +255,8 @@ Result<double> Weight(const YAML::Node& node, const std::string& path) {
   ARROW_ASSIGN_OR_RAISE(double w, Scalar<double>(node, path, "a number"));
   if (!std::isfinite(w) || w < 0) {
     return ConfigError(path,
-                       "must be a finite number >= 0, got " + EscapeForMessage(node.Scalar()));
+                       "must be a finite number >= 0, got " +
+                           EscapeForMessage(node.Scalar()));
   }
   return w;
 }
@@ -268,7 +270,8 @@ Result<E> Enum(const YAML::Node& node, const std::string& path,
     if (s == name) return value;
     list += (list.empty() ? "" : " | ") + name;
   }
-  return ConfigError(path, "must be one of " + list + ", got '" + EscapeForMessage(s) + "'");
+  return ConfigError(path,
+                     "must be one of " + list + ", got '" + EscapeForMessage(s) + "'");
 }
 
 Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& path) {
@@ -342,7 +345,8 @@ Result<std::vector<PhaseConfig>> ParsePhases(const YAML::Node& node, const Confi
       std::vector<bool> given(c.sources.size(), false);
       for (const auto& kv : w) {
         if (!kv.first.IsScalar()) {
-          return ConfigError(wpath, "keys must be source names" + Position(kv.first.Mark()));
+          return ConfigError(wpath,
+                             "keys must be source names" + Position(kv.first.Mark()));
         }
         const std::string name = kv.first.Scalar();
         const auto it = index.find(name);

@@ -236,10 +236,10 @@ struct Config {
 };
 
 /// Parses YAML (or JSON) text. Relative paths resolve against `base_dir`; nothing on disk
-/// is read. Fails with a ConfigError naming the key path on any bad key or value, or the
-/// key "config" with a line and column for a document that is not valid YAML, nests
-/// deeper than kMaxConfigDepth or whose aliases expand past its size (docs/config.md,
-/// "Limits"). Never throws.
+/// is read. Fails with a ConfigError naming the key path on any bad key or value (also
+/// where aliases expand the document past its size), or the key "config" with a line and
+/// column for text that is not valid YAML or UTF-8 or nests deeper than kMaxConfigDepth
+/// (docs/config.md, "Errors and limits"). Never throws.
 Result<Config> ParseConfig(const std::string& text, const std::string& base_dir);
 
 /// Containers nested deeper than this are rejected before yaml-cpp parses them (its

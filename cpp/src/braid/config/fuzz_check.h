@@ -66,7 +66,8 @@ inline const std::set<std::string>& ConfigKeyNames() {
       "cost", "attn", "linear", "vision", "mode", "algorithm", "split", "max_piece",
       "slack",
       // sources[i]
-      "name", "path", "tokens_column", "text_column", "image_column", "weight", "schedule",
+      "name", "path", "tokens_column", "text_column", "image_column", "weight",
+      "schedule",
       "steps", "oversize", "on_error", "storage", "endpoint", "region", "anonymous",
       "image", "patch_size", "max_pixels", "image_token_id", "shuffle_window", "chat",
       "prompt_column", "response_column", "messages_column", "workers", "transform",
@@ -95,7 +96,10 @@ inline bool IsValidUtf8(std::string_view s) {
     size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
                                  : (c & 0xF8) == 0xF0 ? 4 : 0;
     if (len == 0 || i + len > s.size()) return false;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    uint32_t cp = len == 1   ? c
+                  : len == 2 ? (c & 0x1F)
+                  : len == 3 ? (c & 0x0F)
+                             : (c & 0x07);
     for (size_t k = 1; k < len; ++k) {
       const auto cont = static_cast<unsigned char>(s[i + k]);
       if ((cont & 0xC0) != 0x80) return false;
@@ -113,7 +117,10 @@ inline bool HasPosition(std::string_view what) {
   const size_t at = what.find("line ");
   if (at == std::string_view::npos) return false;
   size_t i = at + 5, digits = 0;
-  while (i < what.size() && std::isdigit(static_cast<unsigned char>(what[i]))) ++i, ++digits;
+  while (i < what.size() && std::isdigit(static_cast<unsigned char>(what[i]))) {
+    ++i;
+    ++digits;
+  }
   if (digits == 0 || what.substr(i, 9) != ", column ") return false;
   i += 9;
   return i < what.size() && std::isdigit(static_cast<unsigned char>(what[i]));
@@ -251,7 +258,9 @@ inline std::string CheckStateText(const std::string& text, const Config& config,
   auto again = PlannerStateFromJson(PlannerStateToJson(*state, config, consumed), config,
                                     &again_consumed);
   if (!again.ok()) return "re-serialized state fails: " + again.status().ToString();
-  if (!(*again == *state) || again_consumed != consumed) return "state does not round-trip";
+  if (!(*again == *state) || again_consumed != consumed) {
+    return "state does not round-trip";
+  }
   return "";
 }
 

@@ -148,7 +148,8 @@ Result<int64_t> StateCount(const Json& obj, const char* key, const std::string& 
   return it->get<int64_t>();
 }
 
-Result<std::string> StateString(const Json& obj, const char* key, const std::string& parent) {
+Result<std::string> StateString(const Json& obj, const char* key,
+                                const std::string& parent) {
   const std::string path = parent + "." + key;
   const auto it = obj.find(key);
   if (it == obj.end()) return ConfigError(path, "is required");
@@ -179,9 +180,10 @@ Status CheckStateDepth(const std::string& text) {
       in_string = true;
     } else if (ch == '[' || ch == '{') {
       if (++depth > kMaxConfigDepth) {
-        return ConfigError("state", "nested deeper than " + std::to_string(kMaxConfigDepth) +
-                                        " levels at line " + std::to_string(line) +
-                                        ", column " + std::to_string(i - line_begin + 1));
+        return ConfigError("state", "nested deeper than " +
+                                        std::to_string(kMaxConfigDepth) + " levels at line " +
+                                        std::to_string(line) + ", column " +
+                                        std::to_string(i - line_begin + 1));
       }
     } else if (ch == ']' || ch == '}') {
       --depth;
@@ -263,8 +265,8 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
       c.carry = carry->get<double>();
       if (!(std::abs(c.carry) <= max_carry)) {
         return ConfigError(key + ".carry",
-                           "must be a finite number within 2 * batch.global_tokens, got " +
-                               carry->dump());
+                           "must be a finite number within 2 * batch.global_tokens, "
+                           "got " + carry->dump());
       }
       state.sources.push_back(c);
     }
