@@ -44,7 +44,7 @@ size_t Utf8Length(std::string_view text, size_t i) {
 }
 
 bool IsIdentifier(const std::string& key) {
-  if (key.empty()) return false;
+  if (key.empty() || key.size() > 64) return false;  // a long key is quoted and cut
   for (unsigned char ch : key) {
     if (!std::isalnum(ch) && ch != '_' && ch != '-') return false;
   }
