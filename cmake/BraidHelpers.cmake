@@ -40,6 +40,39 @@ function(braid_cc_benchmark NAME SRC)
   braid_set_warnings(${NAME})
 endfunction()
 
+# Fails unless the compiler is clang with libFuzzer (-fsanitize=fuzzer).
+function(braid_check_libfuzzer)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "BRAID_BUILD_FUZZERS=ON needs clang (libFuzzer); the compiler is "
+      "${CMAKE_CXX_COMPILER_ID}. config_fuzz_test runs the same checks with any compiler.")
+  endif()
+  include(CheckCXXSourceCompiles)
+  set(CMAKE_REQUIRED_FLAGS "-fsanitize=fuzzer")
+  check_cxx_source_compiles([=[
+#include <cstddef>
+#include <cstdint>
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }
+]=] BRAID_HAVE_LIBFUZZER)
+  if(NOT BRAID_HAVE_LIBFUZZER)
+    message(FATAL_ERROR "BRAID_BUILD_FUZZERS=ON: ${CMAKE_CXX_COMPILER} cannot link "
+      "-fsanitize=fuzzer (install clang's libFuzzer runtime)")
+  endif()
+endfunction()
+
+# braid_cc_fuzzer(NAME SRC): one libFuzzer executable (ASan + UBSan unless BRAID_SANITIZE
+# already adds them to every target).
+function(braid_cc_fuzzer NAME SRC)
+  add_executable(${NAME} ${SRC})
+  target_link_libraries(${NAME} PRIVATE braid_core)
+  set(_flags -fsanitize=fuzzer)
+  if(NOT BRAID_SANITIZE)
+    list(APPEND _flags -fsanitize=address,undefined -fno-omit-frame-pointer)
+  endif()
+  target_compile_options(${NAME} PRIVATE ${_flags})
+  target_link_options(${NAME} PRIVATE ${_flags})
+  braid_set_warnings(${NAME})
+endfunction()
+
 # Fail early when two sources share a stem (the executable name).
 function(braid_check_unique_stems kind)
   set(seen "")

@@ -2,20 +2,202 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "braid/util/rng_internal.h"
 
 namespace braid {
 namespace {
 
-std::string Join(const std::string& parent, const std::string& key) {
-  return parent.empty() ? key : parent + "." + key;
+// --- Hardening (docs/config.md, "Errors and limits"): key segments, UTF-8, depth and
+// alias budgets ---
+// The length of the well-formed UTF-8 sequence of 2-4 bytes at text[i] (no overlong
+// forms, surrogates or values above U+10FFFF), or 0.
+size_t Utf8Length(std::string_view text, size_t i) {
+  const auto ch = static_cast<unsigned char>(text[i]);
+  size_t len = 0;
+  uint32_t min = 0, cp = 0;
+  if ((ch & 0xE0) == 0xC0) {
+    len = 2, min = 0x80, cp = ch & 0x1F;
+  } else if ((ch & 0xF0) == 0xE0) {
+    len = 3, min = 0x800, cp = ch & 0x0F;
+  } else if ((ch & 0xF8) == 0xF0) {
+    len = 4, min = 0x10000, cp = ch & 0x07;
+  }
+  if (len == 0 || i + len > text.size()) return 0;
+  for (size_t k = 1; k < len; ++k) {
+    const auto cont = static_cast<unsigned char>(text[i + k]);
+    if ((cont & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cont & 0x3F);
+  }
+  return cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) ? len : 0;
 }
+
+bool IsIdentifier(const std::string& key) {
+  if (key.empty() || key.size() > 64) return false;  // a long key is quoted and cut
+  for (unsigned char ch : key) {
+    if (!std::isalnum(ch) && ch != '_' && ch != '-') return false;
+  }
+  return true;
+}
+
+// `parent.key`, or `parent["key"]` (escaped, cut) for a key that is not an identifier, so
+// a user's odd key never makes the path ambiguous or the message more than one line.
+std::string Join(const std::string& parent, const std::string& key) {
+  if (IsIdentifier(key)) return parent.empty() ? key : parent + "." + key;
+  std::string quoted;
+  for (char ch : key.substr(0, 64)) {
+    if (ch == '"' || ch == '\\') quoted += '\\';
+    quoted += ch;
+  }
+  return parent + "[\"" + EscapeForMessage(quoted, 80) +
+         (key.size() > 64 ? "...\"]" : "\"]");
+}
+
+std::string Position(const YAML::Mark& mark) {
+  if (mark.is_null()) return "";
+  return " at line " + std::to_string(mark.line + 1) + ", column " +
+         std::to_string(mark.column + 1);
+}
+
+// Rejects containers nested deeper than kMaxConfigDepth before yaml-cpp sees the text:
+// its parser recurses once per level (up to 2000, then throws), which a small thread
+// stack or a sanitizer's larger frames may not hold. The depth is estimated from the
+// text: block indentation levels and compact "- " / "? " entries, plus flow brackets
+// outside quotes and comments. It never under-counts a document yaml-cpp would parse.
+Status CheckNestingDepth(const std::string& text) {
+  std::vector<size_t> indents;  // columns of the open block levels
+  size_t block = 0;             // block levels of the current line
+  int64_t flow = 0;
+  size_t line = 1, line_begin = 0;
+  char quote = 0;  // '"' or '\'' inside a quoted scalar
+  bool line_start = true;
+  auto too_deep = [&](size_t at) {
+    return ConfigError("config", "nested deeper than " + std::to_string(kMaxConfigDepth) +
+                                     " levels at line " + std::to_string(line) +
+                                     ", column " + std::to_string(at - line_begin + 1) +
+                                     " (the limit on nesting; a config needs 8)");
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') {
+      ++line;
+      line_begin = i + 1;
+      line_start = true;
+      continue;
+    }
+    if (quote != 0) {
+      if (quote == '"' && ch == '\\') {
+        if (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      } else if (ch == quote) {
+        if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+          ++i;  // '' inside a single-quoted scalar
+        } else {
+          quote = 0;
+        }
+      }
+      continue;
+    }
+    if (line_start && flow == 0) {
+      line_start = false;
+      size_t j = i;
+      while (j < text.size() && text[j] == ' ') ++j;
+      if (j == text.size() || text[j] == '\n' || text[j] == '\r' || text[j] == '#') {
+        i = j - 1;  // blank or comment-only line: no level
+        continue;
+      }
+      while (!indents.empty() && indents.back() >= j - line_begin) indents.pop_back();
+      indents.push_back(j - line_begin);
+      // Compact nested entries on one line: "- - - x", "- ? x".
+      while (j + 1 < text.size() && (text[j] == '-' || text[j] == '?') &&
+             (text[j + 1] == ' ' || text[j + 1] == '\t')) {
+        j += 2;
+        while (j < text.size() && text[j] == ' ') ++j;
+        indents.push_back(j - line_begin);
+      }
+      block = indents.size();
+      if (block > size_t{kMaxConfigDepth}) return too_deep(j);
+      i = j - 1;
+      continue;
+    }
+    line_start = false;
+    const char prev = i == line_begin ? ' ' : text[i - 1];
+    const bool after_space = prev == ' ' || prev == '\t' || prev == '\r';
+    const bool token_start =
+        after_space || (flow > 0 && (prev == '[' || prev == '{' || prev == ',' ||
+                                     prev == ':'));
+    if (ch == '#' && after_space) {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if ((ch == '"' || ch == '\'') && token_start) {
+      quote = ch;
+    } else if ((ch == '[' || ch == '{') && (flow > 0 || token_start)) {
+      ++flow;
+      if (static_cast<int64_t>(block) + flow > kMaxConfigDepth) return too_deep(i);
+    } else if ((ch == ']' || ch == '}') && flow > 0) {
+      --flow;
+    }
+  }
+  return Status::OK();
+}
+
+// YAML is Unicode text, and every name and path of a config reaches JSON (plans, states,
+// reports), whose writer throws on invalid UTF-8: reject it up front, with its position.
+Status CheckUtf8(const std::string& text) {
+  size_t line = 1, line_begin = 0;
+  for (size_t i = 0; i < text.size();) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    if (ch < 0x80) {
+      if (ch == '\n') line_begin = i + 1, ++line;
+      ++i;
+      continue;
+    }
+    const size_t len = Utf8Length(text, i);
+    if (len == 0) {
+      return ConfigError("config", "not valid UTF-8 at line " + std::to_string(line) +
+                                       ", column " + std::to_string(i - line_begin + 1) +
+                                       " (byte " + EscapeForMessage(text.substr(i, 1)) +
+                                       ")");
+    }
+    i += len;
+  }
+  return Status::OK();
+}
+
+// Values the parser may still visit in this thread's ParseConfig: every element of a
+// list or mapping that it walks costs one. A document without aliases costs less than
+// its size in bytes; a `*alias` stands for a whole anchored node, so only aliases can
+// exceed it (an alias bomb: lists of aliases of lists of aliases ...).
+thread_local int64_t t_visit_budget = 0;
+
+Status Visit(size_t elements, const std::string& path) {
+  t_visit_budget -= static_cast<int64_t>(elements);
+  if (t_visit_budget < 0) {
+    return ConfigError(path.empty() ? "config" : path,
+                       "aliases expand the document to more values than it has bytes; "
+                       "write the repeated values out");
+  }
+  return Status::OK();
+}
+
+// Overflow-checked product of positive sizes; nullopt when it exceeds int64.
+std::optional<int64_t> Product(std::initializer_list<int64_t> factors) {
+  int64_t out = 1;
+  for (int64_t f : factors) {
+    if (__builtin_mul_overflow(out, f, &out)) return std::nullopt;
+  }
+  return out;
+}
+// --- end hardening ---
 
 std::string Index(const std::string& parent, size_t i) {
   return parent + "[" + std::to_string(i) + "]";
@@ -25,14 +207,28 @@ std::string Index(const std::string& parent, size_t i) {
 Status CheckMap(const YAML::Node& node, const std::string& path,
                 const std::set<std::string>& known) {
   if (!node.IsMap()) {
-    return ConfigError(path.empty() ? "<root>" : path, "must be a mapping");
+    if (path.empty()) {
+      return ConfigError("config", node.IsDefined() && !node.IsNull()
+                                       ? "must be a mapping (the document's top level)"
+                                       : "must be a mapping (the document is empty)");
+    }
+    return ConfigError(path, "must be a mapping");
   }
+  ARROW_RETURN_NOT_OK(Visit(node.size(), path));
+  std::set<std::string> seen;
   for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) {
+      return ConfigError(path.empty() ? "config" : path,
+                         "keys must be strings" + Position(kv.first.Mark()));
+    }
     const std::string key = kv.first.Scalar();
     if (!known.count(key)) {
       std::string list;
       for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
       return ConfigError(Join(path, key), "unknown key (known: " + list + ")");
+    }
+    if (!seen.insert(key).second) {
+      return ConfigError(Join(path, key), "appears twice");
     }
   }
   return Status::OK();
@@ -44,8 +240,8 @@ Result<T> Scalar(const YAML::Node& node, const std::string& path, const char* wh
   try {
     return node.as<T>();
   } catch (const YAML::Exception&) {
-    return ConfigError(path, std::string("must be ") + what + ", got '" + node.Scalar() +
-                                 "'");
+    return ConfigError(path, std::string("must be ") + what + ", got '" +
+                                 EscapeForMessage(node.Scalar()) + "'");
   }
 }
 
@@ -58,7 +254,9 @@ Result<int64_t> PositiveInt(const YAML::Node& node, const std::string& path) {
 Result<double> Weight(const YAML::Node& node, const std::string& path) {
   ARROW_ASSIGN_OR_RAISE(double w, Scalar<double>(node, path, "a number"));
   if (!std::isfinite(w) || w < 0) {
-    return ConfigError(path, "must be a finite number >= 0, got " + node.Scalar());
+    return ConfigError(path,
+                       "must be a finite number >= 0, got " +
+                           EscapeForMessage(node.Scalar()));
   }
   return w;
 }
@@ -72,7 +270,8 @@ Result<E> Enum(const YAML::Node& node, const std::string& path,
     if (s == name) return value;
     list += (list.empty() ? "" : " | ") + name;
   }
-  return ConfigError(path, "must be one of " + list + ", got '" + s + "'");
+  return ConfigError(path,
+                     "must be one of " + list + ", got '" + EscapeForMessage(s) + "'");
 }
 
 Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& path) {
@@ -93,6 +292,7 @@ Result<WeightSchedule> ParseWeight(const YAML::Node& node, const std::string& pa
   if (!sched || !sched.IsSequence() || sched.size() == 0) {
     return ConfigError(spath, "must be a non-empty list of [step, weight] pairs");
   }
+  ARROW_RETURN_NOT_OK(Visit(sched.size(), spath));
   ws.points.clear();
   for (size_t i = 0; i < sched.size(); ++i) {
     const std::string ipath = Index(spath, i);
@@ -116,6 +316,9 @@ Result<std::vector<PhaseConfig>> ParsePhases(const YAML::Node& node, const Confi
   if (!node.IsSequence()) {
     return ConfigError("phases", "must be a list of {until_step, seq_len, weights}");
   }
+  ARROW_RETURN_NOT_OK(Visit(node.size(), "phases"));
+  std::unordered_map<std::string, size_t> index;  // source name -> config order
+  for (size_t k = 0; k < c.sources.size(); ++k) index.emplace(c.sources[k].name, k);
   std::vector<PhaseConfig> out;
   for (size_t i = 0; i < node.size(); ++i) {
     const std::string path = Index("phases", i);
@@ -138,13 +341,21 @@ Result<std::vector<PhaseConfig>> ParsePhases(const YAML::Node& node, const Confi
     if (const YAML::Node w = ph["weights"]) {
       const std::string wpath = Join(path, "weights");
       if (!w.IsMap()) return ConfigError(wpath, "must map source names to weights");
+      ARROW_RETURN_NOT_OK(Visit(w.size(), wpath));
+      std::vector<bool> given(c.sources.size(), false);
       for (const auto& kv : w) {
+        if (!kv.first.IsScalar()) {
+          return ConfigError(wpath,
+                             "keys must be source names" + Position(kv.first.Mark()));
+        }
         const std::string name = kv.first.Scalar();
-        size_t k = 0;
-        while (k < c.sources.size() && c.sources[k].name != name) ++k;
-        if (k == c.sources.size()) {
+        const auto it = index.find(name);
+        if (it == index.end()) {
           return ConfigError(Join(wpath, name), "is not a source name");
         }
+        const size_t k = it->second;
+        if (given[k]) return ConfigError(Join(wpath, name), "appears twice");
+        given[k] = true;
         ARROW_ASSIGN_OR_RAISE(phase.weights[k], ParseWeight(kv.second, Join(wpath, name)));
       }
     }
@@ -232,6 +443,7 @@ Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
     if (!cols.IsSequence() || cols.size() == 0) {
       return ConfigError(ckey, "must be a non-empty list of column names");
     }
+    ARROW_RETURN_NOT_OK(Visit(cols.size(), ckey));
     for (size_t i = 0; i < cols.size(); ++i) {
       ARROW_ASSIGN_OR_RAISE(auto name, non_empty(cols[i], Index(ckey, i)));
       src->user_transform.columns.push_back(std::move(name));
@@ -251,7 +463,8 @@ Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string
     ARROW_ASSIGN_OR_RAISE(t.type,
                           Scalar<std::string>(node["type"], "tokenizer.type", "a string"));
     if (t.type != "sentencepiece") {
-      return ConfigError("tokenizer.type", "must be sentencepiece, got '" + t.type + "'");
+      return ConfigError("tokenizer.type",
+                         "must be sentencepiece, got '" + EscapeForMessage(t.type) + "'");
     }
   }
   if (!node["model"]) return ConfigError("tokenizer.model", "is required");
@@ -296,7 +509,7 @@ Status ParseSourceImage(const YAML::Node& node, const std::string& path,
     ARROW_ASSIGN_OR_RAISE(src->image_max_pixels,
                           PositiveInt(image["max_pixels"], Join(key, "max_pixels")));
   }
-  if (src->image_max_pixels < src->image_patch_size * src->image_patch_size) {
+  if (src->image_patch_size > src->image_max_pixels / src->image_patch_size) {
     return ConfigError(Join(key, "max_pixels"), "must be at least patch_size^2");
   }
   if (!image["image_token_id"]) {
@@ -438,6 +651,7 @@ Result<Topology> ParseTopology(const YAML::Node& t) {
     if (!bc.IsSequence()) {
       return ConfigError("topology.broadcast_at", "must be a list of tp | pp");
     }
+    ARROW_RETURN_NOT_OK(Visit(bc.size(), "topology.broadcast_at"));
     bool tp = false, pp = false;
     for (size_t i = 0; i < bc.size(); ++i) {
       const std::string path = Index("topology.broadcast_at", i);
@@ -518,7 +732,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                             Scalar<double>(bal["slack"], "balance.slack", "a number"));
       if (!(c.balance.slack >= 0 && c.balance.slack < 0.5)) {
         return ConfigError("balance.slack", "must be a number in [0, 0.5), got " +
-                                                bal["slack"].Scalar());
+                                                EscapeForMessage(bal["slack"].Scalar()));
       }
     }
     // --- end planner ---
@@ -565,7 +779,8 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
         return ConfigError("runtime.kind", "'ray' is not supported in this version");
       }
       if (kind != "local") {
-        return ConfigError("runtime.kind", "must be one of local | ray, got '" + kind + "'");
+        return ConfigError("runtime.kind", "must be one of local | ray, got '" +
+                                               EscapeForMessage(kind) + "'");
       }
     }
     if (rt["read_ahead_bytes"]) {
@@ -598,13 +813,14 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (!sources.IsSequence() || sources.size() == 0) {
     return ConfigError("sources", "must be a non-empty list");
   }
+  ARROW_RETURN_NOT_OK(Visit(sources.size(), "sources"));
   std::set<std::string> names;
   for (size_t i = 0; i < sources.size(); ++i) {
     ARROW_ASSIGN_OR_RAISE(SourceConfig src,
                           ParseSource(sources[i], Index("sources", i), base_dir));
     if (!names.insert(src.name).second) {
       return ConfigError(Join(Index("sources", i), "name"),
-                         "duplicate source name '" + src.name + "'");
+                         "duplicate source name '" + EscapeForMessage(src.name) + "'");
     }
     if ((!src.text_column.empty() || src.chat.enabled()) && c.tokenizer.model.empty()) {
       return ConfigError(Index("sources", i),
@@ -658,28 +874,32 @@ const char* ToString(BalanceAlgorithm v) {
 
 double WeightSchedule::At(int64_t step) const {
   if (step <= points.front().first) return points.front().second;
+  // Binary searches (points sorted by step): a schedule may have many points.
+  const auto by_step = [](const std::pair<int64_t, double>& p, int64_t s) {
+    return p.first < s;
+  };
   if (stepwise) {  // planner: piecewise constant, the last point at or before `step`
-    size_t i = 0;
-    while (i + 1 < points.size() && points[i + 1].first <= step) ++i;
-    return points[i].second;
+    const auto after = std::upper_bound(
+        points.begin(), points.end(), step,
+        [](int64_t s, const std::pair<int64_t, double>& p) { return s < p.first; });
+    return std::prev(after)->second;
   }
-  for (size_t i = 1; i < points.size(); ++i) {
-    if (step <= points[i].first) {
-      const auto& [s0, w0] = points[i - 1];
-      const auto& [s1, w1] = points[i];
-      const double t = static_cast<double>(step - s0) / static_cast<double>(s1 - s0);
-      return w0 + t * (w1 - w0);
-    }
-  }
-  return points.back().second;
+  // The first point at or after `step` (not the first point: step > its step).
+  const auto it = std::lower_bound(points.begin(), points.end(), step, by_step);
+  if (it == points.end()) return points.back().second;
+  const auto& [s0, w0] = *std::prev(it);
+  const auto& [s1, w1] = *it;
+  const double t = static_cast<double>(step - s0) / static_cast<double>(s1 - s0);
+  return w0 + t * (w1 - w0);
 }
 
 // --- Planner: per-step shape and weights (docs/planner.md) ---
 const PhaseConfig* Config::PhaseAt(int64_t step) const {
-  for (const PhaseConfig& p : phases) {
-    if (step < p.until_step) return &p;
-  }
-  return nullptr;
+  // The first phase with step < until_step (until_step strictly increasing).
+  const auto it = std::upper_bound(
+      phases.begin(), phases.end(), step,
+      [](int64_t s, const PhaseConfig& p) { return s < p.until_step; });
+  return it == phases.end() ? nullptr : &*it;
 }
 
 int64_t Config::SeqLenAt(int64_t step) const {
@@ -730,6 +950,9 @@ std::string Config::Fingerprint() const {
 }
 
 Status CheckTopology(const Topology& t) {
+  if (!Product({t.dp, t.tp, t.pp, t.cp})) {
+    return ConfigError("topology", "dp * tp * pp * cp must be at most 2^63 - 1");
+  }
   bool seen[4] = {false, false, false, false};
   for (size_t i = 0; i < t.order.size(); ++i) {
     const int d = static_cast<int>(t.order[i]);
@@ -759,18 +982,25 @@ Status ValidateConfig(const Config& c) {
   }
   ARROW_RETURN_NOT_OK(CheckTopology(c.topology));
   const int64_t per_step = b.global_tokens / b.seq_len;
-  const int64_t group = c.topology.buckets() * b.micro_batch_size;
+  // CheckTopology bounds the buckets; products beyond int64 cannot divide global_tokens.
+  const std::optional<int64_t> group_or =
+      Product({c.topology.buckets(), b.micro_batch_size});
+  auto group_tokens = [&](int64_t seq_len) {
+    const auto v = group_or ? Product({*group_or, seq_len}) : std::nullopt;
+    return v ? std::to_string(*v) : std::string("more than 2^63 - 1");
+  };
+  const int64_t group = group_or.value_or(std::numeric_limits<int64_t>::max());
   // Named as the user knows it: topology.dp unless distribute makes other buckets.
   const std::string buckets =
       c.topology.distribute == Topology::Axis::kDp && c.topology.group == 1
           ? "topology.dp"
           : "the buckets of topology.distribute (" + std::to_string(c.topology.buckets()) +
                 ")";
-  if (per_step % group != 0) {
+  if (!group_or || per_step % group != 0) {
     return ConfigError("batch.global_tokens",
                        "must be a multiple of " + buckets +
                            " * batch.micro_batch_size * batch.seq_len (" +
-                           std::to_string(group * b.seq_len) + "), got " +
+                           group_tokens(b.seq_len) + "), got " +
                            std::to_string(b.global_tokens));
   }
   // --- Planner: phases (docs/planner.md) ---
@@ -781,22 +1011,24 @@ Status ValidateConfig(const Config& c) {
       return ConfigError(path, "batch.global_tokens (" + std::to_string(b.global_tokens) +
                                    ") must be a multiple of " + buckets +
                                    " * batch.micro_batch_size * seq_len (" +
-                                   std::to_string(group * L) + ")");
+                                   group_tokens(L) + ")");
     }
   }
   // --- end planner: phases ---
   // --- Views: context parallelism (construct/views.h, docs/parallelism.md) ---
   // Every sequence splits into 2*cp equal chunks, in every phase.
   if (c.topology.slices_context()) {
-    const int64_t parts = 2 * c.topology.cp;
+    // cp <= 2^62 would be needed for 2 * cp to fit; no sequence is that long anyway.
+    const int64_t parts = c.topology.cp > (int64_t{1} << 62) ? 0 : 2 * c.topology.cp;
     for (size_t i = 0; i <= c.phases.size(); ++i) {
       const bool base = i == c.phases.size();
       const int64_t L = base ? b.seq_len : c.phases[i].seq_len;
-      if (L % parts != 0) {
+      if (parts == 0 || L % parts != 0) {
         const std::string key =
             base ? "batch.seq_len" : "phases[" + std::to_string(i) + "].seq_len";
         return ConfigError(key, "must be a multiple of 2 * topology.cp (" +
-                                    std::to_string(parts) +
+                                    (parts == 0 ? std::string("more than 2^63 - 1")
+                                                : std::to_string(parts)) +
                                     ") to split sequences for context parallelism, got " +
                                     std::to_string(L));
       }
@@ -816,10 +1048,13 @@ Status ValidateConfig(const Config& c) {
       for (const auto& [step, v] : w->points) steps.push_back(step);
     }
   }
+  // Each step once, smallest first; a step is fine as soon as one source has weight.
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
   for (int64_t step : steps) {
-    double total = 0;
-    for (size_t k = 0; k < c.sources.size(); ++k) total += c.WeightAt(k, step);
-    if (total <= 0) {
+    bool any = false;
+    for (size_t k = 0; k < c.sources.size() && !any; ++k) any = c.WeightAt(k, step) > 0;
+    if (!any) {
       return ConfigError(c.PhaseAt(step) ? "phases" : "sources",
                          "all weights are 0 at step " + std::to_string(step));
     }
@@ -828,17 +1063,59 @@ Status ValidateConfig(const Config& c) {
 }
 
 Result<Config> ParseConfig(const std::string& text, const std::string& base_dir) {
+  ARROW_RETURN_NOT_OK(CheckUtf8(text));
+  ARROW_RETURN_NOT_OK(CheckNestingDepth(text));
   YAML::Node root;
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    return ConfigError("<config>", std::string("not valid YAML: ") + e.what());
+    return ConfigError("config", "not valid YAML" + Position(e.mark) + ": " +
+                                     EscapeForMessage(e.msg, 200));
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc
+    return ConfigError("config", std::string("cannot be parsed: ") + e.what());
   }
+  // Aliases are shared nodes, not copies; the budget bounds how often they are walked.
+  t_visit_budget = static_cast<int64_t>(text.size()) + 64;
   try {
     return ParseRoot(root, base_dir);
   } catch (const YAML::Exception& e) {
-    return ConfigError("<config>", e.what());
+    return ConfigError("config", "cannot be read" + Position(e.mark) + ": " +
+                                     EscapeForMessage(e.msg, 200));
   }
+}
+
+std::string EscapeForMessage(std::string_view text, size_t max_bytes) {
+  std::string out;
+  size_t i = 0;
+  auto hex = [&out](unsigned char ch) {
+    static const char kDigits[] = "0123456789ABCDEF";
+    out += "\\x";
+    out += kDigits[ch >> 4];
+    out += kDigits[ch & 15];
+  };
+  while (i < text.size() && out.size() < max_bytes) {
+    const auto ch = static_cast<unsigned char>(text[i]);
+    if (ch < 0x80) {
+      if (ch < 0x20 || ch == 0x7f) {
+        hex(ch);
+      } else {
+        out += static_cast<char>(ch);
+      }
+      ++i;
+      continue;
+    }
+    // A well-formed UTF-8 sequence is copied; any other byte is written as \xNN.
+    const size_t len = Utf8Length(text, i);
+    if (len > 0) {
+      out.append(text.substr(i, len));
+      i += len;
+    } else {
+      hex(ch);
+      ++i;
+    }
+  }
+  if (i < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
 }
 
 Result<Config> LoadConfigFile(const std::string& path) {
@@ -854,7 +1131,7 @@ Result<Config> LoadConfigFile(const std::string& path) {
     const auto* detail = GetErrorDetail(result.status());
     return result.status().WithMessage(path + ": " + result.status().message())
         .WithDetail(std::make_shared<ErrorDetail>(
-            ErrorKind::kConfig, detail ? detail->where() : std::string("<config>")));
+            ErrorKind::kConfig, detail ? detail->where() : std::string("config")));
   }
   return result;
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -234,9 +235,20 @@ struct Config {
   std::string Fingerprint() const;
 };
 
-/// Parses YAML (or JSON) text. Relative paths resolve against `base_dir`.
-/// Fails with Invalid naming the key path on any bad key or value.
+/// Parses YAML (or JSON) text. Relative paths resolve against `base_dir`; nothing on disk
+/// is read. Fails with a ConfigError naming the key path on any bad key or value (also
+/// where aliases expand the document past its size), or the key "config" with a line and
+/// column for text that is not valid YAML or UTF-8 or nests deeper than kMaxConfigDepth
+/// (docs/config.md, "Errors and limits"). Never throws.
 Result<Config> ParseConfig(const std::string& text, const std::string& base_dir);
+
+/// Containers nested deeper than this are rejected before yaml-cpp parses them (its
+/// parser recurses once per level). A config needs 8.
+inline constexpr int kMaxConfigDepth = 64;
+
+/// `text` made safe to quote in a one-line error message: valid UTF-8, control characters
+/// and invalid bytes written as \xNN, cut after `max_bytes` with the full size noted.
+std::string EscapeForMessage(std::string_view text, size_t max_bytes = 80);
 
 /// Reads and parses a config file; relative paths resolve against its folder.
 Result<Config> LoadConfigFile(const std::string& path);

@@ -241,8 +241,8 @@ TEST(ConfigTest, OtherBadValuesNameTheirPath) {
   ExpectConfigError("seed: -3\n" + Minimal(), "seed");
   ExpectConfigError("batch: [1, 2]\nsources: [{name: a, path: a, tokens_column: t}]\n",
                     "batch", "mapping");
-  ExpectConfigError("- just\n- a list\n", "<root>", "mapping");
-  ExpectConfigError("batch: {global_tokens: [unclosed\n", "<config>", "YAML");
+  ExpectConfigError("- just\n- a list\n", "config", "mapping");
+  ExpectConfigError("batch: {global_tokens: [unclosed\n", "config", "YAML");
 }
 
 TEST(ConfigTest, UnsupportedFeaturesAreNamedErrors) {

@@ -1,6 +1,8 @@
 #include "braid/plan/step_plan.h"
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <new>
 
 #include <nlohmann/json.hpp>
@@ -119,56 +121,158 @@ std::string PlannerStateToJson(const PlannerState& state, const Config& config,
   return out.dump();
 }
 
+namespace {
+
+// A state's positions and counts are below 2^62: no run gets there, and the planner may
+// add to them without overflow.
+constexpr int64_t kMaxStateCount = int64_t{1} << 62;
+
+// `obj[key]` as an integer in [0, kMaxStateCount]; `fallback` when absent and not
+// `required`. Errors name the key path ("state.sources[0].epoch").
+Result<int64_t> StateCount(const Json& obj, const char* key, const std::string& parent,
+                           bool required, int64_t fallback = 0) {
+  const std::string path = parent + "." + key;
+  const auto it = obj.find(key);
+  if (it == obj.end()) {
+    if (required) return ConfigError(path, "is required");
+    return fallback;
+  }
+  if (!it->is_number_integer()) {
+    return ConfigError(path, std::string("must be an integer, got ") + it->type_name());
+  }
+  if (it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t(kMaxStateCount)
+                               : (it->get<int64_t>() < 0 ||
+                                  it->get<int64_t>() > kMaxStateCount)) {
+    return ConfigError(path, "must be in [0, 2^62], got " + it->dump());
+  }
+  return it->get<int64_t>();
+}
+
+Result<std::string> StateString(const Json& obj, const char* key,
+                                const std::string& parent) {
+  const std::string path = parent + "." + key;
+  const auto it = obj.find(key);
+  if (it == obj.end()) return ConfigError(path, "is required");
+  if (!it->is_string()) {
+    return ConfigError(path, std::string("must be a string, got ") + it->type_name());
+  }
+  return it->get<std::string>();
+}
+
+// A state is three levels deep; a deeper document is refused before it is parsed
+// (nlohmann's parser does not recurse, but a 100,000-level document still costs seconds).
+Status CheckStateDepth(const std::string& text) {
+  int64_t depth = 0;
+  size_t line = 1, line_begin = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') {
+      ++line;
+      line_begin = i + 1;
+    } else if (in_string) {
+      if (ch == '\\') {
+        ++i;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > kMaxConfigDepth) {
+        return ConfigError("state", "nested deeper than " +
+                                        std::to_string(kMaxConfigDepth) + " levels at line " +
+                                        std::to_string(line) + ", column " +
+                                        std::to_string(i - line_begin + 1));
+      }
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config& config,
                                           int64_t* consumed_micro_batches) {
+  ARROW_RETURN_NOT_OK(CheckStateDepth(text));
   Json in;
   try {
     in = Json::parse(text);
-  } catch (const Json::exception& e) {
-    return ConfigError("state", std::string("not valid JSON: ") + e.what());
+  } catch (const Json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: ..." without
+    // the library's prefix; the rest echoes input, so it is escaped and cut.
+    std::string what = e.what();
+    const size_t at = what.find(" at line ");
+    what = at == std::string::npos ? " (byte " + std::to_string(e.byte) + "): " + what
+                                   : what.substr(at);
+    return ConfigError("state", "not valid JSON" + EscapeForMessage(what, 240));
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc
+    return ConfigError("state", std::string("cannot be parsed: ") + e.what());
   }
   try {
     if (!in.is_object()) return ConfigError("state", "must be a JSON object");
-    if (in.value("version", 0) != 1) return ConfigError("state.version", "must be 1");
-    const std::string fp = in.at("fingerprint").get<std::string>();
+    const auto version = in.find("version");
+    if (version == in.end() || !version->is_number_integer() ||
+        version->get<int64_t>() != 1) {
+      return ConfigError("state.version", "must be 1");
+    }
+    ARROW_ASSIGN_OR_RAISE(const std::string fp, StateString(in, "fingerprint", "state"));
     if (fp != config.Fingerprint()) {
       return ConfigError("state.fingerprint",
                          "the state was saved under a different config (seed, sources or "
-                         "batch shape changed): " + fp + " != " + config.Fingerprint());
+                         "batch shape changed): " + EscapeForMessage(fp) +
+                             " != " + config.Fingerprint());
     }
     PlannerState state;
-    state.step = in.at("step").get<int64_t>();
-    if (state.step < 0) return ConfigError("state.step", "must be >= 0");
-    const int64_t consumed = in.value("consumed_micro_batches", int64_t{0});
-    if (consumed < 0) return ConfigError("state.consumed_micro_batches", "must be >= 0");
+    ARROW_ASSIGN_OR_RAISE(state.step, StateCount(in, "step", "state", true));
+    ARROW_ASSIGN_OR_RAISE(const int64_t consumed,
+                          StateCount(in, "consumed_micro_batches", "state", false));
     if (consumed_micro_batches != nullptr) *consumed_micro_batches = consumed;
-    const Json& sources = in.at("sources");
-    if (!sources.is_array() || sources.size() != config.sources.size()) {
+    const auto sources = in.find("sources");
+    if (sources == in.end() || !sources->is_array() ||
+        sources->size() != config.sources.size()) {
       return ConfigError("state.sources", "must list the config's " +
                                               std::to_string(config.sources.size()) +
                                               " sources");
     }
-    for (size_t i = 0; i < sources.size(); ++i) {
-      const Json& s = sources[i];
+    // The quota carry is a fraction of a step's tokens plus deferred documents: more
+    // than two steps' worth cannot come from a run (and would stall the quota loop).
+    const double max_carry = 2.0 * static_cast<double>(config.batch.global_tokens);
+    for (size_t i = 0; i < sources->size(); ++i) {
+      const Json& s = (*sources)[i];
       const std::string key = "state.sources[" + std::to_string(i) + "]";
-      if (s.at("name").get<std::string>() != config.sources[i].name) {
-        return ConfigError(key + ".name", "expected '" + config.sources[i].name + "'");
+      if (!s.is_object()) return ConfigError(key, "must be a JSON object");
+      ARROW_ASSIGN_OR_RAISE(const std::string name, StateString(s, "name", key));
+      if (name != config.sources[i].name) {
+        return ConfigError(key + ".name", "expected '" +
+                                              EscapeForMessage(config.sources[i].name) +
+                                              "', got '" + EscapeForMessage(name) + "'");
       }
       SourceCursor c;
-      c.next.epoch = s.at("epoch").get<int64_t>();
-      c.next.window = s.at("window").get<int64_t>();
-      c.next.offset = s.at("offset").get<int64_t>();
-      c.head_start = s.at("head_start").get<int64_t>();
-      c.carry = s.at("carry").get<double>();
-      c.skipped = s.at("skipped").get<int64_t>();
-      if (c.next.epoch < 0 || c.next.window < 0 || c.next.offset < 0 || c.head_start < 0) {
-        return ConfigError(key, "positions must be >= 0");
+      ARROW_ASSIGN_OR_RAISE(c.next.epoch, StateCount(s, "epoch", key, true));
+      ARROW_ASSIGN_OR_RAISE(c.next.window, StateCount(s, "window", key, true));
+      ARROW_ASSIGN_OR_RAISE(c.next.offset, StateCount(s, "offset", key, true));
+      ARROW_ASSIGN_OR_RAISE(c.head_start, StateCount(s, "head_start", key, true));
+      ARROW_ASSIGN_OR_RAISE(c.skipped, StateCount(s, "skipped", key, true));
+      const auto carry = s.find("carry");
+      if (carry == s.end()) return ConfigError(key + ".carry", "is required");
+      if (!carry->is_number()) {
+        return ConfigError(key + ".carry",
+                           std::string("must be a number, got ") + carry->type_name());
+      }
+      c.carry = carry->get<double>();
+      if (!(std::abs(c.carry) <= max_carry)) {
+        return ConfigError(key + ".carry",
+                           "must be a finite number within 2 * batch.global_tokens, "
+                           "got " + carry->dump());
       }
       state.sources.push_back(c);
     }
     return state;
-  } catch (const Json::exception& e) {
-    return ConfigError("state", std::string("malformed: ") + e.what());
+  } catch (const Json::exception& e) {  // not expected: every access is checked above
+    return ConfigError("state", std::string("malformed: ") + EscapeForMessage(e.what()));
   }
 }
 
