@@ -524,7 +524,19 @@ Result<StepPlan> Planner::PlanStep() {
   placer_.reset();
   multimodal_cut_ = 0;
   multimodal_deferred_ = 0;
-  for (size_t i = 0; i < streams_.size(); ++i) {
+  // Sources in config order, except that those owed a token or more (they deferred a
+  // multimodal document; a rounding carry is below one) draw first, the most owed first,
+  // while every sequence still has room: a document that found none is not starved by
+  // the documents of sources drawn before it. Text-only steps keep the config order.
+  draw_order_.resize(streams_.size());
+  std::iota(draw_order_.begin(), draw_order_.end(), size_t{0});
+  auto owed = [&](size_t i) {
+    const double carry = plan.state_before.sources[i].carry;  // before Quotas reset it
+    return carry >= 1.0 ? carry : 0.0;
+  };
+  std::stable_sort(draw_order_.begin(), draw_order_.end(),
+                   [&](size_t a, size_t b) { return owed(a) > owed(b); });
+  for (size_t i : draw_order_) {
     if (plan.source_tokens[i] > 0) {
       ARROW_RETURN_NOT_OK(Draw(static_cast<int32_t>(i), plan.source_tokens[i], seq_len,
                                fill, &pieces_, &plan.source_tokens[i]));

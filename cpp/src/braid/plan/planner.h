@@ -16,7 +16,9 @@
 //     document that the quota cannot hold, or that no sequence has room for (not even
 //     for its image tokens), stays at the head of its source for the next step (the
 //     carry owes the source the tokens; counted as deferred). One that has no room
-//     whole but room for its image tokens is cut after them (counted as cut). The
+//     whole but room for its image tokens is cut after them (counted as cut). A source
+//     owed a token or more by its carry (it deferred) draws before the others, the most
+//     owed first, so the document it deferred meets the step's rooms still empty. The
 //     packer puts them where the draw placed them, then fills the rooms with text in
 //     interleave order. Longer than L: an atomic first L tokens, the rest text; more
 //     image tokens than L: skipped (counted).
@@ -95,6 +97,7 @@ class Planner {
   bool any_image_tokens_ = false;    // whether any of pieces_ has image tokens
   bool any_payload_ = false;         // whether any of pieces_ has a payload
   std::vector<int32_t> perm_;
+  std::vector<size_t> draw_order_;  // the sources in the order the step draws them
   // Places the step's multimodal documents into its sequences as they are drawn
   // (planner.cc): made on the step's first multimodal document, reset every step.
   class Placer;

@@ -1989,6 +1989,48 @@ TEST_P(MultimodalCutsTest, ImageTokensAreNeverCutAndDeferralsResumeExactly) {
               double(total) / double(kSteps * config.batch.global_tokens));
 }
 
+// Small image documents of a first source spread over every sequence and leave no room
+// for the large images (0.6 * L) of a second source; that source draws first after it
+// defers, so its documents are planned at its share instead of waiting forever.
+TEST(PlannerVisionTest, ASourceThatDeferredDrawsFirstAndIsNotStarved) {
+  constexpr int64_t kSeqLen = 1024;
+  testing::LengthSpec caption;
+  caption.median_tokens = 8;
+  caption.sigma = 0.3;
+  caption.max_tokens = 16;
+  MemorySource small = ImageCaptions("icons", 0.7, 800, 41, /*max_images=*/1, caption);
+  auto docs = std::make_shared<Docs>();
+  std::vector<int64_t> images;
+  for (int64_t r = 0; r < 200; ++r) {
+    const int64_t img = 600 + r % 40;
+    std::vector<int32_t> doc(size_t(img), 31999);
+    doc.resize(size_t(img + 20 + r % 30), 5);
+    docs->push_back(std::move(doc));
+    images.push_back(img);
+  }
+  MemorySource large = Src("figures", Constant(0.3), docs);
+  large.image_tokens = images;
+  const std::vector<MemorySource> sources{small, large};
+  Shape shape;
+  shape.seq_len = kSeqLen;
+  shape.sequences = 8;
+  shape.dp = 2;
+  const Config config = MakeConfig(sources, shape);
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(40);
+  ASSERT_EQ(plans.size(), 40u);
+  int64_t total = 0, large_tokens = 0;
+  for (const StepPlan& plan : plans) {
+    for (int64_t t : plan.source_tokens) total += t;
+    large_tokens += plan.source_tokens[1];
+  }
+  CheckCoverage(plans, config);
+  EXPECT_NEAR(double(large_tokens) / double(total), 0.3, 0.05);
+  for (const auto& c : plans.back().state_after.sources) {
+    EXPECT_LT(std::abs(c.carry), 2.0 * double(config.batch.global_tokens));
+  }
+}
+
 MultimodalCase Case(std::string name, std::function<void(MultimodalCase*)> edit) {
   MultimodalCase c;
   c.name = std::move(name);

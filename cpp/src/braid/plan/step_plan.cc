@@ -237,9 +237,10 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
                                               std::to_string(config.sources.size()) +
                                               " sources");
     }
-    // The quota carry is a fraction of a step's tokens plus deferred documents: more
-    // than two steps' worth cannot come from a run (and would stall the quota loop).
-    const double max_carry = 2.0 * static_cast<double>(config.batch.global_tokens);
+    // The quota carry is a fraction of a token plus the tokens of deferred documents,
+    // which a source that deferred draws first next step (planner.h): a few steps' worth
+    // at most. Far more cannot come from a run (and would stall the quota loop).
+    const double max_carry = 8.0 * static_cast<double>(config.batch.global_tokens);
     for (size_t i = 0; i < sources->size(); ++i) {
       const Json& s = (*sources)[i];
       const std::string key = "state.sources[" + std::to_string(i) + "]";
