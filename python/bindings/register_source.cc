@@ -2,7 +2,8 @@
 // (train a tiny model, raw encoding as a benchmark baseline), and the Python side of user
 // transforms (`sources[].transform.python`, source/user_transform.h): a RowCallback that
 // converts a row to Python values and calls the user's function holding the GIL only
-// around that, installed as the core's factory when the module is imported.
+// around that, installed as the core's factory when the module is imported; and the same
+// for Hugging Face tokenizers (`tokenizer: {type: huggingface}`, source/tokenizer.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -10,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "braid/config/config.h"
@@ -39,6 +42,46 @@ bool PythonAlive() {
 #else
   return Py_IsInitialized() && !_Py_IsFinalizing();
 #endif
+}
+
+// Every live object whose Call / EncodeBatch worker threads run Python, so that they can
+// all be cancelled at interpreter exit (an atexit hook, before finalization starts): a
+// worker that entered Python afterwards would never return (CPython and PyO3 park or end
+// threads that attach during finalization), and the loader that joins it would hang.
+struct PythonCallers {
+  std::mutex mu;
+  std::vector<std::weak_ptr<const RowCallback>> callbacks;  // GUARDED_BY(mu)
+  std::vector<std::weak_ptr<const HfEncoder>> encoders;     // GUARDED_BY(mu)
+};
+
+PythonCallers& Callers() {
+  static auto* callers = new PythonCallers();  // never destroyed: used at exit
+  return *callers;
+}
+
+template <typename T>
+void Track(std::vector<std::weak_ptr<const T>>* list, const std::shared_ptr<const T>& p) {
+  std::lock_guard<std::mutex> lock(Callers().mu);
+  std::erase_if(*list, [](const auto& w) { return w.expired(); });
+  list->push_back(p);
+}
+
+// Cancels every live caller; each Cancel waits (the GIL released) for its calls in
+// flight. REQUIRES: the GIL (an atexit hook).
+void CancelPythonCallers() {
+  std::vector<std::shared_ptr<const RowCallback>> callbacks;
+  std::vector<std::shared_ptr<const HfEncoder>> encoders;
+  {
+    std::lock_guard<std::mutex> lock(Callers().mu);
+    for (const auto& w : Callers().callbacks) {
+      if (auto p = w.lock()) callbacks.push_back(std::move(p));
+    }
+    for (const auto& w : Callers().encoders) {
+      if (auto p = w.lock()) encoders.push_back(std::move(p));
+    }
+  }
+  for (const auto& c : callbacks) c->Cancel();
+  for (const auto& e : encoders) e->Cancel();
 }
 
 // "TypeName: message" of the Python error in flight. REQUIRES: the GIL.
@@ -302,7 +345,9 @@ Result<std::shared_ptr<const RowCallback>> MakePythonCallback(const std::string&
       return ConfigError(key, "'" + spec + "' is not callable (" +
                                   std::string(Py_TYPE(fn.ptr())->tp_name) + ")");
     }
-    return std::make_shared<const PyRowCallback>(std::move(fn));
+    auto callback = std::make_shared<const PyRowCallback>(std::move(fn));
+    Track<RowCallback>(&Callers().callbacks, callback);
+    return callback;
   } catch (nb::python_error& e) {
     return ConfigError(key, "cannot load '" + spec + "': " + ErrorText(e));
   }
@@ -310,10 +355,154 @@ Result<std::shared_ptr<const RowCallback>> MakePythonCallback(const std::string&
 
 // --- end user transforms ---
 
+// --- Hugging Face tokenizers (docs/sources.md, "Hugging Face tokenizers") ---
+
+// A `tokenizers.Tokenizer` as the core's HfEncoder. EncodeBatch holds the GIL to build the
+// list of texts and to read the ids back; the library releases it while it encodes.
+class PyHfEncoder : public HfEncoder {
+ public:
+  explicit PyHfEncoder(nb::object tokenizer)
+      : tokenizer_(std::move(tokenizer)),
+        // encode_batch_fast: the same ids without the offsets the loader never reads.
+        encode_(nb::hasattr(tokenizer_, "encode_batch_fast")
+                    ? tokenizer_.attr("encode_batch_fast")
+                    : tokenizer_.attr("encode_batch")) {}
+  ~PyHfEncoder() override {
+    if (!PythonAlive()) {  // too late to touch Python: leak the references
+      encode_.release();
+      tokenizer_.release();
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    encode_.reset();
+    tokenizer_.reset();
+  }
+
+  Status EncodeBatch(const std::vector<std::string_view>& texts, bool add_special_tokens,
+                     std::vector<std::vector<int32_t>>* out) const override {
+    // Counted before the check, so that Cancel sees either this call or the flag.
+    in_flight_.fetch_add(1);
+    Status st;
+    if (cancelled_.load() || !PythonAlive()) {
+      st = Status::Cancelled("stopping");
+    } else {
+      nb::gil_scoped_acquire gil;
+      try {
+        st = EncodeLocked(texts, add_special_tokens, out);
+      } catch (nb::python_error& e) {
+        st = Status::Invalid("tokenizers: ", ErrorText(e));
+      } catch (const std::exception& e) {
+        st = Status::Invalid("tokenizers: ", e.what());
+      }
+    }
+    in_flight_.fetch_sub(1);
+    return st;
+  }
+
+  int32_t TokenId(const std::string& token) const override {
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object id = tokenizer_.attr("token_to_id")(token);
+      return id.is_none() ? -1 : nb::cast<int32_t>(id);
+    } catch (nb::python_error&) {
+      return -1;
+    } catch (const std::exception&) {  // not an int32
+      return -1;
+    }
+  }
+
+  void Cancel() const override {
+    cancelled_.store(true);
+    if (!PythonAlive() || !PyGILState_Check()) return;
+    // As PyRowCallback::Cancel: this thread holds the GIL that calls in flight wait for.
+    nb::gil_scoped_release release;
+    while (in_flight_.load() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+ private:
+  // REQUIRES: the GIL.
+  Status EncodeLocked(const std::vector<std::string_view>& texts, bool add_special_tokens,
+                      std::vector<std::vector<int32_t>>* out) const {
+    const Py_ssize_t n = Py_ssize_t(texts.size());
+    nb::list list = nb::steal<nb::list>(PyList_New(n));
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      const std::string_view t = texts[size_t(k)];
+      PyObject* s = PyUnicode_DecodeUTF8(t.data(), Py_ssize_t(t.size()), "strict");
+      if (s == nullptr) throw nb::python_error();
+      PyList_SET_ITEM(list.ptr(), k, s);
+    }
+    nb::object encodings = encode_(list, nb::arg("add_special_tokens") = add_special_tokens);
+    PyObject* seq = PySequence_Fast(encodings.ptr(), "encode_batch returned no list");
+    if (seq == nullptr) throw nb::python_error();
+    nb::object keep = nb::steal(seq);
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+      return Status::Invalid("encode_batch returned ", PySequence_Fast_GET_SIZE(seq),
+                             " encodings for ", n, " texts");
+    }
+    out->resize(texts.size());
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      nb::object ids = nb::borrow(items[k]).attr("ids");
+      PyObject* idseq = PySequence_Fast(ids.ptr(), "Encoding.ids is no list");
+      if (idseq == nullptr) throw nb::python_error();
+      nb::object keep_ids = nb::steal(idseq);
+      const Py_ssize_t m = PySequence_Fast_GET_SIZE(idseq);
+      PyObject** values = PySequence_Fast_ITEMS(idseq);
+      auto& row = (*out)[size_t(k)];
+      row.resize(size_t(m));
+      for (Py_ssize_t j = 0; j < m; ++j) {
+        const long v = PyLong_AsLong(values[j]);
+        if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+        if (v < 0 || v > std::numeric_limits<int32_t>::max()) {
+          return Status::Invalid("token id ", v, " does not fit int32");
+        }
+        row[size_t(j)] = static_cast<int32_t>(v);
+      }
+    }
+    return Status::OK();
+  }
+
+  nb::object tokenizer_;
+  nb::object encode_;
+  mutable std::atomic<int64_t> in_flight_{0};
+  mutable std::atomic<bool> cancelled_{false};
+};
+
+// The factory the core calls for `tokenizer: {type: huggingface, file: PATH}`.
+Result<std::shared_ptr<const HfEncoder>> MakePyHfEncoder(const TokenizerConfig& config) {
+  nb::gil_scoped_acquire gil;
+  nb::object module;
+  try {
+    module = nb::module_::import_("tokenizers");
+  } catch (nb::python_error& e) {
+    return ConfigError(config.key + ".type",
+                       "huggingface needs the 'tokenizers' package (pip install "
+                       "'braid[hf]'): " + ErrorText(e));
+  }
+  try {
+    nb::object tok = module.attr("Tokenizer").attr("from_file")(config.model);
+    auto encoder = std::make_shared<const PyHfEncoder>(std::move(tok));
+    Track<HfEncoder>(&Callers().encoders, encoder);
+    return encoder;
+  } catch (nb::python_error& e) {
+    return ConfigError(config.key + ".file", "cannot load tokenizer '" + config.model +
+                                                 "': " + ErrorText(e));
+  }
+}
+
+// --- end Hugging Face tokenizers ---
+
 }  // namespace
 
 void RegisterSource(nb::module_& m) {
   SetRowCallbackFactory(MakePythonCallback);
+  SetHfEncoderFactory(MakePyHfEncoder);
+  m.def("_cancel_python_calls", &CancelPythonCallers,
+        "Cancels the Python calls of every loader's worker threads (user transforms, "
+        "Hugging Face tokenizers) and waits for those in flight; registered with atexit.");
+  nb::module_::import_("atexit").attr("register")(m.attr("_cancel_python_calls"));
   m.def(
       "read_source",
       [](const Config& config, int32_t source_index, int64_t samples, bool payloads) {
@@ -368,6 +557,57 @@ void RegisterSource(nb::module_& m) {
       "Pulls `samples` samples of one source through its loader(s) (sources[].loaders; "
       "from the start of its order); returns counts and the seconds taken, loader start "
       "included.");
+
+  m.def(
+      "source_samples",
+      [](const Config& config, int32_t source_index, int64_t samples) {
+        if (source_index < 0 || size_t(source_index) >= config.sources.size()) {
+          throw nb::index_error("source_index out of range");
+        }
+        std::vector<Sample> got;
+        Status st;
+        {
+          nb::gil_scoped_release release;
+          auto loader = ShardedSource::Make(config, source_index, StreamPos{}, {},
+                                            config.sources[size_t(source_index)].loaders);
+          st = loader.status();
+          for (int64_t n = 0; st.ok() && n < samples; ++n) {
+            auto s = (*loader)->Next();
+            if (!s.ok()) {
+              st = s.status();
+              break;
+            }
+            if (s->payload) {
+              auto payload = s->payload.Get();
+              if (!payload.ok()) {
+                st = payload.status();
+                break;
+              }
+            }
+            got.push_back(std::move(*s));
+          }
+        }
+        ThrowIfError(st);
+        nb::list out;
+        for (const Sample& s : got) {
+          nb::dict d;
+          d["file"] = s.meta.file;
+          d["row"] = s.meta.row;
+          d["epoch"] = s.meta.epoch;
+          d["skip"] = static_cast<int>(s.meta.skip);
+          d["tokens"] = s.meta.tokens;
+          if (s.payload) {
+            const Payload& p = *s.payload.operator->();  // finished above
+            d["ids"] = std::vector<int32_t>(p.tokens.begin(), p.tokens.end());
+            d["loss_mask"] = std::vector<int32_t>(p.loss_mask.begin(), p.loss_mask.end());
+          }
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("config"), nb::arg("source_index"), nb::arg("samples"),
+      "The first `samples` samples of one source's stream, each a dict (file, row, epoch, "
+      "skip, tokens, and with a payload its ids and loss_mask), for tests.");
 
   m.def(
       "train_tiny_sentencepiece",

@@ -456,27 +456,53 @@ Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
   return Status::OK();
 }
 
-Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string& base_dir) {
-  ARROW_RETURN_NOT_OK(CheckMap(node, "tokenizer", {"type", "model", "bos", "eos"}));
+Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string& key,
+                                       const std::string& base_dir) {
   TokenizerConfig t;
+  t.key = key;
+  if (!node.IsMap()) {
+    return ConfigError(key, "must be a map: {type: sentencepiece, model: PATH} or "
+                            "{type: huggingface, file: PATH}");
+  }
   if (node["type"]) {
     ARROW_ASSIGN_OR_RAISE(t.type,
-                          Scalar<std::string>(node["type"], "tokenizer.type", "a string"));
-    if (t.type != "sentencepiece") {
-      return ConfigError("tokenizer.type",
-                         "must be sentencepiece, got '" + EscapeForMessage(t.type) + "'");
+                          Scalar<std::string>(node["type"], Join(key, "type"), "a string"));
+    if (t.type != "sentencepiece" && t.type != "huggingface") {
+      return ConfigError(Join(key, "type"),
+                         "must be sentencepiece or huggingface, got '" + EscapeForMessage(t.type) + "'");
     }
   }
-  if (!node["model"]) return ConfigError("tokenizer.model", "is required");
-  ARROW_ASSIGN_OR_RAISE(std::string model, Scalar<std::string>(node["model"],
-                                                               "tokenizer.model", "a string"));
-  if (model.empty()) return ConfigError("tokenizer.model", "must not be empty");
+  // The path key: `model` (a SentencePiece .model) or `file` (a tokenizer.json).
+  const char* path_key = t.huggingface() ? "file" : "model";
+  if (t.huggingface()) {
+    ARROW_RETURN_NOT_OK(CheckMap(node, key, {"type", "file", "add_special_tokens",
+                                             "bos_token", "eos_token"}));
+  } else {
+    ARROW_RETURN_NOT_OK(CheckMap(node, key, {"type", "model", "bos", "eos"}));
+  }
+  if (!node[path_key]) return ConfigError(Join(key, path_key), "is required");
+  ARROW_ASSIGN_OR_RAISE(std::string model,
+                        Scalar<std::string>(node[path_key], Join(key, path_key),
+                                            "a string"));
+  if (model.empty()) return ConfigError(Join(key, path_key), "must not be empty");
   t.model = ResolvePath(model, base_dir);
   if (node["bos"]) {
-    ARROW_ASSIGN_OR_RAISE(t.bos, Scalar<bool>(node["bos"], "tokenizer.bos", "a boolean"));
+    ARROW_ASSIGN_OR_RAISE(t.bos, Scalar<bool>(node["bos"], Join(key, "bos"), "a boolean"));
   }
   if (node["eos"]) {
-    ARROW_ASSIGN_OR_RAISE(t.eos, Scalar<bool>(node["eos"], "tokenizer.eos", "a boolean"));
+    ARROW_ASSIGN_OR_RAISE(t.eos, Scalar<bool>(node["eos"], Join(key, "eos"), "a boolean"));
+  }
+  if (node["add_special_tokens"]) {
+    ARROW_ASSIGN_OR_RAISE(t.add_special_tokens,
+                          Scalar<bool>(node["add_special_tokens"],
+                                       Join(key, "add_special_tokens"), "a boolean"));
+  }
+  for (auto [name, out] : {std::pair{"bos_token", &t.bos_token},
+                           std::pair{"eos_token", &t.eos_token}}) {
+    if (!node[name]) continue;
+    ARROW_ASSIGN_OR_RAISE(*out,
+                          Scalar<std::string>(node[name], Join(key, name), "a string"));
+    if (out->empty()) return ConfigError(Join(key, name), "must not be empty");
   }
   return t;
 }
@@ -532,7 +558,7 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                 "image_column", "weight", "oversize", "on_error",
                                 "storage", "image",
                                 "shuffle_window", "chat", "workers", "transform",
-                                "loaders"}));
+                                "loaders", "tokenizer"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -549,6 +575,11 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   }
   ARROW_RETURN_NOT_OK(ParseSourceTransform(node, path, &src));
   ARROW_RETURN_NOT_OK(ParseSourceImage(node, path, &src));  // images
+  if (node["tokenizer"]) {
+    ARROW_ASSIGN_OR_RAISE(src.tokenizer,
+                          ParseTokenizer(node["tokenizer"], Join(path, "tokenizer"),
+                                         base_dir));
+  }
   if (node["weight"]) {
     ARROW_ASSIGN_OR_RAISE(src.weight, ParseWeight(node["weight"], Join(path, "weight")));
   }
@@ -685,7 +716,8 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                                    "a non-negative integer"));
   }
   if (root["tokenizer"]) {
-    ARROW_ASSIGN_OR_RAISE(c.tokenizer, ParseTokenizer(root["tokenizer"], base_dir));
+    ARROW_ASSIGN_OR_RAISE(c.tokenizer,
+                          ParseTokenizer(root["tokenizer"], "tokenizer", base_dir));
   }
   if (const YAML::Node t = root["topology"]) {
     ARROW_ASSIGN_OR_RAISE(c.topology, ParseTopology(t));
@@ -822,10 +854,16 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
       return ConfigError(Join(Index("sources", i), "name"),
                          "duplicate source name '" + EscapeForMessage(src.name) + "'");
     }
-    if ((!src.text_column.empty() || src.chat.enabled()) && c.tokenizer.model.empty()) {
+    const bool tokenized = !src.text_column.empty() || src.chat.enabled();
+    if (tokenized && c.tokenizer.model.empty() && src.tokenizer.model.empty()) {
       return ConfigError(Index("sources", i),
-                         "text_column and chat need a root-level tokenizer: {type: "
-                         "sentencepiece, model: PATH}");
+                         "text_column and chat need a tokenizer (root-level or the "
+                         "source's own): {type: sentencepiece, model: PATH} or "
+                         "{type: huggingface, file: PATH}");
+    }
+    if (!tokenized && !src.tokenizer.model.empty()) {
+      return ConfigError(Join(Index("sources", i), "tokenizer"),
+                         "only text_column and chat sources are tokenized");
     }
     src.cache_dir = cache_dir;
     src.cache_max_bytes = cache_max_bytes;
@@ -937,8 +975,23 @@ std::string Config::Fingerprint() const {
          << s.image_max_pixels << ',' << s.image_token_id;
     }
   }
+  // A tokenizer's identity: SentencePiece as it always was, Hugging Face with its options.
+  auto tok = [&os](const TokenizerConfig& t) {
+    if (t.huggingface()) {
+      os << "hf:" << t.model << ':' << t.add_special_tokens << ':' << t.bos_token << ':'
+         << t.eos_token;
+    } else {
+      os << t.model << ':' << t.bos << t.eos;
+    }
+  };
   if (!tokenizer.model.empty()) {
-    os << "|tok:" << tokenizer.model << ':' << tokenizer.bos << tokenizer.eos;
+    os << "|tok:";
+    tok(tokenizer);
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    if (sources[i].tokenizer.model.empty()) continue;
+    os << "|tok" << i << ':';
+    tok(sources[i].tokenizer);
   }
   const std::string text = os.str();
   uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed

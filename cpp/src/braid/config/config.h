@@ -53,12 +53,25 @@ struct ChatColumns {
   bool enabled() const { return !messages_column.empty() || !prompt_column.empty(); }
 };
 
-/// The tokenizer of text and chat sources. `model` empty: none configured.
+/// The tokenizer of text and chat sources (root `tokenizer`, or `sources[].tokenizer`).
+/// `model` empty: none configured.
 struct TokenizerConfig {
+  /// "sentencepiece" (in the core) or "huggingface" (a tokenizer.json, through the
+  /// `tokenizers` Python package: source/tokenizer.h, SetHfTokenizerFactory).
   std::string type = "sentencepiece";
-  std::string model;  ///< absolute path after parsing
+  std::string model;  ///< absolute path after parsing (`model`, or `file` for huggingface)
+  std::string key = "tokenizer";  ///< its config key path, for errors
+  // sentencepiece:
   bool bos = false;   ///< prepend the model's BOS id to each document
   bool eos = true;    ///< append the model's EOS id to each document
+  // huggingface:
+  /// Encode with the tokenizer's own post-processor (its BOS / EOS / templates).
+  bool add_special_tokens = true;
+  /// Tokens (by content, e.g. "<|end_of_text|>") put before / after each document on top
+  /// of what the post-processor adds; "" none.
+  std::string bos_token;
+  std::string eos_token;
+  bool huggingface() const { return type == "huggingface"; }
 };
 // --- end transforms ---
 
@@ -74,6 +87,8 @@ struct SourceConfig {
   // --- Transforms (docs/sources.md). Exactly one of tokens_column, text_column, chat. ---
   std::string text_column;  ///< string column, tokenized with Config::tokenizer
   ChatColumns chat;         ///< chat / instruction columns, tokenized with the tokenizer
+  /// `sources[].tokenizer`: this source's own tokenizer; model empty: Config::tokenizer.
+  TokenizerConfig tokenizer;
   int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
   // --- User transform and sharding (docs/sources.md) ---
   /// `transform: {python: SPEC, columns: [...]}`: a user function over the named columns
@@ -208,6 +223,11 @@ struct Config {
   std::vector<SourceConfig> sources;
   RuntimeConfig runtime;
   TokenizerConfig tokenizer;  ///< for text_column / chat sources
+  /// The tokenizer of sources[i]: its own `tokenizer`, else the root one (model empty:
+  /// none).
+  const TokenizerConfig& TokenizerFor(size_t i) const {
+    return sources[i].tokenizer.model.empty() ? tokenizer : sources[i].tokenizer;
+  }
   std::vector<PhaseConfig> phases;  ///< planner: until_step strictly increasing
   std::string base_dir;  ///< relative source paths resolve against this folder
 

@@ -475,6 +475,70 @@ TEST(ConfigTest, TransformErrorsNameTheKey) {
          "tokenizer.type", "sentencepiece");
   expect(b + "tokenizer: {bos: true}\nsources: [{name: a, path: a, text_column: t}]\n",
          "tokenizer.model", "required");
+  // Hugging Face: `file`, its own options; SentencePiece keys are refused and vice versa.
+  const std::string src = "sources: [{name: a, path: a, text_column: t}]\n";
+  expect(b + "tokenizer: {type: huggingface, model: t.json}\n" + src, "tokenizer.model",
+         "unknown");
+  expect(b + "tokenizer: {type: huggingface}\n" + src, "tokenizer.file", "required");
+  expect(b + "tokenizer: {type: huggingface, file: t.json, eos: true}\n" + src,
+         "tokenizer.eos", "unknown");
+  expect(b + "tokenizer: {type: huggingface, file: t.json, add_special_tokens: 3}\n" + src,
+         "tokenizer.add_special_tokens", "boolean");
+  expect(b + "tokenizer: {type: huggingface, file: t.json, eos_token: ''}\n" + src,
+         "tokenizer.eos_token", "empty");
+  expect(b + tok + "sources: [{name: a, path: a, text_column: t, tokenizer: {type: "
+                   "huggingface}}]\n",
+         "sources[0].tokenizer.file", "required");
+  expect(b + "sources: [{name: a, path: a, tokens_column: t, tokenizer: {model: m}}]\n",
+         "sources[0].tokenizer", "only text_column and chat");
+}
+
+TEST(ConfigTest, HuggingFaceTokenizerRootAndPerSource) {
+  const std::string text =
+      "batch: {global_tokens: 4096, seq_len: 1024}\n"
+      "tokenizer: {type: huggingface, file: hf/tokenizer.json}\n"
+      "sources:\n"
+      "  - {name: a, path: a, text_column: t}\n"
+      "  - {name: b, path: b, chat: {messages_column: m},\n"
+      "     tokenizer: {type: huggingface, file: /other.json, add_special_tokens: false,\n"
+      "                 bos_token: '<s>', eos_token: '</s>'}}\n"
+      "  - {name: c, path: c, text_column: t, tokenizer: {model: sp.model}}\n";
+  auto c = ParseConfig(text, "/cfg");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->tokenizer.huggingface());
+  EXPECT_EQ(c->tokenizer.model, "/cfg/hf/tokenizer.json");
+  EXPECT_TRUE(c->tokenizer.add_special_tokens);
+  EXPECT_EQ(c->tokenizer.key, "tokenizer");
+  EXPECT_EQ(&c->TokenizerFor(0), &c->tokenizer);
+  const TokenizerConfig& b = c->TokenizerFor(1);
+  EXPECT_TRUE(b.huggingface());
+  EXPECT_EQ(b.model, "/other.json");
+  EXPECT_FALSE(b.add_special_tokens);
+  EXPECT_EQ(b.bos_token, "<s>");
+  EXPECT_EQ(b.eos_token, "</s>");
+  EXPECT_EQ(b.key, "sources[1].tokenizer");
+  const TokenizerConfig& sp = c->TokenizerFor(2);
+  EXPECT_FALSE(sp.huggingface());
+  EXPECT_EQ(sp.model, "/cfg/sp.model");
+  // Every tokenizer option is part of the fingerprint.
+  for (const auto& [from, to] : {std::pair{"add_special_tokens: false", "add_special_tokens: true"},
+                                 std::pair{"eos_token: '</s>'", "eos_token: '<e>'"},
+                                 std::pair{"file: /other.json", "file: /x.json"},
+                                 std::pair{"sp.model", "sp2.model"}}) {
+    std::string changed = text;
+    changed.replace(changed.find(from), std::string(from).size(), to);
+    auto d = ParseConfig(changed, "/cfg");
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_NE(d->Fingerprint(), c->Fingerprint()) << from;
+  }
+  // A source's own tokenizer suffices without a root one.
+  auto own = ParseConfig(
+      "batch: {global_tokens: 4096, seq_len: 1024}\n"
+      "sources: [{name: a, path: a, text_column: t, tokenizer: {type: huggingface, "
+      "file: t.json}}]\n",
+      "/cfg");
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_EQ(own->TokenizerFor(0).model, "/cfg/t.json");
 }
 
 }  // namespace

@@ -452,18 +452,38 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
     auto where = [&](const RowRef& r) {
       return RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row};
     };
-    pool_->ParallelFor(m, [&](int64_t j) {
+    // Chunks of consecutive rows, one ApplyBatch call each (one row each unless the
+    // transform encodes batches: Hugging Face tokenizers), spread over the workers.
+    const int64_t chunk = std::clamp<int64_t>((m + pool_->threads() - 1) / pool_->threads(),
+                                              1, std::max<int64_t>(1, transform_->batch_rows()));
+    pool_->ParallelFor((m + chunk - 1) / chunk, [&](int64_t c) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
-      const RowRef& r = rows[size_t(order[size_t(k + j)])];
-      const std::string& not_read = unread[size_t(r.arrays_slot)];
-      if (!not_read.empty()) {
-        out[size_t(j)].skip = SkipReason::kError;
-        out[size_t(j)].null_what = not_read;
+      std::vector<BatchRow> batch;
+      std::vector<int64_t> js;
+      for (int64_t j = c * chunk; j < std::min(m, (c + 1) * chunk); ++j) {
+        const RowRef& r = rows[size_t(order[size_t(k + j)])];
+        const std::string& not_read = unread[size_t(r.arrays_slot)];
+        if (!not_read.empty()) {
+          out[size_t(j)].skip = SkipReason::kError;
+          out[size_t(j)].null_what = not_read;
+          continue;
+        }
+        batch.push_back(BatchRow{&arrays[size_t(r.arrays_slot)], r.array_index, where(r)});
+        js.push_back(j);
+      }
+      if (batch.empty()) return;
+      if (js.back() - js.front() + 1 == int64_t(js.size())) {  // contiguous: in place
+        transform_->ApplyBatch(batch, options_.read_payloads, &out[size_t(js.front())],
+                               &status[size_t(js.front())]);
         return;
       }
-      status[size_t(j)] = transform_->Apply(arrays[size_t(r.arrays_slot)], r.array_index,
-                                            options_.read_payloads, where(r),
-                                            &out[size_t(j)]);
+      std::vector<RowOutput> o(batch.size());
+      std::vector<Status> st(batch.size());
+      transform_->ApplyBatch(batch, options_.read_payloads, o.data(), st.data());
+      for (size_t b = 0; b < js.size(); ++b) {
+        out[size_t(js[b])] = std::move(o[b]);
+        status[size_t(js[b])] = std::move(st[b]);
+      }
     });
     if (stop_requested_.load(std::memory_order_relaxed)) {
       return Status::Cancelled("stopping");

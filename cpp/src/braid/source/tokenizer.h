@@ -1,11 +1,27 @@
-// The SentencePiece tokenizer of text and chat sources.
+// The tokenizers of text and chat sources.
 //
-// Loads the model named by the root `tokenizer` key once per source loader. Encode() is
-// const and thread-safe (SentencePieceProcessor::Encode is), so a loader's transform
-// workers share one Tokenizer.
+// Tokenizer is the interface the transforms (source/transform.h) call. Two kinds, chosen
+// by TokenizerConfig::type (docs/config.md):
+//   sentencepiece  a SentencePiece .model, in the core; encodes one text per call, so the
+//                  loader spreads rows over its workers one by one (batch_rows() 1)
+//   huggingface    a Hugging Face tokenizer.json through the `tokenizers` Python package.
+//                  The core links no Python: like user transforms (user_transform.h) the
+//                  Python extension installs an HfEncoderFactory (the library's encode,
+//                  below), and the core frames its ids; without one (a C++ program) the
+//                  config is refused, naming the key. It encodes a batch of texts per
+//                  call (batch_rows() > 1).
+//
+// A document's ids are prefix() + ids(text) + suffix() for SentencePiece (BOS / EOS per
+// the config); for Hugging Face what the tokenizer's post-processor makes of the text
+// (add_special_tokens), plus bos_token / eos_token. Chat turns and captions are encoded
+// without specials and framed by prefix() / suffix() (docs/sources.md).
+//
+// Thread-safety: Make, SetHfEncoderFactory and every const method are thread-safe; a
+// loader's workers share one Tokenizer and call EncodeBatch concurrently.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,39 +30,75 @@
 #include "braid/config/config.h"
 #include "braid/status.h"
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace braid {
 
 class Tokenizer {
  public:
-  /// Loads `config.model`. Fails with a config error naming tokenizer.model if the file is
-  /// missing or not a SentencePiece model.
+  /// The tokenizer `config` names. Fails with a config error naming its key path
+  /// (config.key + ".model" / ".file" / ".type") if the file is missing or invalid, or
+  /// if a Hugging Face tokenizer is asked for and no factory is installed.
   static Result<std::shared_ptr<const Tokenizer>> Make(const TokenizerConfig& config);
-  ~Tokenizer();
+  virtual ~Tokenizer() = default;
 
-  /// Appends the ids of `text` to `out` (no BOS/EOS). Thread-safe.
+  /// Encodes texts[k] into (*out)[k] (replacing it), one call for the batch. `document`:
+  /// with the document specials (see the header comment); false: the plain ids (chat
+  /// turns, captions). An error names no row (the caller does). Thread-safe; after
+  /// Cancel() it may return Cancelled.
+  virtual Status EncodeBatch(const std::vector<std::string_view>& texts, bool document,
+                             std::vector<std::vector<int32_t>>* out) const = 0;
+
+  /// Appends the plain ids of `text` to `out`. Thread-safe.
   Status Encode(std::string_view text, std::vector<int32_t>* out) const;
 
-  /// The model's BOS / EOS ids (-1 if the model has none).
-  int32_t bos_id() const { return bos_id_; }
-  int32_t eos_id() const { return eos_id_; }
-  /// Whether documents get a leading BOS / trailing EOS (config, and the model has one).
-  bool add_bos() const { return config_.bos && bos_id_ >= 0; }
-  bool add_eos() const { return config_.eos && eos_id_ >= 0; }
-  int32_t vocab_size() const;
-  /// The piece of `id` ("" if out of range).
-  std::string IdToPiece(int32_t id) const;
+  /// The ids a document starts / ends with around its text (chat and caption framing);
+  /// empty when none.
+  const std::vector<int32_t>& prefix() const { return prefix_; }
+  const std::vector<int32_t>& suffix() const { return suffix_; }
 
- private:
-  explicit Tokenizer(TokenizerConfig config);
+  /// Rows per EncodeBatch call the loader should hand over (1: row by row).
+  virtual int64_t batch_rows() const { return 1; }
 
-  const TokenizerConfig config_;
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-  int32_t bos_id_ = -1;
-  int32_t eos_id_ = -1;
+  /// The loader is stopping (Transform::Cancel): calls may return Cancelled early, and a
+  /// thread that holds a lock EncodeBatch waits for (the GIL) is let go.
+  virtual void Cancel() const {}
+
+ protected:
+  std::vector<int32_t> prefix_;
+  std::vector<int32_t> suffix_;
 };
+
+// --- Hugging Face tokenizers (docs/sources.md, "Hugging Face tokenizers") ---
+
+/// What the Python extension provides for a tokenizer.json: the library's own encoding.
+/// Thread-safe: EncodeBatch runs on several worker threads at once.
+class HfEncoder {
+ public:
+  virtual ~HfEncoder() = default;
+  /// (*out)[k] = the ids of texts[k] (`encode_batch(texts, add_special_tokens)`). A
+  /// failure is a non-OK status with the library's message.
+  virtual Status EncodeBatch(const std::vector<std::string_view>& texts,
+                             bool add_special_tokens,
+                             std::vector<std::vector<int32_t>>* out) const = 0;
+  /// The id of the token whose content is `token` (`token_to_id`), or -1.
+  virtual int32_t TokenId(const std::string& token) const = 0;
+  /// As Tokenizer::Cancel.
+  virtual void Cancel() const {}
+};
+
+/// Loads config.model (a tokenizer.json). Errors are config errors naming config.key.
+using HfEncoderFactory =
+    std::function<Result<std::shared_ptr<const HfEncoder>>(const TokenizerConfig& config)>;
+
+/// Installs the process-wide factory, replacing any previous one (nullptr removes it).
+void SetHfEncoderFactory(HfEncoderFactory factory);
+
+/// The Tokenizer over `encoder` for `config` (type huggingface): documents are
+/// encode(text, add_special_tokens) with bos_token / eos_token around; prefix() / suffix()
+/// are what the post-processor puts around a text (found by encoding a probe with and
+/// without specials) plus bos_token / eos_token. Fails naming config.key when a token is
+/// not in the vocabulary or the post-processor splits a text's ids.
+Result<std::shared_ptr<const Tokenizer>> MakeHfTokenizer(
+    const TokenizerConfig& config, std::shared_ptr<const HfEncoder> encoder);
+// --- end Hugging Face tokenizers ---
 
 }  // namespace braid

@@ -157,7 +157,48 @@ int64_t StringBytes(const arrow::Array& a, int64_t i) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Text column: tokenized, with BOS / EOS.
+// Tokenizing several rows in one call.
+
+// The ids of the texts of several rows, from one EncodeBatch call: (*ids)[r][t] are the
+// ids of texts[r][t]. When the call fails, each row is encoded on its own so that the
+// error names its row: (*errors)[r] is a data error naming where[r] for a row that fails
+// (every row gets a Cancelled status when the loader stops).
+void EncodeRows(const Tokenizer& tok, const std::vector<std::vector<std::string_view>>& texts,
+                bool document, const std::vector<const RowLocation*>& where,
+                std::vector<std::vector<std::vector<int32_t>>>* ids,
+                std::vector<Status>* errors) {
+  const size_t n = texts.size();
+  ids->assign(n, {});
+  errors->assign(n, Status::OK());
+  std::vector<std::string_view> flat;
+  for (const auto& row : texts) flat.insert(flat.end(), row.begin(), row.end());
+  std::vector<std::vector<int32_t>> out;
+  Status st = flat.empty() ? Status::OK() : tok.EncodeBatch(flat, document, &out);
+  if (st.ok()) {
+    size_t at = 0;
+    for (size_t r = 0; r < n; ++r) {
+      auto& row = (*ids)[r];
+      row.resize(texts[r].size());
+      for (auto& v : row) v = std::move(out[at++]);
+    }
+    return;
+  }
+  for (size_t r = 0; r < n; ++r) {
+    if (!st.IsCancelled() && n > 1) {
+      st = texts[r].empty() ? Status::OK() : tok.EncodeBatch(texts[r], document, &(*ids)[r]);
+    }
+    if (st.IsCancelled()) {
+      (*errors)[r] = st;
+    } else if (!st.ok()) {
+      (*errors)[r] = DataError(where[r]->ToString(), st.message());
+    } else {
+      (*ids)[r].resize(texts[r].size());
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Text column: tokenized as documents (BOS / EOS, or the tokenizer's post-processor).
 
 class TextTransform : public Transform {
  public:
@@ -171,32 +212,49 @@ class TextTransform : public Transform {
   }
   Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
-    std::string_view text;
-    if (!StringAt(*cols[0], i, &text)) {
-      out->skip = SkipReason::kNull;
-      out->null_what = "null column '" + column_ + "'";
-      return Status::OK();
-    }
-    if (text.empty()) {
-      out->skip = SkipReason::kEmpty;
-      return Status::OK();
-    }
-    std::vector<int32_t> ids;
-    if (tok_->add_bos()) ids.push_back(tok_->bos_id());
-    const Status st = tok_->Encode(text, &ids);
-    if (!st.ok()) return DataError(where.ToString(), st.message());
-    if (tok_->add_eos()) ids.push_back(tok_->eos_id());
-    if (ids.empty()) {
-      out->skip = SkipReason::kEmpty;
-      return Status::OK();
-    }
-    out->tokens = static_cast<int64_t>(ids.size());
-    if (want_payload) {
-      out->payload = std::make_shared<Payload>();
-      out->payload->tokens = std::move(ids);
-    }
-    return Status::OK();
+    Status st;
+    ApplyBatch({BatchRow{&cols, i, where}}, want_payload, out, &st);
+    return st;
   }
+  int64_t batch_rows() const override { return tok_->batch_rows(); }
+  void ApplyBatch(const std::vector<BatchRow>& rows, bool want_payload, RowOutput* out,
+                  Status* status) const override {
+    std::vector<std::vector<std::string_view>> texts;  // one per row to encode
+    std::vector<const RowLocation*> where;
+    std::vector<size_t> which;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      std::string_view text;
+      if (!StringAt(*(*rows[k].cols)[0], rows[k].index, &text)) {
+        out[k].skip = SkipReason::kNull;
+        out[k].null_what = "null column '" + column_ + "'";
+      } else if (text.empty()) {
+        out[k].skip = SkipReason::kEmpty;
+      } else {
+        texts.push_back({text});
+        where.push_back(&rows[k].where);
+        which.push_back(k);
+      }
+    }
+    std::vector<std::vector<std::vector<int32_t>>> ids;
+    std::vector<Status> errors;
+    EncodeRows(*tok_, texts, /*document=*/true, where, &ids, &errors);
+    for (size_t r = 0; r < which.size(); ++r) {
+      RowOutput& o = out[which[r]];
+      status[which[r]] = errors[r];
+      if (!errors[r].ok()) continue;
+      std::vector<int32_t>& row = ids[r][0];
+      if (row.empty()) {
+        o.skip = SkipReason::kEmpty;
+        continue;
+      }
+      o.tokens = static_cast<int64_t>(row.size());
+      if (want_payload) {
+        o.payload = std::make_shared<Payload>();
+        o.payload->tokens = std::move(row);
+      }
+    }
+  }
+  void Cancel() const override { tok_->Cancel(); }
 
  private:
   const std::string column_;
@@ -207,7 +265,9 @@ class TextTransform : public Transform {
 // ---------------------------------------------------------------------------------------
 // Chat: prompt/response columns or a messages list. Template in docs/sources.md:
 //   [BOS] for each message: ids(role + ":") ids(content) [EOS after an assistant turn]
-// loss_mask is 1 on an assistant turn's content ids and its EOS, 0 elsewhere.
+// loss_mask is 1 on an assistant turn's content ids and its EOS, 0 elsewhere. BOS / EOS
+// are the tokenizer's prefix() / suffix() (for Hugging Face, what its post-processor
+// puts around a text). A batch of rows is encoded in one tokenizer call.
 
 struct Turn {
   std::string_view role;
@@ -244,7 +304,79 @@ class ChatTransform : public Transform {
 
   Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
-    std::vector<Turn> turns;
+    Status st;
+    ApplyBatch({BatchRow{&cols, i, where}}, want_payload, out, &st);
+    return st;
+  }
+
+  int64_t batch_rows() const override { return tok_->batch_rows(); }
+
+  // The turns of each row are read first, then every turn's header and content of the
+  // batch is encoded in one call, then each row's ids and loss mask are put together.
+  void ApplyBatch(const std::vector<BatchRow>& rows, bool want_payload, RowOutput* out,
+                  Status* status) const override {
+    std::vector<std::vector<Turn>> turns;
+    std::vector<std::vector<std::string_view>> texts;  // per row: header, content, ...
+    std::vector<const RowLocation*> where;
+    std::vector<size_t> which;
+    std::vector<std::string> headers;  // "role:", kept alive for the encode
+    std::vector<Turn> row_turns;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (!ReadTurns(*rows[k].cols, rows[k].index, &row_turns, &out[k])) continue;
+      which.push_back(k);
+      where.push_back(&rows[k].where);
+      turns.push_back(row_turns);
+    }
+    // Every header string first (the vector must not grow once views point into it).
+    size_t n_headers = 0;
+    for (const auto& row : turns) n_headers += row.size();
+    headers.reserve(n_headers);
+    for (const auto& row : turns) {
+      texts.emplace_back();
+      for (const Turn& t : row) {
+        headers.emplace_back(t.role);
+        headers.back() += ':';
+        texts.back().push_back(headers.back());
+        texts.back().push_back(t.content);  // empty: no ids
+      }
+    }
+    std::vector<std::vector<std::vector<int32_t>>> ids;
+    std::vector<Status> errors;
+    EncodeRows(*tok_, texts, /*document=*/false, where, &ids, &errors);
+    const auto& prefix = tok_->prefix();
+    const auto& suffix = tok_->suffix();
+    for (size_t r = 0; r < which.size(); ++r) {
+      RowOutput& o = out[which[r]];
+      status[which[r]] = errors[r];
+      if (!errors[r].ok()) continue;
+      auto payload = std::make_shared<Payload>();
+      std::vector<int32_t> row(prefix.begin(), prefix.end());
+      auto& mask = payload->loss_mask;
+      for (size_t t = 0; t < turns[r].size(); ++t) {
+        const bool trained = turns[r][t].role == "assistant";
+        const auto& header = ids[r][2 * t];
+        row.insert(row.end(), header.begin(), header.end());
+        mask.resize(row.size(), 0);
+        if (!turns[r][t].content.empty()) {
+          const auto& content = ids[r][2 * t + 1];
+          row.insert(row.end(), content.begin(), content.end());
+        }
+        if (trained) row.insert(row.end(), suffix.begin(), suffix.end());
+        mask.resize(row.size(), trained ? 1 : 0);
+      }
+      o.tokens = static_cast<int64_t>(row.size());
+      payload->tokens = std::move(row);
+      if (want_payload) o.payload = std::move(payload);
+    }
+  }
+
+  void Cancel() const override { tok_->Cancel(); }
+
+ private:
+  // The turns of row `i`; false if the row has no sample (`out` says why).
+  bool ReadTurns(const Columns& cols, int64_t i, std::vector<Turn>* turns,
+                 RowOutput* out) const {
+    turns->clear();
     if (!chat_.messages_column.empty()) {
       const arrow::Array& a = *cols[0];
       if (a.IsNull(i)) return Null("null column '" + chat_.messages_column + "'", out);
@@ -260,7 +392,7 @@ class ChatTransform : public Transform {
                           " of column '" + chat_.messages_column + "'",
                       out);
         }
-        turns.push_back(t);
+        turns->push_back(t);
       }
     } else {
       Turn prompt{"user", {}}, response{"assistant", {}};
@@ -270,35 +402,17 @@ class ChatTransform : public Transform {
       if (!StringAt(*cols[1], i, &response.content)) {
         return Null("null column '" + chat_.response_column + "'", out);
       }
-      turns = {prompt, response};
+      *turns = {prompt, response};
     }
     bool any = false;
-    for (const auto& t : turns) any = any || !t.content.empty();
+    for (const auto& t : *turns) any = any || !t.content.empty();
     if (!any) {
       out->skip = SkipReason::kEmpty;
-      return Status::OK();
+      return false;
     }
-    auto payload = std::make_shared<Payload>();
-    std::vector<int32_t> ids;
-    auto& mask = payload->loss_mask;
-    if (tok_->add_bos()) ids.push_back(tok_->bos_id());
-    for (const auto& t : turns) {
-      const bool trained = t.role == "assistant";
-      std::string header(t.role);
-      header += ':';
-      ARROW_RETURN_NOT_OK(Encode(header, where, &ids));
-      mask.resize(ids.size(), 0);
-      ARROW_RETURN_NOT_OK(Encode(t.content, where, &ids));
-      if (trained && tok_->add_eos()) ids.push_back(tok_->eos_id());
-      mask.resize(ids.size(), trained ? 1 : 0);
-    }
-    out->tokens = static_cast<int64_t>(ids.size());
-    payload->tokens = std::move(ids);
-    if (want_payload) out->payload = std::move(payload);
-    return Status::OK();
+    return true;
   }
 
- private:
   static std::string CheckMessages(const arrow::DataType& t) {
     const char* expected = "list<struct<role: string, content: string>>";
     if (t.id() != arrow::Type::LIST && t.id() != arrow::Type::LARGE_LIST) return expected;
@@ -328,17 +442,10 @@ class ChatTransform : public Transform {
     return static_cast<const arrow::StructArray*>(l.values().get());
   }
 
-  static Status Null(const std::string& what, RowOutput* out) {
+  static bool Null(const std::string& what, RowOutput* out) {
     out->skip = SkipReason::kNull;
     out->null_what = what;
-    return Status::OK();
-  }
-
-  Status Encode(std::string_view text, const RowLocation& where,
-                std::vector<int32_t>* ids) const {
-    if (text.empty()) return Status::OK();
-    const Status st = tok_->Encode(text, ids);
-    return st.ok() ? st : DataError(where.ToString(), st.message());
+    return false;
   }
 
   const ChatColumns chat_;
@@ -472,7 +579,7 @@ class ImageCaptionTransform : public Transform {
     std::vector<int32_t> ids;
     std::vector<uint8_t> mask;
     std::vector<int64_t> starts;
-    if (tok_->add_bos()) ids.push_back(tok_->bos_id());
+    ids = tok_->prefix();
     int64_t n = 0;  // placeholders of every image, leading the document
     for (const ImageGrid& grid : grids) {
       starts.push_back(static_cast<int64_t>(ids.size()));
@@ -484,7 +591,7 @@ class ImageCaptionTransform : public Transform {
       const Status st = tok_->Encode(caption, &ids);
       if (!st.ok()) return DataError(where.ToString(), st.message());
     }
-    if (tok_->add_eos()) ids.push_back(tok_->eos_id());
+    ids.insert(ids.end(), tok_->suffix().begin(), tok_->suffix().end());
     mask.resize(ids.size(), 1);
     out->tokens = static_cast<int64_t>(ids.size());
     out->image_tokens = n;
@@ -507,6 +614,7 @@ class ImageCaptionTransform : public Transform {
   }
 
   bool defers() const override { return true; }
+  void Cancel() const override { tok_->Cancel(); }
 
   Status Finish(const Columns& cols, int64_t i, const RowLocation& where,
                 Payload* payload) const override {
@@ -565,10 +673,12 @@ Result<std::unique_ptr<Transform>> MakeTransform(const Config& config,
   if (s.text_column.empty() && !s.chat.enabled()) {
     return std::make_unique<TokenColumnTransform>(s.tokens_column);
   }
-  if (config.tokenizer.model.empty()) {
-    return ConfigError(key, "text_column and chat need a root-level tokenizer");
+  const TokenizerConfig& tc = config.TokenizerFor(size_t(source_index));
+  if (tc.model.empty()) {
+    return ConfigError(key, "text_column and chat need a tokenizer (root-level or the "
+                            "source's own)");
   }
-  ARROW_ASSIGN_OR_RAISE(auto tok, Tokenizer::Make(config.tokenizer));
+  ARROW_ASSIGN_OR_RAISE(auto tok, Tokenizer::Make(tc));
   if (!s.image_column.empty()) {
     return std::make_unique<ImageCaptionTransform>(s, key, std::move(tok));
   }

@@ -4,7 +4,8 @@
 // loss mask for chat data), or says why the row has none (null, empty). Kinds, chosen by
 // the source config (docs/sources.md):
 //   tokens_column  list<int32|int64> token ids, passed through
-//   text_column    a string, tokenized with the root tokenizer (+ BOS / EOS)
+//   text_column    a string, tokenized with the source's tokenizer (source/tokenizer.h:
+//                  SentencePiece, or Hugging Face a batch of rows at a time)
 //   chat           prompt/response strings or a messages list, tokenized with the chat
 //                  template; loss_mask = 1 on response (assistant) tokens only
 //   transform      a user function over the named columns (source/user_transform.h)
@@ -58,6 +59,13 @@ struct RowOutput {
   int64_t payload_bytes = 0;
 };
 
+/// One row handed to Transform::ApplyBatch.
+struct BatchRow {
+  const Columns* cols = nullptr;
+  int64_t index = 0;
+  RowLocation where;
+};
+
 class Transform {
  public:
   virtual ~Transform() = default;
@@ -70,6 +78,17 @@ class Transform {
   /// is reported in `out` (the loader applies on_error). `where` names file/row group/row.
   virtual Status Apply(const Columns& cols, int64_t i, bool want_payload,
                        const RowLocation& where, RowOutput* out) const = 0;
+  /// Rows the loader should hand to one ApplyBatch call (1: row by row, the default).
+  virtual int64_t batch_rows() const { return 1; }
+  /// Transforms rows[k] into out[k] / status[k] (as Apply would: `status` holds Apply's
+  /// return value), in one call: a tokenizer that encodes a batch at a time (Hugging
+  /// Face) sees the batch's texts together. The default calls Apply row by row.
+  virtual void ApplyBatch(const std::vector<BatchRow>& rows, bool want_payload,
+                          RowOutput* out, Status* status) const {
+    for (size_t k = 0; k < rows.size(); ++k) {
+      status[k] = Apply(*rows[k].cols, rows[k].index, want_payload, rows[k].where, &out[k]);
+    }
+  }
   /// The loader is stopping: Apply calls from now on may return Cancelled early. Called
   /// before the loader joins its threads (user transforms: source/user_transform.h).
   virtual void Cancel() const {}
@@ -86,8 +105,8 @@ class Transform {
   }
 };
 
-/// The transform of config.sources[source_index]; loads the tokenizer where needed (fails
-/// naming tokenizer.model).
+/// The transform of config.sources[source_index]; loads its tokenizer where needed (fails
+/// naming the tokenizer's key path).
 Result<std::unique_ptr<Transform>> MakeTransform(const Config& config, int32_t source_index);
 
 }  // namespace braid

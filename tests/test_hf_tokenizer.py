@@ -1,0 +1,310 @@
+"""Hugging Face tokenizers (`tokenizer: {type: huggingface, file: tokenizer.json}`).
+
+The tokenizers are trained here with the `tokenizers` library itself (byte-level BPE with
+a regex pre-tokenizer, special and added tokens, a template post-processor): no download.
+Every row's ids must equal `Tokenizer.from_file(...).encode(text).ids`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from braid import _core
+
+from conftest import braid_cli, write_config
+
+# An optional dependency of braid (braid[hf]); requirements-dev.txt pins it.
+from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, processors,
+                        trainers)
+
+# A GPT-style split: contractions, letters, numbers, punctuation, spaces.
+SPLIT = (r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}{1,3}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|begin|>", "<|end|>", "<|pad|>"]
+ADDED = "<tool>"  # an added (non-special) token
+
+WORDS = ("the data loader reads parquet files and mixes many sources into steps of tokens "
+         "Straße über größer naïve café 東京 データ ローダー 数据 加载 🙂 🚀 ω≈π "
+         "it's we'll 2024 3.14159 #include <vector> x=y+1;").split()
+
+
+def sentences(n: int, seed: int, lo: int = 3, hi: int = 30) -> List[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+            for _ in range(n)]
+
+
+def train(path: Path, post: str = "template") -> str:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(sentences(2000, 1), trainer)
+    tok.add_tokens([ADDED])
+    if post == "template":
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single="<|begin|> $A <|end|>",
+                special_tokens=[(s, tok.token_to_id(s)) for s in SPECIALS[:2]]),
+        ])
+    else:  # byte-level only: no special tokens around a text
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tok_file(tmp_path_factory) -> str:
+    return train(tmp_path_factory.mktemp("hf") / "tokenizer.json")
+
+
+def texts_for_test() -> List[str]:
+    texts = sentences(150, 2)
+    rng = random.Random(5)
+    texts[3] = " ".join(sentences(4000, 6))  # very long (~100k characters)
+    texts[7] = "   leading spaces and trailing   "
+    texts[9] = "specials inline <|end|> and <|begin|> and " + ADDED + " mid-text"
+    texts[11] = "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(3000))  # CJK
+    texts[12] = "😀🙃" * 500 + "\n\n\tline\r\nbreaks"
+    texts[13] = "\u0000nul and \u200bzero-width and combining e\u0301"
+    return texts
+
+
+def config(path: str, tok: Dict, source: Dict, workers: int = 1) -> "_core.Config":
+    c = {
+        "seed": 7,
+        "batch": {"global_tokens": 4096, "seq_len": 4096},
+        "tokenizer": tok,
+        "sources": [dict({"name": "s", "path": path, "shuffle_window": 32,
+                          "workers": workers, "on_error": "skip"}, **source)],
+    }
+    return _core.parse_config(json.dumps(c), "/")
+
+
+def write_texts(path: Path, texts: List[str], row_group_size: int = 16) -> str:
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=row_group_size)
+    return str(path)
+
+
+def test_every_row_equals_encode(tmp_path: Path, tok_file: str):
+    texts = texts_for_test()
+    path = write_texts(tmp_path / "t.parquet", texts)
+    ref = Tokenizer.from_file(tok_file)
+    got = _core.source_samples(
+        config(path, {"type": "huggingface", "file": tok_file}, {"text_column": "text"}),
+        0, len(texts))
+    assert sorted(s["row"] for s in got) == list(range(len(texts)))
+    begin, end = ref.token_to_id("<|begin|>"), ref.token_to_id("<|end|>")
+    for s in got:
+        expected = ref.encode(texts[s["row"]]).ids
+        assert s["ids"] == expected, s["row"]
+        assert s["tokens"] == len(expected) and s["loss_mask"] == []
+        assert expected[0] == begin and expected[-1] == end  # the post-processor's
+    # The added and special tokens in the text are single ids, as the library makes them.
+    row9 = next(s for s in got if s["row"] == 9)["ids"]
+    assert ref.token_to_id(ADDED) in row9 and row9.count(end) == 2
+    assert len(next(s for s in got if s["row"] == 3)["ids"]) > 10_000
+
+
+def test_add_special_tokens_false_and_eos_token(tmp_path: Path, tok_file: str):
+    texts = sentences(40, 3)
+    path = write_texts(tmp_path / "t.parquet", texts)
+    ref = Tokenizer.from_file(tok_file)
+    pad = ref.token_to_id("<|pad|>")
+    plain = _core.source_samples(
+        config(path, {"type": "huggingface", "file": tok_file, "add_special_tokens": False},
+               {"text_column": "text"}), 0, 40)
+    for s in plain:
+        assert s["ids"] == ref.encode(texts[s["row"]], add_special_tokens=False).ids
+    extra = _core.source_samples(
+        config(path, {"type": "huggingface", "file": tok_file, "eos_token": "<|pad|>",
+                      "bos_token": "<|end|>"}, {"text_column": "text"}), 0, 40)
+    for s in extra:
+        assert s["ids"] == [ref.token_to_id("<|end|>")] + ref.encode(texts[s["row"]]).ids + [pad]
+
+
+def test_same_stream_for_workers_1_and_2_and_per_source_tokenizer(tmp_path: Path,
+                                                                   tok_file: str):
+    texts = sentences(300, 4) + texts_for_test()
+    texts[20] = None
+    texts[21] = ""
+    path = write_texts(tmp_path / "t.parquet", texts, row_group_size=50)
+    sp_model = _core.train_tiny_sentencepiece(sentences(200, 8), str(tmp_path / "sp"), 150)
+    hf = {"type": "huggingface", "file": tok_file}
+    n = 2 * len(texts) + 17  # over an epoch boundary
+
+    # The root tokenizer is SentencePiece; the source has its own Hugging Face one.
+    def samples(workers: int):
+        c = config(path, {"type": "sentencepiece", "model": sp_model},
+                   {"text_column": "text", "tokenizer": hf}, workers)
+        return _core.source_samples(c, 0, n)
+
+    one, two = samples(1), samples(2)
+    assert one == two
+    ref = Tokenizer.from_file(tok_file)
+    skipped = {s["row"] for s in one if s["skip"] != 0}
+    assert skipped == {20, 21}
+    for s in one:
+        if s["skip"] == 0:
+            assert s["ids"] == ref.encode(texts[s["row"]]).ids
+
+
+def test_chat_frames_turns_with_the_post_processor(tmp_path: Path, tok_file: str):
+    prompts, responses = sentences(30, 5), sentences(30, 6)
+    pq.write_table(pa.table({"prompt": prompts, "response": responses}),
+                   tmp_path / "c.parquet", row_group_size=8)
+    ref = Tokenizer.from_file(tok_file)
+    begin, end = ref.token_to_id("<|begin|>"), ref.token_to_id("<|end|>")
+
+    def plain(text: str) -> List[int]:
+        return ref.encode(text, add_special_tokens=False).ids
+
+    got = _core.source_samples(
+        config(str(tmp_path / "c.parquet"), {"type": "huggingface", "file": tok_file},
+               {"chat": {"prompt_column": "prompt", "response_column": "response"}},
+               workers=2), 0, 30)
+    assert len(got) == 30
+    for s in got:
+        p, r = prompts[s["row"]], responses[s["row"]]
+        head = [begin] + plain("user:") + plain(p) + plain("assistant:")
+        tail = plain(r) + [end]
+        assert s["ids"] == head + tail
+        assert s["loss_mask"] == [0] * len(head) + [1] * len(tail)
+
+
+def test_encode_batch_releases_the_gil(tok_file: str):
+    """While one thread is inside encode_batch, another runs Python; inside a single
+    encode() it cannot (the control). With a switch interval of 100 s the GIL changes
+    hands only when a thread gives it up, so the count is exact, not a timing."""
+    tok = Tokenizer.from_file(tok_file)
+    batch = sentences(3000, 9, 20, 60)
+    counter = [0]
+    done = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            counter[0] += 1
+            time.sleep(0)  # gives up the GIL, then waits for it
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    worker = threading.Thread(target=spin, daemon=True)
+    try:
+        worker.start()
+        c0 = counter[0]
+        for text in batch[:300]:
+            tok.encode(text)
+        during_encode = counter[0] - c0
+        c0 = counter[0]
+        tok.encode_batch(batch)
+        during_batch = counter[0] - c0
+        c0 = counter[0]
+        tok.encode_batch_fast(batch)
+        during_fast = counter[0] - c0
+    finally:
+        done.set()
+        sys.setswitchinterval(old)
+        worker.join(timeout=60)
+    assert not worker.is_alive()
+    assert during_encode == 0
+    assert during_batch > 0 and during_fast > 0
+
+
+LOADER_SCRIPT = textwrap.dedent("""
+    import itertools, json, sys
+    import braid
+    from tokenizers import Tokenizer
+    cfg, tok_file = json.loads(sys.argv[1]), sys.argv[2]
+    with open(sys.argv[3]) as f:
+        texts = json.load(f)
+    ref = Tokenizer.from_file(tok_file)
+    docs = [ref.encode(t).ids for t in texts]
+    loader = braid.Loader(cfg, rank=0, world_size=1)
+    found = 0
+    for batch in itertools.islice(iter(loader), 4):
+        ids = batch["input_ids"][0].tolist()
+        cu = batch["cu_seqlens"].tolist()
+        for a, b in zip(cu, cu[1:]):
+            seg = ids[a:b]
+            found += any(d[:len(seg)] == seg for d in docs if len(seg) >= 4)
+    print("FOUND", found)
+    # Exits with the loader's threads still running: no hang, no crash.
+""")
+
+
+def test_loader_in_a_fresh_process(tmp_path: Path, tok_file: str):
+    texts = sentences(200, 10)
+    path = write_texts(tmp_path / "t.parquet", texts)
+    cfg = {
+        "seed": 1,
+        "topology": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
+        "batch": {"global_tokens": 256, "seq_len": 128, "micro_batch_size": 1},
+        "tokenizer": {"type": "huggingface", "file": tok_file},
+        "sources": [{"name": "s", "path": path, "text_column": "text", "workers": 2}],
+    }
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER_SCRIPT, json.dumps(cfg), tok_file,
+         str(tmp_path / "texts.json")],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    found = int(result.stdout.split("FOUND")[1])
+    assert found >= 4, result.stdout
+
+
+def cli_config(tmp_path: Path, tok: Dict) -> Path:
+    path = write_texts(tmp_path / "t.parquet", sentences(20, 11))
+    return write_config(tmp_path / "c.json", {
+        "seed": 1,
+        "batch": {"global_tokens": 256, "seq_len": 128},
+        "sources": [{"name": "s", "path": path, "text_column": "text", "tokenizer": tok}],
+    })
+
+
+@pytest.mark.parametrize("case", ["missing", "invalid", "bad_token"])
+def test_config_errors_exit_2_naming_the_key(tmp_path: Path, tok_file: str, case: str):
+    tok = {"type": "huggingface", "file": str(tmp_path / "nope.json")}
+    key = "sources[0].tokenizer.file"
+    if case == "invalid":
+        (tmp_path / "bad.json").write_text('{"version": "1.0", "model": 7}')
+        tok["file"] = str(tmp_path / "bad.json")
+    elif case == "bad_token":
+        tok = {"type": "huggingface", "file": tok_file, "eos_token": "<|nope|>"}
+        key = "sources[0].tokenizer.eos_token"
+    result = braid_cli("plan", cli_config(tmp_path, tok), "--steps", "1")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert key in result.stderr, result.stderr
+
+
+def test_missing_tokenizers_package_is_a_config_error(tmp_path: Path, tok_file: str):
+    """Without the `tokenizers` package (import blocked), braid imports fine and a
+    huggingface tokenizer is a config error naming the key."""
+    cfg = cli_config(tmp_path, {"type": "huggingface", "file": tok_file})
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["tokenizers"] = None  # import tokenizers raises ImportError
+        import braid.cli
+        sys.exit(braid.cli.main(sys.argv[1:]))
+    """)
+    result = subprocess.run([sys.executable, "-c", script, "plan", str(cfg), "--steps", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "sources[0].tokenizer.type" in result.stderr
+    assert "tokenizers" in result.stderr
