@@ -75,7 +75,8 @@ inline const std::set<std::string>& ConfigKeyNames() {
       // runtime
       "kind", "read_ahead_bytes", "prefetch_steps", "cache", "dir", "max_bytes",
       // tokenizer
-      "type", "model", "bos", "eos", "file", "add_special_tokens", "bos_token", "eos_token",
+      "type", "model", "bos", "eos", "file", "add_special_tokens", "bos_token",
+      "eos_token",
       // phases[i]
       "until_step", "weights"};
   return names;
