@@ -22,6 +22,9 @@ Arrow, Braid).
         [--sources 16,64,306,1000] [--files 1] [--tokens-per-file 4500000] \
         [--layout large|small|both] [--steps 5] [--modes plan,run] [--dir out/many] \
         [--distinct 64] [--set runtime.threads=2 ...] [--timeout 600]
+
+`--set KEY=VALUE` overrides a config key (a JSON value); `sources.KEY` sets it on every
+source (`--set sources.shuffle_window_bytes=0`).
 """
 
 from __future__ import annotations
@@ -108,6 +111,10 @@ def write_config(path: str, base: str, sources: int, extra: dict) -> None:
                      "weight": float(1 + (s % 7))} for s in range(sources)],
     }
     for key, value in extra.items():
+        if key.startswith("sources."):  # every source
+            for source in config["sources"]:
+                source[key[len("sources."):]] = value
+            continue
         node = config
         parts = key.split(".")
         for p in parts[:-1]:
