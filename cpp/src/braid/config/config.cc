@@ -557,8 +557,8 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                {"name", "path", "tokens_column", "text_column",
                                 "image_column", "weight", "oversize", "on_error",
                                 "storage", "image",
-                                "shuffle_window", "chat", "workers", "transform",
-                                "loaders", "tokenizer"}));
+                                "shuffle_window", "shuffle_window_bytes", "chat", "workers",
+                                "transform", "loaders", "tokenizer"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -625,6 +625,15 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   if (node["shuffle_window"]) {
     ARROW_ASSIGN_OR_RAISE(src.shuffle_window_rows,
                           PositiveInt(node["shuffle_window"], Join(path, "shuffle_window")));
+  }
+  if (node["shuffle_window_bytes"]) {
+    const std::string key = Join(path, "shuffle_window_bytes");
+    ARROW_ASSIGN_OR_RAISE(src.shuffle_window_bytes,
+                          Scalar<int64_t>(node["shuffle_window_bytes"], key, "an integer"));
+    if (src.shuffle_window_bytes < 0) {
+      return ConfigError(key, "must be >= 0 (0: no byte bound), got " +
+                                  std::to_string(src.shuffle_window_bytes));
+    }
   }
   return src;
 }
@@ -803,7 +812,8 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   }
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(
-        CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache"}));
+        CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
+                                 "threads", "memory_bytes"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
@@ -822,6 +832,14 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     if (rt["prefetch_steps"]) {
       ARROW_ASSIGN_OR_RAISE(c.runtime.prefetch_steps,
                             PositiveInt(rt["prefetch_steps"], "runtime.prefetch_steps"));
+    }
+    if (rt["threads"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.threads,
+                            PositiveInt(rt["threads"], "runtime.threads"));
+    }
+    if (rt["memory_bytes"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.memory_bytes,
+                            PositiveInt(rt["memory_bytes"], "runtime.memory_bytes"));
     }
   }
   // --- Storage: a local cache of remote files, shared by every source ---
@@ -961,6 +979,9 @@ std::string Config::Fingerprint() const {
   for (const auto& s : sources) {
     os << '|' << s.name << ':' << s.path << ':' << s.tokens_column << ':'
        << ToString(s.oversize) << ':' << s.shuffle_window_rows;
+    // The byte bound changes the order (windows, blocks); 0 keeps the rows-only order
+    // and its fingerprint, so states saved before the bound existed resume under it.
+    if (s.shuffle_window_bytes != 0) os << ":wb=" << s.shuffle_window_bytes;
     // Transforms change the tokens; worker count does not change the stream.
     if (!s.text_column.empty() || s.chat.enabled()) {
       os << ":text=" << s.text_column << ":chat=" << s.chat.prompt_column << ','

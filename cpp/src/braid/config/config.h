@@ -75,6 +75,8 @@ struct TokenizerConfig {
 };
 // --- end transforms ---
 
+inline constexpr int64_t kDefaultShuffleWindowBytes = int64_t{4} << 20;
+
 struct SourceConfig {
   std::string name;
   std::string path;           ///< as written: a file, a directory or a glob
@@ -83,6 +85,9 @@ struct SourceConfig {
   Oversize oversize = Oversize::kSplit;
   OnError on_error = OnError::kFail;
   int64_t shuffle_window_rows = 4096;  ///< rows shuffled together (>= 1; 1 = file order)
+  /// Most bytes (footer estimate) in one shuffle window; larger row groups are read in
+  /// blocks. 0: windows bounded in rows only (the order before this bound existed).
+  int64_t shuffle_window_bytes = kDefaultShuffleWindowBytes;
 
   // --- Transforms (docs/sources.md). Exactly one of tokens_column, text_column, chat. ---
   std::string text_column;  ///< string column, tokenized with Config::tokenizer
@@ -211,8 +216,15 @@ struct PhaseConfig {
 // --- end planner: phases ---
 
 struct RuntimeConfig {
-  int64_t read_ahead_bytes = int64_t{64} << 20;  ///< payload bytes buffered per source
-  int64_t prefetch_steps = 2;                    ///< step plans computed ahead
+  /// Upper bound on the bytes each source loader holds ahead (its share of memory_bytes
+  /// applies when smaller).
+  int64_t read_ahead_bytes = int64_t{64} << 20;
+  int64_t prefetch_steps = 2;  ///< step plans computed ahead
+  /// Reader/transform threads shared by every source loader; 0: the machine's cores.
+  int64_t threads = 0;
+  /// The source loaders' memory budget, shared by weight (source/budget.h); 0: derived
+  /// from the job (DefaultMemoryBytes).
+  int64_t memory_bytes = 0;
 };
 
 struct Config {

@@ -162,7 +162,7 @@ TEST(ConfigTest, UnknownKeysNameTheirPath) {
   ExpectConfigError("topology: {dp: 1, ep: 2}\n" + Minimal(), "topology.ep");
   ExpectConfigError("balance: {cost: {attn: 1, quadratic: 2}}\n" + Minimal(),
                     "balance.cost.quadratic");
-  ExpectConfigError("runtime: {threads: 4}\n" + Minimal(), "runtime.threads");
+  ExpectConfigError("runtime: {reader_threads: 4}\n" + Minimal(), "runtime.reader_threads");
   ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}",
                             ", weight: {schedule: [[0, 1]], ramp: 2}"),
                     "sources[0].weight.ramp");
@@ -539,6 +539,38 @@ TEST(ConfigTest, HuggingFaceTokenizerRootAndPerSource) {
       "/cfg");
   ASSERT_TRUE(own.ok()) << own.status().ToString();
   EXPECT_EQ(own->TokenizerFor(0).model, "/cfg/t.json");
+}
+
+TEST(ConfigTest, ThreadsMemoryBudgetAndWindowBytes) {
+  auto c = ParseConfig("runtime: {threads: 3, memory_bytes: 1000000}\n" +
+                           Minimal("{global_tokens: 4096, seq_len: 1024}",
+                                   ", shuffle_window_bytes: 65536"),
+                       "");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->runtime.threads, 3);
+  EXPECT_EQ(c->runtime.memory_bytes, 1000000);
+  EXPECT_EQ(c->sources[0].shuffle_window_bytes, 65536);
+  EXPECT_EQ(c->sources[1].shuffle_window_bytes, kDefaultShuffleWindowBytes);
+  auto d = ParseConfig(Minimal(), "");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->runtime.threads, 0);       // the machine's cores
+  EXPECT_EQ(d->runtime.memory_bytes, 0);  // derived from the job
+  ExpectConfigError("runtime: {threads: 0}\n" + Minimal(), "runtime.threads");
+  ExpectConfigError("runtime: {memory_bytes: -1}\n" + Minimal(), "runtime.memory_bytes");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                            ", shuffle_window_bytes: -1"),
+                    "sources[0].shuffle_window_bytes");
+  // The byte bound is part of the order; 0 gives the rows-only order's fingerprint.
+  Config rows_only = *d;
+  for (auto& s : rows_only.sources) s.shuffle_window_bytes = 0;
+  EXPECT_NE(rows_only.Fingerprint(), d->Fingerprint());
+  Config other = *d;
+  other.sources[0].shuffle_window_bytes = 1 << 20;
+  EXPECT_NE(other.Fingerprint(), d->Fingerprint());
+  Config threads = *d;
+  threads.runtime.threads = 7;
+  threads.runtime.memory_bytes = 5;
+  EXPECT_EQ(threads.Fingerprint(), d->Fingerprint());  // speed and memory only
 }
 
 }  // namespace

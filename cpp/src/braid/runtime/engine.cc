@@ -2,6 +2,9 @@
 
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
+#include "braid/runtime/job.h"
+#include "braid/source/budget.h"
+#include "braid/source/read_pool.h"
 
 namespace braid {
 
@@ -41,6 +44,7 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
   if (engine->options_.state_json.empty()) {
     engine->start_state_ = Planner::InitialState(config);
   } else {
+    ARROW_RETURN_NOT_OK(CheckStateOrder(engine->options_.state_json, config));
     ARROW_ASSIGN_OR_RAISE(engine->start_state_,
                           PlannerStateFromJson(engine->options_.state_json, config,
                                                &engine->skip_first_));
@@ -50,19 +54,33 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
                          "exceeds the micro-batches per step of this rank");
     }
   }
-  SourceLoader::Options loader_options;
-  loader_options.read_ahead_bytes = config.runtime.read_ahead_bytes;
+  engine->pool_ = std::make_shared<ReadPool>(ReadThreads(config));
+  const std::vector<int64_t> shares = SourceShares(config);
+  // The sources open (listing, footers) in parallel on the pool; the first error in
+  // config order is returned.
+  const int64_t n = static_cast<int64_t>(config.sources.size());
+  std::vector<Status> opened(static_cast<size_t>(n));
+  engine->loaders_.resize(size_t(n));
+  engine->pool_->ParallelFor(n, OpenThreads(config, *engine->pool_), [&](int64_t i) {
+    SourceLoader::Options loader_options;
+    loader_options.read_ahead_bytes = shares[size_t(i)];
+    loader_options.pool = engine->pool_;
+    auto loader = ShardedSource::Make(config, static_cast<int32_t>(i),
+                                      engine->start_state_.sources[size_t(i)].next,
+                                      loader_options, config.sources[size_t(i)].loaders);
+    if (loader.ok()) {
+      engine->loaders_[size_t(i)] = std::move(*loader);
+    } else {
+      opened[size_t(i)] = loader.status();
+    }
+  });
+  for (const Status& st : opened) ARROW_RETURN_NOT_OK(st);
   std::vector<SampleStream*> streams;
-  for (size_t i = 0; i < config.sources.size(); ++i) {
-    ARROW_ASSIGN_OR_RAISE(auto loader,
-                          ShardedSource::Make(config, static_cast<int32_t>(i),
-                                              engine->start_state_.sources[i].next,
-                                              loader_options, config.sources[i].loaders));
-    streams.push_back(loader.get());
-    engine->loaders_.push_back(std::move(loader));
-  }
+  for (auto& loader : engine->loaders_) streams.push_back(loader.get());
   ARROW_ASSIGN_OR_RAISE(engine->planner_,
                         Planner::Make(config, streams, engine->start_state_));
+  // Every source's first read is queued on the pool now, in the order the planner asks.
+  for (auto& loader : engine->loaders_) loader->Start();
   engine->last_plan_ = nullptr;
   engine->planner_thread_ = std::thread([e = engine.get()] { e->PlannerLoop(); });
   engine->constructor_thread_ = std::thread([e = engine.get()] { e->ConstructorLoop(); });
@@ -74,7 +92,12 @@ Engine::~Engine() { Stop(); }
 void Engine::Stop() {
   plans_.Close();
   batches_.Close();
-  for (auto& loader : loaders_) loader->Stop();
+  for (auto& loader : loaders_) {
+    if (loader) loader->RequestStop();
+  }
+  for (auto& loader : loaders_) {
+    if (loader) loader->Stop();
+  }
   if (planner_thread_.joinable()) planner_thread_.join();
   if (constructor_thread_.joinable()) constructor_thread_.join();
 }
@@ -169,7 +192,7 @@ Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
 
 std::vector<int64_t> Engine::blanked_payloads() const {
   std::vector<int64_t> out;
-  for (const auto& source : loaders_) out.push_back(source->blanked_payloads());
+  for (const auto& source : loaders_) out.push_back(source ? source->blanked_payloads() : 0);
   return out;
 }
 

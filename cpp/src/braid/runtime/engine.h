@@ -1,7 +1,8 @@
 // The embedded runtime: every role of a Braid job inside one process.
 //
-// An Engine owns one ShardedSource per source (`sources[].loaders` SourceLoaders, each
-// reading ahead on its own thread, merged into the source's one order), one
+// An Engine owns one ShardedSource per source (`sources[].loaders` SourceLoaders, merged
+// into the source's one order), the ReadPool of `runtime.threads` threads on which every
+// loader reads ahead within its share of `runtime.memory_bytes` (source/budget.h), one
 // Planner on a planner thread, and one constructor thread that builds the micro-batches of
 // the DP ranks this process serves. The threads hand work through bounded queues
 // (runtime.prefetch_steps plans; two steps of micro-batches), so memory stays bounded and
@@ -117,6 +118,7 @@ class Engine {
   Options options_;
   PlannerState start_state_;
   int64_t skip_first_ = 0;  // micro-batches of the first step already consumed
+  std::shared_ptr<ReadPool> pool_;  // the loaders' threads; outlives them (shared)
   std::vector<std::unique_ptr<ShardedSource>> loaders_;  // sources[].loaders each
   std::unique_ptr<Planner> planner_;
   internal::BoundedQueue<PlanItem> plans_;

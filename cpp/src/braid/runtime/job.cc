@@ -6,8 +6,12 @@
 #include <chrono>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
 #include "braid/plan/planner.h"
 #include "braid/runtime/engine.h"
+#include "braid/source/budget.h"
+#include "braid/source/read_pool.h"
 #include "braid/source/source_loader.h"
 
 namespace braid {
@@ -18,12 +22,30 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
+Status CheckStateOrder(const std::string& state_json, const Config& config) {
+  Config rows_only = config;
+  for (auto& s : rows_only.sources) s.shuffle_window_bytes = 0;
+  const std::string old_fp = rows_only.Fingerprint();
+  if (old_fp == config.Fingerprint()) return Status::OK();
+  nlohmann::json in = nlohmann::json::parse(state_json, nullptr, /*allow_exceptions=*/false);
+  if (!in.is_object() || !in.contains("fingerprint") || !in["fingerprint"].is_string() ||
+      in["fingerprint"].get<std::string>() != old_fp) {
+    return Status::OK();
+  }
+  return ConfigError("state.fingerprint",
+                     "the state was saved with shuffle windows bounded in rows only (the "
+                     "order before sources[].shuffle_window_bytes); bounding them in bytes "
+                     "changes the order of large row groups and windows. Resume it with "
+                     "shuffle_window_bytes: 0 on every source, or start afresh");
+}
+
 Result<std::string> RunPlanJob(const Config& config, int64_t steps,
                                const std::string& state_in,
                                const std::function<Status(const std::string&)>& on_line) {
   if (steps < 0) return ConfigError("--steps", "must be >= 0");
   PlannerState state = Planner::InitialState(config);
   if (!state_in.empty()) {
+    ARROW_RETURN_NOT_OK(CheckStateOrder(state_in, config));
     int64_t consumed = 0;
     ARROW_ASSIGN_OR_RAISE(state, PlannerStateFromJson(state_in, config, &consumed));
     if (consumed != 0) {
@@ -31,22 +53,36 @@ Result<std::string> RunPlanJob(const Config& config, int64_t steps,
                          "the state is inside a step; plan resumes at step boundaries");
     }
   }
-  SourceLoader::Options options;
-  options.read_payloads = false;
-  options.read_ahead_bytes = config.runtime.read_ahead_bytes;
-  std::vector<std::unique_ptr<SourceLoader>> loaders;
+  auto pool = std::make_shared<ReadPool>(ReadThreads(config));
+  const std::vector<int64_t> shares = SourceShares(config);
+  // The sources open (listing, footers) in parallel on the pool; the first error in
+  // config order is returned.
+  const int64_t n = static_cast<int64_t>(config.sources.size());
+  std::vector<std::unique_ptr<SourceLoader>> loaders(static_cast<size_t>(n));
+  std::vector<Status> opened(static_cast<size_t>(n));
+  pool->ParallelFor(n, OpenThreads(config, *pool), [&](int64_t i) {
+    SourceLoader::Options options;
+    options.read_payloads = false;
+    options.read_ahead_bytes = shares[size_t(i)];
+    options.pool = pool;
+    auto loader = SourceLoader::Make(config, static_cast<int32_t>(i),
+                                     state.sources[size_t(i)].next, options);
+    if (loader.ok()) {
+      loaders[size_t(i)] = std::move(*loader);
+    } else {
+      opened[size_t(i)] = loader.status();
+    }
+  });
+  for (const Status& st : opened) ARROW_RETURN_NOT_OK(st);
   std::vector<SampleStream*> streams;
-  for (size_t i = 0; i < config.sources.size(); ++i) {
-    ARROW_ASSIGN_OR_RAISE(auto loader, SourceLoader::Make(config, static_cast<int32_t>(i),
-                                                          state.sources[i].next, options));
-    streams.push_back(loader.get());
-    loaders.push_back(std::move(loader));
-  }
+  for (auto& loader : loaders) streams.push_back(loader.get());
   ARROW_ASSIGN_OR_RAISE(auto planner, Planner::Make(config, streams, state));
+  for (auto& loader : loaders) loader->Start();  // first reads queued in planner order
   for (int64_t s = 0; s < steps; ++s) {
     ARROW_ASSIGN_OR_RAISE(StepPlan plan, planner->PlanStep());
     ARROW_RETURN_NOT_OK(on_line(StepPlanToJson(plan, config)));
   }
+  for (auto& loader : loaders) loader->RequestStop();  // then each destructor waits
   return PlannerStateToJson(planner->state(), config);
 }
 

@@ -23,6 +23,7 @@ ShardedSource::ShardedSource(const Config& config, int32_t source_index, StreamP
     : seed_(config.seed),
       source_index_(source_index),
       window_rows_(config.sources[size_t(source_index)].shuffle_window_rows),
+      window_bytes_(config.sources[size_t(source_index)].shuffle_window_bytes),
       loaders_(std::move(loaders)),
       next_(start) {
   if (loaders_.size() == 1) return;
@@ -73,8 +74,17 @@ Result<std::unique_ptr<ShardedSource>> ShardedSource::Make(const Config& config,
 
 ShardedSource::~ShardedSource() { Stop(); }
 
+void ShardedSource::Start() {
+  started_ = true;
+  for (auto& loader : loaders_) loader->Start();
+}
+
+void ShardedSource::RequestStop() {
+  for (auto& loader : loaders_) loader->RequestStop();
+}
+
 void ShardedSource::Stop() {
-  // Ask every loader first so that their threads wind down together, then join.
+  RequestStop();  // every loader's tasks return at once, then wait for each
   for (auto& loader : loaders_) loader->Stop();
 }
 
@@ -91,7 +101,7 @@ std::vector<int32_t> ShardedSource::skipped_files() const {
 
 void ShardedSource::LoadEpoch(int64_t epoch) {
   const auto windows = EpochWindows(loaders_.front()->file_list(), seed_, source_index_,
-                                    epoch, window_rows_);
+                                    epoch, window_rows_, window_bytes_);
   window_rows_of_epoch_.clear();
   for (const auto& w : windows) window_rows_of_epoch_.push_back(w.rows);
 }

@@ -2,7 +2,7 @@
 //
 // A ShardedSource owns n SourceLoaders of the same source; loader k reads only the
 // shuffle windows w of each epoch with w % n == k (SourceLoader::Options::shard_index),
-// each on its own reader thread with its own workers. Next() walks the source's order
+// each reading on the job's pool with up to `workers` threads. Next() walks the source's order
 // (EpochWindows is a pure function, so every loader and the merge agree on it) and takes
 // each window's samples from the loader that owns it, so the stream (metadata, payloads,
 // skips, errors) is identical to one loader's for every n. This is the step towards
@@ -11,8 +11,8 @@
 //
 // n is `sources[].loaders`, lowered to the fewest windows any epoch can have (every
 // loader then owns a window in every epoch; one without would spin through epochs).
-// Each loader buffers runtime.read_ahead_bytes / n of payload; the first Next() starts
-// every loader's reader, so each reads ahead of its turn.
+// Each loader buffers the source's share / n; the first Next() (or Start()) starts every
+// loader's read-ahead, so each reads ahead of its turn.
 //
 // Thread-compatible like SourceLoader: Next() from one consumer thread; Stop() and the
 // destructor from any thread.
@@ -44,8 +44,13 @@ class ShardedSource : public SampleStream {
   Result<Sample> Next() override;
   int64_t rows_per_epoch() const override { return loaders_.front()->rows_per_epoch(); }
 
+  /// Starts every loader's read-ahead now rather than at the first Next().
+  void Start();
+
   /// Stops every loader (see SourceLoader::Stop).
   void Stop();
+  /// Asks every loader to stop without waiting (SourceLoader::RequestStop).
+  void RequestStop();
 
   /// The number of loaders (sources[].loaders, lowered as the header says).
   int64_t shards() const { return static_cast<int64_t>(loaders_.size()); }
@@ -73,6 +78,7 @@ class ShardedSource : public SampleStream {
   const uint64_t seed_;
   const int32_t source_index_;
   const int64_t window_rows_;
+  const int64_t window_bytes_;
   std::vector<std::unique_ptr<SourceLoader>> loaders_;
   // The position of the next sample and the rows of each window of its epoch. Used only
   // with more than one loader (one loader is passed through).

@@ -14,6 +14,8 @@
 #include <arrow/type.h>
 #include <arrow/util/future.h>
 #include <parquet/arrow/reader.h>
+#include <parquet/arrow/schema.h>
+#include <parquet/properties.h>
 #include <parquet/exception.h>
 #include <parquet/file_reader.h>
 
@@ -160,6 +162,11 @@ ColumnSpec TokenColumnSpec(const std::string& name, const std::string& key) {
 }
 
 namespace {
+
+void LeafColumns(const parquet::arrow::SchemaField& field, std::vector<int>* out) {
+  if (field.is_leaf()) out->push_back(field.column_index);
+  for (const auto& child : field.children) LeafColumns(child, out);
+}
 
 std::string ColumnList(const arrow::Schema& schema) {
   std::string s;
@@ -424,6 +431,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
       out->cached_paths_.emplace_back();
       out->files_.push_back(std::move(file));
       out->column_index_.emplace_back();
+      out->leaf_index_.emplace_back();
       continue;
     }
     out->cached_paths_.push_back(cached);
@@ -444,13 +452,34 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     }
     file.column = indices.empty() ? -1 : indices.front();
     const auto metadata = (*reader)->parquet_reader()->metadata();
+    std::vector<int> leaves;
+    for (int index : indices) LeafColumns((*reader)->manifest().schema_fields[size_t(index)],
+                                          &leaves);
     int64_t first = 0;
     for (int rg = 0; rg < metadata->num_row_groups(); ++rg) {
-      const int64_t rows = metadata->RowGroup(rg)->num_rows();
+      const auto row_group = metadata->RowGroup(rg);
+      const int64_t rows = row_group->num_rows();
       file.row_group_rows.push_back(rows);
       file.row_group_first_row.push_back(first);
+      int64_t bytes = 0;
+      for (int leaf : leaves) {
+        // What the chunk decodes to: its uncompressed size, or, for fixed-width values
+        // (dictionary- or bit-packed token ids are smaller on disk), the values' width.
+        const auto chunk = row_group->ColumnChunk(leaf);
+        int64_t width = 0;
+        switch (chunk->type()) {
+          case parquet::Type::INT32:
+          case parquet::Type::FLOAT: width = 4; break;
+          case parquet::Type::INT64:
+          case parquet::Type::DOUBLE: width = 8; break;
+          default: break;
+        }
+        bytes += std::max(chunk->total_uncompressed_size(), width * chunk->num_values());
+      }
+      file.row_group_bytes.push_back(bytes);
       first += rows;
     }
+    out->leaf_index_.push_back(std::move(leaves));
     file.num_rows = first;
     out->total_rows_ += first;
     out->files_.push_back(std::move(file));
@@ -541,6 +570,100 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumnsOnce(
     }
   }
   return out;
+}
+
+Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::ReadBlock(
+    int file, int row_group, int64_t block_rows, int64_t block) {
+  using Chunk = std::vector<std::shared_ptr<arrow::Array>>;
+  const File& f = files_[static_cast<size_t>(file)];
+  const int64_t rg_rows = f.row_group_rows[size_t(row_group)];
+  const int64_t first = block * block_rows;
+  const int64_t end = std::min(rg_rows, first + block_rows);
+  const std::string where = DataLocation(f.path, row_group, -1);
+  auto fail = [&](const std::string& what) {
+    block_reader_.reset();
+    block_file_reader_.reset();
+    block_rest_.clear();
+    block_file_ = -1;
+    return DataError(where, "cannot read rows " + std::to_string(first) + ".." +
+                                std::to_string(end) + ": " + what);
+  };
+  try {
+    const int64_t behind = block_rest_.empty() ? block_next_ : block_rest_first_;
+    if (block_file_ != file || block_row_group_ != row_group || behind > first) {
+      block_reader_.reset();
+      block_file_reader_.reset();
+      block_rest_.clear();
+      block_file_ = -1;
+      // A small read buffer, no pre-buffering and small batches: what stays allocated
+      // follows the chunk, not the column chunk or the block.
+      const int64_t bytes = std::max<int64_t>(1, f.row_group_bytes[size_t(row_group)]);
+      const int64_t chunk_rows = std::max<int64_t>(
+          1, static_cast<int64_t>(__int128{rg_rows} * kBlockChunkBytes / bytes));
+      parquet::ReaderProperties props(arrow::default_memory_pool());
+      props.enable_buffered_stream();
+      props.set_buffer_size(kBlockChunkBytes);
+      parquet::ArrowReaderProperties arrow_props;
+      arrow_props.set_pre_buffer(false);
+      arrow_props.set_batch_size(chunk_rows);
+      const std::string& cached = cached_paths_[size_t(file)];
+      arrow::fs::FileSystem* fs = cached.empty() ? fs_.get() : local_fs_.get();
+      auto input = fs->OpenInputFile(cached.empty() ? f.path : cached);
+      if (!input.ok()) return StorageError(f.path, input.status().message());
+      parquet::arrow::FileReaderBuilder builder;
+      Status st = builder.Open(*input, props);
+      if (!st.ok()) return fail(st.message());
+      builder.properties(arrow_props);
+      auto built = builder.Build();
+      if (!built.ok()) return fail(built.status().message());
+      block_file_reader_ = std::move(*built);
+      auto reader = block_file_reader_->GetRecordBatchReader({row_group},
+                                                             leaf_index_[size_t(file)]);
+      if (!reader.ok()) return fail(reader.status().message());
+      block_reader_ = std::move(*reader);
+      block_file_ = file;
+      block_row_group_ = row_group;
+      block_next_ = 0;
+    }
+    std::vector<Chunk> out;
+    int64_t covered = first;
+    while (covered < end) {
+      // The next piece: the rest of the last chunk, or a new chunk.
+      Chunk piece;
+      int64_t at = 0;
+      if (!block_rest_.empty()) {
+        piece = std::move(block_rest_);
+        block_rest_.clear();
+        at = block_rest_first_;
+      } else {
+        std::shared_ptr<arrow::RecordBatch> batch;
+        Status st = block_reader_->ReadNext(&batch);
+        if (!st.ok()) return fail(st.message());
+        if (batch == nullptr) return fail("the row group ended early");
+        for (const auto& c : columns_) {
+          auto column = batch->GetColumnByName(c.name);
+          if (column == nullptr) return fail("no column '" + c.name + "' in the batch");
+          piece.push_back(std::move(column));
+        }
+        at = block_next_;
+        block_next_ += batch->num_rows();
+      }
+      const int64_t piece_end = at + piece.front()->length();
+      if (piece_end <= first) continue;  // before the block: skipped
+      const int64_t take_end = std::min(piece_end, end);
+      Chunk take;
+      for (const auto& a : piece) take.push_back(a->Slice(covered - at, take_end - covered));
+      out.push_back(std::move(take));
+      if (piece_end > end) {  // the rest belongs to the next block
+        for (const auto& a : piece) block_rest_.push_back(a->Slice(end - at));
+        block_rest_first_ = end;
+      }
+      covered = take_end;
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
 }
 
 Result<std::shared_ptr<arrow::Array>> SourceFiles::ReadTokens(int file, int row_group) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <arrow/array.h>
+#include <arrow/record_batch.h>
 #include <arrow/filesystem/filesystem.h>
 
 #include "braid/config/config.h"
@@ -91,6 +92,9 @@ class SourceFiles {
     /// Why the footer could not be read (on_error: skip only; the file then has no row
     /// groups and no rows); "" for a readable file.
     std::string unreadable;
+    /// What the read columns of each row group decode to, about, from the footer: per
+    /// column chunk its uncompressed size or, for fixed-width values, values * width.
+    std::vector<int64_t> row_group_bytes;
   };
 
   /// Resolves and opens every file of `source`; `key_path` is its config path
@@ -118,6 +122,18 @@ class SourceFiles {
   /// is retried (see the header); the error is a storage error (IOError) when the storage
   /// failed, a data error when the bytes are bad.
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
+
+  /// Block `block` of one row group cut into blocks of `block_rows` rows (the last one
+  /// shorter): its rows in order as consecutive chunks of about kBlockChunkBytes, each
+  /// the columns in ColumnSpec order (as ReadColumns). The chunks come from a streaming
+  /// reader that holds about a page and a chunk per column, not the row group, and stays
+  /// open: reading a row group's blocks in order decodes it once; a block behind the
+  /// reader reopens the row group.
+  Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> ReadBlock(
+      int file, int row_group, int64_t block_rows, int64_t block);
+
+  /// The bytes of one chunk of ReadBlock, about (the footer's estimate).
+  static constexpr int64_t kBlockChunkBytes = int64_t{256} << 10;
 
   /// The first column of one row group (the token column of a token source).
   Result<std::shared_ptr<arrow::Array>> ReadTokens(int file, int row_group);
@@ -148,6 +164,17 @@ class SourceFiles {
   int open_file_ = -1;
   std::unique_ptr<parquet::arrow::FileReader> open_reader_;
   std::shared_ptr<std::atomic<bool>> open_io_failed_;  // open_reader_'s reads failed
+  // ReadBlock's streaming reader: row group (block_file_, block_row_group_), the rows
+  // read so far ending at block_next_; block_rest_ (rows from block_rest_first_ on) is
+  // the part of the last chunk that belongs to the next block.
+  std::vector<std::vector<int>> leaf_index_;  // per file: the leaf columns read
+  int block_file_ = -1;
+  int block_row_group_ = -1;
+  int64_t block_next_ = 0;
+  std::vector<std::shared_ptr<arrow::Array>> block_rest_;
+  int64_t block_rest_first_ = 0;
+  std::unique_ptr<parquet::arrow::FileReader> block_file_reader_;
+  std::unique_ptr<arrow::RecordBatchReader> block_reader_;
 };
 
 }  // namespace braid

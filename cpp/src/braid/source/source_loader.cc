@@ -7,7 +7,7 @@
 #include <arrow/api.h>
 
 #include "braid/source/transform.h"
-#include "braid/source/worker_pool.h"
+#include "braid/source/read_pool.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {
@@ -38,32 +38,27 @@ const char* SkipName(SkipReason r) {
   }
 }
 
-// One row of a window before the shuffle.
-struct RowRef {
-  int32_t file = 0;
-  int64_t row = 0;
-  int32_t row_group = 0;
-  int64_t row_in_group = 0;
-  int64_t array_index = 0;  // into the window's arrays
-  int64_t arrays_slot = 0;
-};
-
 }  // namespace
 
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
-                                        int64_t window_rows) {
-  return EpochWindows(files.files(), seed, source_index, epoch, window_rows);
+                                        int64_t window_rows, int64_t window_bytes) {
+  return EpochWindows(files.files(), seed, source_index, epoch, window_rows, window_bytes);
 }
 
 std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& fs,
                                         uint64_t seed, int32_t source_index,
-                                        int64_t epoch, int64_t window_rows) {
+                                        int64_t epoch, int64_t window_rows,
+                                        int64_t window_bytes) {
   const auto file_order = Permutation(static_cast<int64_t>(fs.size()),
                                       DeriveSeed({seed, kFileSalt, uint64_t(source_index),
                                                   uint64_t(epoch)}));
   std::vector<ShuffleWindow> windows;
   ShuffleWindow current;
+  auto close = [&] {
+    windows.push_back(std::move(current));
+    current = ShuffleWindow{};
+  };
   for (int64_t f : file_order) {
     const auto& file = fs[static_cast<size_t>(f)];
     const auto rg_order = Permutation(
@@ -73,11 +68,31 @@ std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& fs
     for (int64_t rg : rg_order) {
       const int64_t rows = file.row_group_rows[static_cast<size_t>(rg)];
       if (rows == 0) continue;
-      current.row_groups.emplace_back(static_cast<int32_t>(f), static_cast<int32_t>(rg));
-      current.rows += rows;
-      if (current.rows >= window_rows) {
-        windows.push_back(std::move(current));
-        current = ShuffleWindow{};
+      const int64_t bytes = size_t(rg) < file.row_group_bytes.size()
+                                ? file.row_group_bytes[static_cast<size_t>(rg)]
+                                : 0;
+      int64_t block_rows = 0, blocks = 1;
+      if (window_bytes > 0 && bytes > window_bytes) {
+        block_rows = std::max<int64_t>(
+            1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
+        blocks = (rows + block_rows - 1) / block_rows;
+      }
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t unit_rows =
+            block_rows == 0 ? rows : std::min(block_rows, rows - b * block_rows);
+        const int64_t unit_bytes =
+            block_rows == 0 ? bytes
+                            : static_cast<int64_t>(__int128{bytes} * unit_rows / rows);
+        if (window_bytes > 0 && current.rows > 0 &&
+            current.bytes + unit_bytes > window_bytes) {
+          close();
+        }
+        current.row_groups.emplace_back(static_cast<int32_t>(f), static_cast<int32_t>(rg));
+        current.block_rows.push_back(block_rows);
+        current.blocks.push_back(b);
+        current.rows += unit_rows;
+        current.bytes += unit_bytes;
+        if (current.rows >= window_rows) close();
       }
     }
   }
@@ -95,8 +110,10 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       options_(options),
       files_(std::move(files)),
       transform_(std::move(transform)),
+      pool_(options_.pool),
       skip_log_(options_.skip_log ? options_.skip_log : NewSkipLog()),
-      total_rows_(files_->total_rows()) {}
+      total_rows_(files_->total_rows()),
+      next_window_(start) {}
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                                          int32_t source_index,
@@ -124,14 +141,16 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   }
   // A position one past the end of a window means the start of the next one.
   const int64_t window_rows = config.sources[size_t(source_index)].shuffle_window_rows;
-  auto windows =
-      EpochWindows(file_list, config.seed, source_index, start.epoch, window_rows);
+  const int64_t window_bytes = config.sources[size_t(source_index)].shuffle_window_bytes;
+  auto windows = EpochWindows(file_list, config.seed, source_index, start.epoch,
+                              window_rows, window_bytes);
   if (start.window < static_cast<int64_t>(windows.size()) &&
       start.offset == windows[size_t(start.window)].rows) {
     start.offset = 0;
     if (++start.window == static_cast<int64_t>(windows.size())) {
       start = StreamPos{start.epoch + 1, 0, 0};
-      windows = EpochWindows(file_list, config.seed, source_index, start.epoch, window_rows);
+      windows = EpochWindows(file_list, config.seed, source_index, start.epoch,
+                             window_rows, window_bytes);
     }
   }
   if (start.window >= static_cast<int64_t>(windows.size()) ||
@@ -153,16 +172,36 @@ std::shared_ptr<internal::LogEveryN> SourceLoader::NewSkipLog() {
                                                /*every=*/kSkipLogEvery);
 }
 
+void SourceLoader::SubmitCounted(std::function<void()> task, bool urgent) {
+  // REQUIRES: mu_ held (in_flight_); the pool never calls back into the loader under its
+  // own lock, so submitting under mu_ cannot deadlock.
+  ++in_flight_;
+  pool_->Submit(
+      [this, task = std::move(task)] {
+        task();
+        std::lock_guard<std::mutex> lock(mu_);
+        if (--in_flight_ == 0 && stopping_) cv_.notify_all();
+      },
+      urgent);
+}
+
+void SourceLoader::ScheduleLocked(bool urgent) {
+  if (!pool_) pool_ = std::make_shared<ReadPool>(source_.workers + 1);
+  reading_ = true;
+  urgent_ = urgent;
+  const uint64_t ticket = ++ticket_;
+  SubmitCounted([this, ticket] { ReadTask(ticket); }, urgent);
+}
+
 void SourceLoader::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  // As in Next(): never once stopping (Stop() joins reader_ outside mu_).
   if (!started_ && !stopping_) {
     started_ = true;
-    reader_ = std::thread([this] { ReaderLoop(); });
+    ScheduleLocked(/*urgent=*/false);
   }
 }
 
-void SourceLoader::Stop() {
+void SourceLoader::RequestStop() {
   stop_requested_.store(true, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -170,22 +209,62 @@ void SourceLoader::Stop() {
   }
   cv_.notify_all();
   // A user transform's workers may wait for a lock this thread holds (the GIL): let them
-  // go before joining.
+  // go before waiting.
   transform_->Cancel();
-  if (reader_.joinable()) reader_.join();
+}
+
+void SourceLoader::Stop() {
+  RequestStop();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+void SourceLoader::ReadTask(uint64_t ticket) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ticket != ticket_) return;  // replaced by an urgent step
+    if (stopping_) {
+      reading_ = false;
+      return;
+    }
+    running_ = true;
+  }
+  const Status st = ReadStep();
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    if (!st.ok()) {
+      if (!st.IsCancelled()) error_ = st;
+      finished_ = true;
+      reading_ = false;
+      wake = true;
+    } else if (!stopping_ && (queue_.empty() || queued_bytes_ < options_.read_ahead_bytes)) {
+      // Keep reading; urgently while the consumer waits.
+      ScheduleLocked(/*urgent=*/consumer_waiting_ && queue_.empty());
+    } else {
+      reading_ = false;
+    }
+  }
+  if (wake) cv_.notify_all();
 }
 
 Result<Sample> SourceLoader::Next() {
   std::unique_lock<std::mutex> lock(mu_);
-  // Never start the reader once stopping: Stop() reads reader_ outside mu_ after setting
-  // stopping_, so a thread started here afterwards would race with it (and outlive it).
+  // Never start reading once stopping.
   if (!started_ && !stopping_) {
     started_ = true;
-    reader_ = std::thread([this] { ReaderLoop(); });
+    ScheduleLocked(/*urgent=*/true);
   }
-  ++waiting_;
-  cv_.wait(lock, [this] { return !queue_.empty() || !error_.ok() || stopping_; });
-  --waiting_;
+  if (queue_.empty() && !stopping_ && error_.ok() && !finished_) {
+    // The consumer waits: a submitted step that has not started goes first.
+    if (!reading_ || (!running_ && !urgent_)) ScheduleLocked(/*urgent=*/true);
+    consumer_waiting_ = true;
+    cv_.wait(lock, [this] {
+      return !queue_.empty() || !error_.ok() || finished_ || stopping_;
+    });
+    consumer_waiting_ = false;
+  }
   if (!queue_.empty() && !stopping_) {
     Queued& front = queue_.front();
     Sample s = std::move(front.sample);
@@ -195,11 +274,11 @@ Result<Sample> SourceLoader::Next() {
       queued_bytes_ -= front.bytes;
     }
     queue_.pop_front();
-    // Wake the reader only if it waits (on a full queue): a notify per sample costs more
-    // than the sample on a busy machine.
-    const bool wake = waiting_ > 0;
-    lock.unlock();
-    if (wake) cv_.notify_all();
+    // Resume reading once the queue is half empty (not per sample: a task per sample
+    // costs more than the sample).
+    if (!reading_ && !finished_ && queued_bytes_ <= options_.read_ahead_bytes / 2) {
+      ScheduleLocked(/*urgent=*/queue_.empty());
+    }
     return s;
   }
   if (!error_.ok()) return error_;
@@ -277,27 +356,16 @@ void SourceLoader::ReleaseLocked(PendingCharge* charge) {
   if (--charge->holds == 0) queued_bytes_ -= charge->bytes;
 }
 
-bool SourceLoader::PushBatch(std::vector<Sample>* batch, std::vector<Deferred>* deferred) {
+bool SourceLoader::PushBatch(std::vector<Sample>* batch,
+                             const std::vector<int64_t>& charges,
+                             std::vector<Deferred>* deferred) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) return false;
   auto next_deferred = deferred->begin();
   for (size_t j = 0; j < batch->size(); ++j) {
     Sample& sample = (*batch)[j];
     const bool pending = next_deferred != deferred->end() && next_deferred->sample == j;
-    const int64_t bytes =
-        kSampleOverheadBytes + (pending ? next_deferred->bytes : sample.payload.bytes());
-    // Always admit one sample when nothing is charged (an empty queue, no payload still
-    // finishing), however large.
-    auto room = [&] {
-      return stopping_ || queued_bytes_ == 0 ||
-             queued_bytes_ + bytes <= options_.read_ahead_bytes;
-    };
-    if (!room()) {
-      if (waiting_ > 0) cv_.notify_all();  // the consumer may sleep on what is queued
-      ++waiting_;
-      cv_.wait(lock, room);
-      --waiting_;
-    }
-    if (stopping_) return false;
+    const int64_t bytes = kSampleOverheadBytes + (pending ? next_deferred->bytes : charges[j]);
     queued_bytes_ += bytes;
     Queued q{std::move(sample), pending ? 0 : bytes, nullptr};
     if (pending) {
@@ -305,13 +373,14 @@ bool SourceLoader::PushBatch(std::vector<Sample>* batch, std::vector<Deferred>* 
       q.pending->bytes = bytes;
       // Decoding starts as soon as the sample is queued (never later: the consumer may
       // already wait for it, and its charge is only released once it is finished).
-      decoder_->Submit([this, d = std::move(*next_deferred), ref = q.sample.payload,
-                        charge = q.pending] { FinishPayload(d, ref, charge); });
+      SubmitCounted([this, d = std::move(*next_deferred), ref = q.sample.payload,
+                     charge = q.pending] { FinishPayload(d, ref, charge); },
+                    /*urgent=*/false);
       ++next_deferred;
     }
     queue_.push_back(std::move(q));
   }
-  const bool wake = waiting_ > 0;
+  const bool wake = consumer_waiting_;
   lock.unlock();
   if (wake) cv_.notify_all();
   return true;
@@ -341,49 +410,12 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref,
       ref.Set(st.WithMessage(st.message(), " (set on_error: skip to skip such rows)"));
     }
   }
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ReleaseLocked(charge.get());
-    wake = waiting_ > 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseLocked(charge.get());
+  if (!reading_ && !finished_ && !stopping_ && started_ &&
+      queued_bytes_ <= options_.read_ahead_bytes / 2) {
+    ScheduleLocked(/*urgent=*/false);
   }
-  if (wake) cv_.notify_all();
-}
-
-void SourceLoader::ReaderLoop() {
-  // Metadata first: the reader alone reads headers, `workers` threads decode.
-  const bool defer = options_.read_payloads && transform_->defers();
-  pool_ = std::make_unique<WorkerPool>(defer ? 1 : source_.workers);
-  if (defer) decoder_ = std::make_unique<TaskRunner>(source_.workers);
-  Status st;
-  StreamPos pos = start_;
-  const auto& file_list = this->file_list();
-  if (options_.shard_index == 0) {  // once per source, not per loader
-    for (const auto& f : file_list) {
-      if (f.unreadable.empty()) continue;
-      LogSkipLine("file " + f.path + ": " + f.unreadable +
-                  "; its rows are unknown (the footer did not read), it yields none");
-    }
-  }
-  while (st.ok()) {
-    const auto windows = EpochWindows(file_list, seed_, source_index_, pos.epoch,
-                                      source_.shuffle_window_rows);
-    for (int64_t w = pos.window; w < static_cast<int64_t>(windows.size()) && st.ok(); ++w) {
-      if (w % options_.shard_count != options_.shard_index) continue;  // another shard's
-      if (options_.on_read_window) {
-        options_.on_read_window(options_.shard_index, pos.epoch, w);
-      }
-      st = ReadWindow(pos.epoch, w, windows[size_t(w)], w == pos.window ? pos.offset : 0);
-    }
-    pos = StreamPos{pos.epoch + 1, 0, 0};
-  }
-  pool_.reset();  // joins the workers
-  decoder_.reset();  // finishes (or, stopping, cancels) every payload handed to it
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!st.IsCancelled()) error_ = st;
-  }
-  cv_.notify_all();
 }
 
 Result<std::vector<std::shared_ptr<arrow::Array>>> SourceLoader::ReadColumns(int file,
@@ -391,84 +423,181 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceLoader::ReadColumns(int
   return files_->ReadColumns(file, row_group);
 }
 
-Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWindow& w,
-                                int64_t first_offset) {
-  std::vector<Columns> arrays;  // one entry per row group of the window
-  std::vector<RowRef> rows;
-  rows.reserve(static_cast<size_t>(w.rows));
+Status SourceLoader::LoadWindow() {
   const auto& file_list = this->file_list();
-  // Per entry of `arrays`: why its row group was not read ("": read). The rows of an
-  // unread row group keep their places and are delivered as skips (the header's
-  // "Unreadable files").
-  std::vector<std::string> unread;
-  for (const auto& [file, rg] : w.row_groups) {
+  if (!unreadable_logged_) {  // once per source (its first shard), not per loader
+    unreadable_logged_ = true;
+    for (const auto& f : file_list) {
+      if (options_.shard_index != 0 || f.unreadable.empty()) continue;
+      LogSkipLine("file " + f.path + ": " + f.unreadable +
+                  "; its rows are unknown (the footer did not read), it yields none");
+    }
+  }
+  // The next window of this shard, across epochs.
+  while (true) {
+    if (windows_epoch_ != next_window_.epoch) {
+      windows_ = EpochWindows(file_list, seed_, source_index_, next_window_.epoch,
+                              source_.shuffle_window_rows, source_.shuffle_window_bytes);
+      windows_epoch_ = next_window_.epoch;
+    }
+    if (next_window_.window >= static_cast<int64_t>(windows_.size())) {
+      next_window_ = StreamPos{next_window_.epoch + 1, 0, 0};
+      continue;
+    }
+    if (next_window_.window % options_.shard_count != options_.shard_index) {
+      next_window_ = StreamPos{next_window_.epoch, next_window_.window + 1, 0};
+      continue;
+    }
+    break;
+  }
+  const StreamPos pos = next_window_;
+  if (options_.on_read_window) {
+    options_.on_read_window(options_.shard_index, pos.epoch, pos.window);
+  }
+  const ShuffleWindow& w = windows_[size_t(pos.window)];
+  arrays_.clear();
+  unread_.clear();
+  rows_.clear();
+  rows_.reserve(static_cast<size_t>(w.rows));
+  for (size_t e = 0; e < w.row_groups.size(); ++e) {
+    const auto [file, rg] = w.row_groups[e];
+    const int64_t block_rows = w.block_rows.empty() ? 0 : w.block_rows[e];
     const auto& f = file_list[size_t(file)];
+    int64_t row = f.row_group_first_row[size_t(rg)];  // of the chunk's first row
+    std::vector<Columns> chunks;
     const bool was_lost = files_->is_lost(file);
-    auto cols = ReadColumns(file, rg);
-    int64_t n = 0;
-    if (cols.ok()) {
-      n = cols->front()->length();
-      arrays.push_back(std::move(*cols));
-      unread.emplace_back();
+    Status read;
+    int64_t unread_rows = f.row_group_rows[size_t(rg)];  // of the row group or block
+    if (block_rows == 0) {
+      auto cols = ReadColumns(file, rg);
+      if (cols.ok()) chunks.push_back(std::move(*cols));
+      read = cols.status();
     } else {
-      ARROW_RETURN_NOT_OK(SkipRowGroup(file, rg, cols.status(), was_lost));
-      n = f.row_group_rows[size_t(rg)];
-      arrays.emplace_back();
-      unread.push_back("row group not read: " + cols.status().message());
+      row += w.blocks[e] * block_rows;
+      unread_rows = std::min(block_rows, f.row_group_rows[size_t(rg)] -
+                                             w.blocks[e] * block_rows);
+      auto blocks = files_->ReadBlock(file, rg, block_rows, w.blocks[e]);
+      if (blocks.ok()) chunks = std::move(*blocks);
+      read = blocks.status();
     }
-    const int64_t slot = static_cast<int64_t>(arrays.size()) - 1;
-    for (int64_t i = 0; i < n; ++i) {
-      rows.push_back(RowRef{file, f.row_group_first_row[size_t(rg)] + i, rg, i, i, slot});
-    }
-  }
-  std::vector<int64_t> order(rows.size());
-  if (source_.shuffle_window_rows > 1) {
-    order = Permutation(static_cast<int64_t>(rows.size()),
-                        DeriveSeed({seed_, kRowSalt, uint64_t(source_index_),
-                                    uint64_t(epoch), uint64_t(window)}));
-  } else {
-    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-  }
-  const int64_t n = static_cast<int64_t>(rows.size());
-  const int64_t max_rows = kBatchRowsPerWorker * pool_->threads();
-  const int64_t max_bytes = std::max<int64_t>(1, options_.read_ahead_bytes / 4);
-  std::vector<RowOutput> out;
-  std::vector<Status> status;
-  std::vector<Sample> samples;
-  std::vector<Deferred> deferred;
-  for (int64_t k = first_offset; k < n;) {
-    // The batch [k, end): at most max_rows rows and about max_bytes of payload.
-    int64_t end = k, bytes = 0;
-    while (end < n && end - k < max_rows && (end == k || bytes < max_bytes)) {
-      const RowRef& r = rows[size_t(order[size_t(end)])];
-      if (unread[size_t(r.arrays_slot)].empty()) {
-        bytes += transform_->EstimateBytes(arrays[size_t(r.arrays_slot)], r.array_index);
+    if (!read.ok()) {
+      // The rows keep their places and are delivered as skips (the header's
+      // "Unreadable files"); logged once here, not per row.
+      ARROW_RETURN_NOT_OK(SkipRowGroup(file, rg, read, was_lost));
+      for (int64_t i = 0; i < unread_rows; ++i) {
+        rows_.push_back(RowRef{file, row + i, rg, i, static_cast<int64_t>(arrays_.size())});
       }
-      ++end;
+      arrays_.emplace_back();
+      unread_.push_back("row group not read: " + read.message());
+      continue;
     }
-    const int64_t m = end - k;
-    out.assign(size_t(m), RowOutput{});
-    status.assign(size_t(m), Status::OK());
-    auto where = [&](const RowRef& r) {
-      return RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row};
-    };
+    for (auto& cols : chunks) {
+      const int64_t n = cols.front()->length();
+      for (int64_t i = 0; i < n; ++i) {
+        rows_.push_back(RowRef{file, row + i, rg, i, static_cast<int64_t>(arrays_.size())});
+      }
+      row += n;
+      arrays_.push_back(std::move(cols));
+      unread_.emplace_back();
+    }
+  }
+  order_.resize(rows_.size());
+  if (source_.shuffle_window_rows > 1) {
+    order_ = Permutation(static_cast<int64_t>(rows_.size()),
+                         DeriveSeed({seed_, kRowSalt, uint64_t(source_index_),
+                                     uint64_t(pos.epoch), uint64_t(pos.window)}));
+  } else {
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
+  }
+  loaded_ = true;
+  loaded_pos_ = pos;
+  next_window_ = StreamPos{pos.epoch, pos.window + 1, 0};
+  precomputed_ = false;
+  if (!options_.read_payloads) {
+    // Metadata only: every row's output now, then the columns go (a window waiting for
+    // room holds its rows' token counts, not their tokens).
+    const int64_t n = static_cast<int64_t>(rows_.size());
+    outputs_.assign(size_t(n), RowOutput{});
+    output_status_.assign(size_t(n), Status::OK());
+    estimates_.assign(size_t(n), 0);
+    pool_->ParallelFor(n, std::max<int64_t>(1, source_.workers), [&](int64_t i) {
+      if (stop_requested_.load(std::memory_order_relaxed)) return;
+      const RowRef& r = rows_[size_t(i)];
+      if (!unread_[size_t(r.arrays_slot)].empty()) {
+        outputs_[size_t(i)].skip = SkipReason::kError;
+        outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
+        return;
+      }
+      const Columns& cols = arrays_[size_t(r.arrays_slot)];
+      estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
+      output_status_[size_t(i)] = transform_->Apply(
+          cols, r.array_index, /*want_payload=*/false,
+          RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row},
+          &outputs_[size_t(i)]);
+    });
+    if (stop_requested_.load(std::memory_order_relaxed)) {
+      return Status::Cancelled("stopping");
+    }
+    arrays_.clear();
+    precomputed_ = true;
+  }
+  return Status::OK();
+}
+
+Status SourceLoader::ReadStep() {
+  if (!loaded_) ARROW_RETURN_NOT_OK(LoadWindow());
+  const auto& file_list = this->file_list();
+  const int64_t epoch = loaded_pos_.epoch;
+  const int64_t window = loaded_pos_.window;
+  const int64_t n = static_cast<int64_t>(rows_.size());
+  const int64_t k = loaded_pos_.offset;
+  const int64_t workers = std::max<int64_t>(1, source_.workers);
+  const int64_t max_rows = kBatchRowsPerWorker * workers;
+  const int64_t max_bytes = std::max<int64_t>(1, options_.read_ahead_bytes / 4);
+  // The batch [k, end): at most max_rows rows and about max_bytes of payload.
+  int64_t end = k, bytes = 0;
+  std::vector<int64_t> estimate;
+  while (end < n && end - k < max_rows && (end == k || bytes < max_bytes)) {
+    const int64_t i = order_[size_t(end)];
+    const RowRef& r = rows_[size_t(i)];
+    const bool read = unread_[size_t(r.arrays_slot)].empty();
+    estimate.push_back(precomputed_ ? estimates_[size_t(i)]
+                       : read       ? transform_->EstimateBytes(
+                                    arrays_[size_t(r.arrays_slot)], r.array_index)
+                                    : 0);
+    bytes += estimate.back();
+    ++end;
+  }
+  const int64_t m = end - k;
+  std::vector<RowOutput> out(size_t(m), RowOutput{});
+  std::vector<Status> status(size_t(m), Status::OK());
+  auto where = [&](const RowRef& r) {
+    return RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row};
+  };
+  if (precomputed_) {
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t i = order_[size_t(k + j)];
+      out[size_t(j)] = std::move(outputs_[size_t(i)]);
+      status[size_t(j)] = output_status_[size_t(i)];
+    }
+  } else {
     // Chunks of consecutive rows, one ApplyBatch call each (one row each unless the
     // transform encodes batches: Hugging Face tokenizers), spread over the workers.
-    const int64_t chunk = std::clamp<int64_t>((m + pool_->threads() - 1) / pool_->threads(),
-                                              1, std::max<int64_t>(1, transform_->batch_rows()));
-    pool_->ParallelFor((m + chunk - 1) / chunk, [&](int64_t c) {
+    const int64_t chunk = std::clamp<int64_t>((m + workers - 1) / workers, 1,
+                                              std::max<int64_t>(1, transform_->batch_rows()));
+    pool_->ParallelFor((m + chunk - 1) / chunk, workers, [&](int64_t c) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
       std::vector<BatchRow> batch;
       std::vector<int64_t> js;
       for (int64_t j = c * chunk; j < std::min(m, (c + 1) * chunk); ++j) {
-        const RowRef& r = rows[size_t(order[size_t(k + j)])];
-        const std::string& not_read = unread[size_t(r.arrays_slot)];
+        const RowRef& r = rows_[size_t(order_[size_t(k + j)])];
+        const std::string& not_read = unread_[size_t(r.arrays_slot)];
         if (!not_read.empty()) {
           out[size_t(j)].skip = SkipReason::kError;
           out[size_t(j)].null_what = not_read;
           continue;
         }
-        batch.push_back(BatchRow{&arrays[size_t(r.arrays_slot)], r.array_index, where(r)});
+        batch.push_back(BatchRow{&arrays_[size_t(r.arrays_slot)], r.array_index, where(r)});
         js.push_back(j);
       }
       if (batch.empty()) return;
@@ -485,55 +614,69 @@ Status SourceLoader::ReadWindow(int64_t epoch, int64_t window, const ShuffleWind
         status[size_t(js[b])] = std::move(st[b]);
       }
     });
-    if (stop_requested_.load(std::memory_order_relaxed)) {
-      return Status::Cancelled("stopping");
+  }
+  if (stop_requested_.load(std::memory_order_relaxed)) {
+    return Status::Cancelled("stopping");
+  }
+  // The batch is queued under one lock with one wake-up; an error is returned after the
+  // samples before it.
+  Status error;
+  std::vector<Sample> samples;
+  std::vector<int64_t> charges;
+  std::vector<Deferred> deferred;
+  samples.reserve(size_t(m));
+  for (int64_t j = 0; j < m && error.ok(); ++j) {
+    const RowRef& r = rows_[size_t(order_[size_t(k + j)])];
+    if (!status[size_t(j)].ok()) {
+      error = status[size_t(j)];
+      break;
     }
-    // The batch is queued under one lock with one wake-up; an error is returned after the
-    // samples before it.
-    Status error;
-    samples.clear();
-    deferred.clear();
-    for (int64_t j = 0; j < m && error.ok(); ++j) {
-      const RowRef& r = rows[size_t(order[size_t(k + j)])];
-      if (!status[size_t(j)].ok()) {
-        error = status[size_t(j)];
-        break;
-      }
-      RowOutput& o = out[size_t(j)];
-      Sample s;
-      s.meta.source = source_index_;
-      s.meta.file = r.file;
-      s.meta.row = r.row;
-      s.meta.epoch = epoch;
-      s.meta.pos = StreamPos{epoch, window, k + j};
-      s.meta.skip = o.skip;
-      const bool bad = o.skip == SkipReason::kNull || o.skip == SkipReason::kError;
-      if (bad && source_.on_error == OnError::kFail) {
-        error = DataError(where(r).ToString(),
-                          o.null_what + " (set on_error: skip to skip such rows)");
-        break;
-      }
-      // (An unread row group was logged once, not per row.)
-      if (o.skip != SkipReason::kNone && unread[size_t(r.arrays_slot)].empty()) {
-        LogSkip(where(r), o);
-      }
-      if (o.skip == SkipReason::kNone) {
-        s.meta.tokens = o.tokens;
-        s.meta.image_tokens = o.image_tokens;
-        if (o.payload && o.deferred) {
-          s.payload = PayloadRef::Pending();
-          deferred.push_back(Deferred{samples.size(), std::move(o.payload),
-                                      arrays[size_t(r.arrays_slot)], r.array_index,
-                                      where(r), o.payload_bytes});
-        } else if (o.payload) {
-          s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
-        }
-      }
-      samples.push_back(std::move(s));
+    RowOutput& o = out[size_t(j)];
+    Sample s;
+    s.meta.source = source_index_;
+    s.meta.file = r.file;
+    s.meta.row = r.row;
+    s.meta.epoch = epoch;
+    s.meta.pos = StreamPos{epoch, window, k + j};
+    s.meta.skip = o.skip;
+    const bool bad = o.skip == SkipReason::kNull || o.skip == SkipReason::kError;
+    if (bad && source_.on_error == OnError::kFail) {
+      error = DataError(where(r).ToString(),
+                        o.null_what + " (set on_error: skip to skip such rows)");
+      break;
     }
-    if (!PushBatch(&samples, &deferred)) return Status::Cancelled("stopping");
-    ARROW_RETURN_NOT_OK(error);
-    k = end;
+    // (An unread row group was logged once, not per row.)
+    if (o.skip != SkipReason::kNone && unread_[size_t(r.arrays_slot)].empty()) {
+      LogSkip(where(r), o);
+    }
+    if (o.skip == SkipReason::kNone) {
+      s.meta.tokens = o.tokens;
+      s.meta.image_tokens = o.image_tokens;
+      if (o.payload && o.deferred) {
+        s.payload = PayloadRef::Pending();
+        deferred.push_back(Deferred{samples.size(), std::move(o.payload),
+                                    arrays_[size_t(r.arrays_slot)], r.array_index,
+                                    where(r), o.payload_bytes});
+      } else if (o.payload) {
+        s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
+      }
+    }
+    // Charged what it holds, or without a payload what its row decoded to.
+    charges.push_back(s.payload ? s.payload.bytes() : estimate[size_t(j)]);
+    samples.push_back(std::move(s));
+  }
+  if (!PushBatch(&samples, charges, &deferred)) return Status::Cancelled("stopping");
+  ARROW_RETURN_NOT_OK(error);
+  loaded_pos_.offset = end;
+  if (end >= n) {  // the window is done: its arrays go with its last samples
+    loaded_ = false;
+    arrays_.clear();
+    unread_.clear();
+    rows_.clear();
+    order_.clear();
+    outputs_.clear();
+    output_status_.clear();
+    estimates_.clear();
   }
   return Status::OK();
 }

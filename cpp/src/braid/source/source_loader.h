@@ -2,7 +2,9 @@
 //
 // Order. Each epoch has its own seeded order: the files are permuted, then the row groups
 // within each file; consecutive row groups form shuffle windows of at least
-// `shuffle_window_rows` rows, and the rows of a window are permuted. Every row appears
+// `shuffle_window_rows` rows and at most `shuffle_window_bytes` (a row group larger than
+// that is cut into consecutive blocks, read as record batches), and the rows of a window
+// are permuted. Every row appears
 // exactly once per epoch; when the source runs out, the next epoch starts with a new
 // order. The order depends only on (seed, source index, epoch), never on other sources.
 //
@@ -28,20 +30,27 @@
 // Sharding. Options::shard_index / shard_count make the loader one of several that share
 // the source: it reads only its own windows (source/sharded_source.h merges them).
 //
-// Threading. A loader owns one reader thread, started lazily by the first Next() (a source
-// that is never asked costs nothing). The reader reads a window's row groups, then
-// transforms its rows in batches on `sources[].workers` threads (itself plus a pool),
-// each result in its own slot, and queues them in the seeded order: the stream is the
-// same for any worker count. A batch holds at most 256 rows per worker and about a quarter
-// of `read_ahead_bytes` of estimated payload. The queue is bounded by `read_ahead_bytes`
-// of payload and the reader blocks when it is full; Next() blocks while it is empty.
-// Next() is called from one consumer thread; Stop() and the destructor may be called
-// from any thread, cut the current batch short and join the reader and its pool.
+// Threading. A loader owns no thread. Its reading runs as tasks on a ReadPool
+// (source/read_pool.h) that the job's loaders share (Options::pool; without one the loader
+// makes a private pool of `workers` + 1 threads). A read step loads the next window's row
+// groups when the window before is done, transforms a batch of its rows (on up to
+// `sources[].workers` pool threads, each result in its own slot) and queues them in the
+// seeded order, so the stream is the same for any thread and worker count. At most one
+// read step of a loader runs at a time; it resubmits itself while the queue holds less
+// than `read_ahead_bytes` (the source's share of the job's memory budget) and otherwise
+// stops, and Next() resubmits it once the queue is half empty. A pool thread never blocks
+// on a full queue. The first Next() (or Start()) submits the first step; a Next() that
+// finds the queue empty makes the pending step urgent. A batch holds at most 256 rows per
+// worker and about a quarter of `read_ahead_bytes` of estimated payload. A queued sample
+// is charged its payload bytes, or, without payloads (planning), the bytes its row
+// decoded to, so planning reads ahead as far as a run would. Next() is called from one
+// consumer thread; Stop() and the destructor may be called from any thread, cut the
+// current batch short and wait for the loader's tasks.
 //
 // Metadata first. For a transform that defers (image-caption: Transform::defers), a
 // row's metadata comes from the image header alone and the sample is queued at once with
-// a PayloadRef::Pending(); a TaskRunner of `workers` threads decodes the images in stream
-// order and completes each payload (the reader does the header / caption work alone).
+// a PayloadRef::Pending(); the pool decodes the images, submitted in stream
+// order, and completes each payload (the read step does the header / caption work alone).
 // The planner can so plan a step while its images still decode; the constructor's
 // PayloadRef::Get() waits for them. A pending payload is charged its exact finished
 // size (known from the header) from queueing until it is both taken by Next() and
@@ -58,7 +67,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include "braid/config/config.h"
 #include "braid/source/sample.h"
@@ -70,25 +78,34 @@
 namespace braid {
 
 class Transform;
-class WorkerPool;
-class TaskRunner;
+class ReadPool;
 struct RowLocation;
 struct RowOutput;
 
-/// The row groups of one shuffle window, in read order: (file, row group) pairs.
+/// The row groups of one shuffle window, in read order: (file, row group) pairs. With a
+/// byte bound, a row group larger than the bound is cut into blocks of `block_rows[i]`
+/// rows (0: the whole row group) and entry i is its block `blocks[i]`; a row group's
+/// blocks follow each other in the order.
 struct ShuffleWindow {
   std::vector<std::pair<int32_t, int32_t>> row_groups;
+  std::vector<int64_t> block_rows;  ///< per entry; 0: the whole row group
+  std::vector<int64_t> blocks;      ///< per entry; the block index
   int64_t rows = 0;
+  int64_t bytes = 0;  ///< estimated from the footers (File::row_group_bytes)
 };
 
-/// The windows of one epoch of a source, in order. Pure function of its inputs.
+/// The windows of one epoch of a source, in order. Pure function of its inputs. A window
+/// closes once it holds `window_rows` rows or before a row group (or block) that would
+/// take it past `window_bytes` (0: no byte bound; a row group larger than window_bytes is
+/// cut into blocks of at most that size, by its footer's uncompressed size).
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
-                                        int64_t window_rows);
+                                        int64_t window_rows, int64_t window_bytes = 0);
 /// The same over a file list.
 std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& files,
                                         uint64_t seed, int32_t source_index,
-                                        int64_t epoch, int64_t window_rows);
+                                        int64_t epoch, int64_t window_rows,
+                                        int64_t window_bytes = 0);
 
 class SourceLoader : public SampleStream {
  public:
@@ -103,7 +120,10 @@ class SourceLoader : public SampleStream {
     /// Rate limit of the skip log lines (shared by the shards of one source); null: the
     /// loader makes its own.
     std::shared_ptr<internal::LogEveryN> skip_log;
-    /// Called on the reader thread before it reads the row groups of a window (tests).
+    /// The job's reader/transform threads, shared with other loaders; null: the loader
+    /// makes its own of `workers` + 1 threads when it starts.
+    std::shared_ptr<ReadPool> pool;
+    /// Called on a pool thread before it reads the row groups of a window (tests).
     std::function<void(int64_t shard_index, int64_t epoch, int64_t window)>
         on_read_window;
   };
@@ -116,7 +136,7 @@ class SourceLoader : public SampleStream {
   ~SourceLoader();
 
   /// The next sample in the order (skipped ones included, flagged by meta.skip). Blocks
-  /// until the reader thread has it. Errors (bad file, null with on_error: fail) are
+  /// until a read step has queued it. Errors (bad file, null with on_error: fail) are
   /// returned in stream order and then repeated.
   Result<Sample> Next() override;
   int64_t rows_per_epoch() const override { return total_rows_; }
@@ -124,12 +144,16 @@ class SourceLoader : public SampleStream {
   /// A skip-log rate limit with the loader's defaults: the first 10, then every 1000th.
   static std::shared_ptr<internal::LogEveryN> NewSkipLog();
 
-  /// Starts the reader thread now rather than at the first Next() (read-ahead begins).
+  /// Starts reading now rather than at the first Next() (read-ahead begins).
   /// Idempotent; does nothing after Stop().
   void Start();
 
-  /// Stops and joins the reader thread. Later Next() calls return Cancelled.
+  /// Stops reading and waits for the loader's tasks on the pool. Later Next() calls
+  /// return Cancelled.
   void Stop();
+  /// Stop() without the wait: the loader's queued tasks return at once when they run.
+  /// Stopping many loaders: RequestStop() each, then Stop() each.
+  void RequestStop();
 
   /// Samples published with a payload that then failed to finish (an image whose header
   /// read but whose body did not decode) and were blanked under on_error: skip.
@@ -148,10 +172,25 @@ class SourceLoader : public SampleStream {
   SourceLoader(const Config& config, int32_t source_index, StreamPos start,
                Options options, std::unique_ptr<SourceFiles> files,
                std::unique_ptr<Transform> transform);
-  void ReaderLoop();
+  // Submits a read step (REQUIRES: mu_ held, !stopping_); `urgent` when the consumer
+  // waits for it. A step submitted earlier and not yet running becomes a no-op.
+  void ScheduleLocked(bool urgent);
+  // Runs one read step if `ticket` is still the current one.
+  void ReadTask(uint64_t ticket);
+  // Loads the next window if none is loaded, then transforms and queues one batch.
+  Status ReadStep();
+  Status LoadWindow();
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
-  Status ReadWindow(int64_t epoch, int64_t window, const ShuffleWindow& w,
-                    int64_t first_offset);
+  // Submits a task to the pool, counted in in_flight_ until it returns.
+  void SubmitCounted(std::function<void()> task, bool urgent);
+  // One row of the loaded window.
+  struct RowRef {
+    int32_t file = 0;
+    int64_t row = 0;
+    int32_t row_group = 0;
+    int64_t array_index = 0;  // into the row group's arrays
+    int64_t arrays_slot = 0;
+  };
   // Logs a skipped row (rate-limited by skip_log_).
   void LogSkip(const RowLocation& where, const RowOutput& out);
   // Logs "source 'NAME' skipped WHAT" with the skip count (rate-limited by skip_log_).
@@ -179,10 +218,12 @@ class SourceLoader : public SampleStream {
     int64_t bytes = 0;                      // charged while queued (0 if pending)
     std::shared_ptr<PendingCharge> pending;  // set for a pending payload
   };
-  // Queues the samples in order, waking the consumer once, and hands each deferred
-  // payload (in sample order) to decoder_ once its sample is queued; false when stopping.
-  bool PushBatch(std::vector<Sample>* batch, std::vector<Deferred>* deferred);
-  // Finishes a deferred payload and completes `ref` (runs on decoder_).
+  // Queues the samples in order (charging each `charges[j]`), waking the consumer once,
+  // and submits each deferred payload (in sample order) once its sample is queued; false
+  // when stopping.
+  bool PushBatch(std::vector<Sample>* batch, const std::vector<int64_t>& charges,
+                 std::vector<Deferred>* deferred);
+  // Finishes a deferred payload and completes `ref` (runs on the pool).
   void FinishPayload(const Deferred& d, const PayloadRef& ref,
                      const std::shared_ptr<PendingCharge>& charge);
   // REQUIRES: mu_ held.
@@ -193,10 +234,9 @@ class SourceLoader : public SampleStream {
   const int32_t source_index_;
   const StreamPos start_;
   const Options options_;
-  std::unique_ptr<SourceFiles> files_;    // used by the reader thread only
+  std::unique_ptr<SourceFiles> files_;    // used by the running read step only
   std::unique_ptr<Transform> transform_;  // const; shared by the workers
-  std::unique_ptr<WorkerPool> pool_;      // made and used by the reader thread
-  std::unique_ptr<TaskRunner> decoder_;   // deferred payloads; made by the reader thread
+  std::shared_ptr<ReadPool> pool_;        // set before the first step is submitted
   std::atomic<int64_t> blanked_{0};
   std::shared_ptr<internal::LogEveryN> skip_log_;
   int64_t total_rows_ = 0;
@@ -204,15 +244,40 @@ class SourceLoader : public SampleStream {
   mutable std::mutex skipped_mu_;
   std::vector<int32_t> skipped_files_;  // GUARDED_BY(skipped_mu_) sorted, row-group skips
 
+  // The read cursor, used by the running read step only (steps run one at a time; the
+  // mutex hand-over between them orders their accesses).
+  StreamPos next_window_;  // the window to load next (its offset: the first row)
+  int64_t windows_epoch_ = -1;
+  std::vector<ShuffleWindow> windows_;  // of windows_epoch_
+  bool loaded_ = false;                 // a window is loaded and not finished
+  StreamPos loaded_pos_;                // its epoch and window; offset: the next row
+  std::vector<Columns> arrays_;         // per row group (or block chunk) of the window
+  // Per entry of arrays_: why its row group was not read ("": read; its rows are then
+  // delivered as skips, and arrays_ holds no columns for it).
+  std::vector<std::string> unread_;
+  bool unreadable_logged_ = false;  // the files whose footers did not read, logged once
+  std::vector<RowRef> rows_;
+  std::vector<int64_t> order_;
+  // Without payloads: every row's output, made when the window loads (arrays_ dropped).
+  bool precomputed_ = false;
+  std::vector<RowOutput> outputs_;  // per row of rows_
+  std::vector<Status> output_status_;
+  std::vector<int64_t> estimates_;
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Queued> queue_;     // GUARDED_BY(mu_)
   int64_t queued_bytes_ = 0;     // GUARDED_BY(mu_)
   Status error_;                 // GUARDED_BY(mu_); set once, after the queued samples
   bool stopping_ = false;        // GUARDED_BY(mu_)
-  int waiting_ = 0;              // GUARDED_BY(mu_) threads inside cv_.wait in Next/Push
   bool started_ = false;         // GUARDED_BY(mu_)
-  std::thread reader_;
+  bool finished_ = false;        // GUARDED_BY(mu_) reading ended (error or stop)
+  bool reading_ = false;         // GUARDED_BY(mu_) a read step is submitted or running
+  bool running_ = false;         // GUARDED_BY(mu_) a read step is running
+  bool urgent_ = false;          // GUARDED_BY(mu_) the submitted step is urgent
+  uint64_t ticket_ = 0;          // GUARDED_BY(mu_) the current read step's
+  int64_t in_flight_ = 0;        // GUARDED_BY(mu_) tasks of this loader on the pool
+  bool consumer_waiting_ = false;  // GUARDED_BY(mu_)
 };
 
 }  // namespace braid

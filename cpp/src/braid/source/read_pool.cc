@@ -1,0 +1,104 @@
+#include "braid/source/read_pool.h"
+
+#include <algorithm>
+
+namespace braid {
+
+int64_t ReadPool::DefaultThreads() {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+}
+
+ReadPool::ReadPool(int64_t threads) {
+  for (int64_t i = 0; i < std::max<int64_t>(1, threads); ++i) {
+    threads_.emplace_back([this] { Loop(); });
+  }
+}
+
+ReadPool::~ReadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ReadPool::Submit(std::function<void()> task, bool urgent) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    (urgent ? urgent_ : tasks_).push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void ReadPool::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !urgent_.empty() || !tasks_.empty(); });
+    auto& queue = !urgent_.empty() ? urgent_ : tasks_;
+    if (queue.empty()) return;  // stopping, and every task has run
+    std::function<void()> task = std::move(queue.front());
+    queue.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+namespace {
+
+// One ParallelFor loop, shared with its helper tasks (a helper may start after the loop
+// has returned: it then finds `closed` and leaves without touching fn).
+struct ForLoop {
+  std::mutex mu;
+  std::condition_variable cv;
+  const std::function<void(int64_t)>* fn = nullptr;  // GUARDED_BY(mu) valid until closed
+  int64_t n = 0;
+  int64_t next = 0;     // GUARDED_BY(mu)
+  int64_t running = 0;  // GUARDED_BY(mu) helpers inside fn
+  bool closed = false;  // GUARDED_BY(mu)
+
+  // Runs indices until none is left. REQUIRES: lock holds mu.
+  void Drain(std::unique_lock<std::mutex>& lock) {
+    constexpr int64_t kChunk = 2;
+    while (next < n) {
+      const int64_t begin = next;
+      const int64_t end = std::min(n, begin + kChunk);
+      next = end;
+      lock.unlock();
+      for (int64_t i = begin; i < end; ++i) (*fn)(i);
+      lock.lock();
+    }
+  }
+};
+
+}  // namespace
+
+void ReadPool::ParallelFor(int64_t n, int64_t max_threads,
+                           const std::function<void(int64_t)>& fn) {
+  const int64_t helpers = std::min({max_threads - 1, n - 1, threads()});
+  if (helpers <= 0) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  auto loop = std::make_shared<ForLoop>();
+  loop->fn = &fn;
+  loop->n = n;
+  for (int64_t h = 0; h < helpers; ++h) {
+    Submit(
+        [loop] {
+          std::unique_lock<std::mutex> lock(loop->mu);
+          if (loop->closed || loop->next >= loop->n) return;
+          ++loop->running;
+          loop->Drain(lock);
+          if (--loop->running == 0) loop->cv.notify_all();
+        },
+        /*urgent=*/true);
+  }
+  std::unique_lock<std::mutex> lock(loop->mu);
+  loop->Drain(lock);
+  loop->closed = true;
+  loop->cv.wait(lock, [&] { return loop->running == 0; });
+}
+
+}  // namespace braid

@@ -1,0 +1,63 @@
+// The job's reader/transform threads, shared by every source loader.
+//
+// A ReadPool is a fixed set of threads that runs submitted tasks: the source loaders'
+// read steps (read a window, transform a batch of rows, queue the samples), their
+// deferred payload decodes, and the helpers of their parallel transform loops. A source
+// so costs its cursor and buffer, not a thread: 1,000 sources on 8 threads run on 8
+// threads. Loaders never block a pool thread on a full queue; they stop resubmitting
+// their read step instead (source/source_loader.h), so any number of sources share any
+// number of threads without deadlock.
+//
+// Two queues: urgent tasks (a consumer waits for them: a source's first read, a read
+// step whose queue ran dry, loop helpers) run before the others, each queue in
+// submission order.
+//
+// Thread-safe. The destructor runs every task already submitted, then joins.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace braid {
+
+class ReadPool {
+ public:
+  /// The default size: the machine's hardware threads (at least 1).
+  static int64_t DefaultThreads();
+
+  /// REQUIRES: threads >= 1.
+  explicit ReadPool(int64_t threads);
+  ~ReadPool();
+  ReadPool(const ReadPool&) = delete;
+  ReadPool& operator=(const ReadPool&) = delete;
+
+  /// Queues `task` (which must not throw and must not block on another task).
+  void Submit(std::function<void()> task, bool urgent = false);
+
+  /// Calls fn(i) for every i in [0, n) on the calling thread and on up to
+  /// max_threads - 1 pool threads that are free to help; returns when all calls are done.
+  /// May be called from a pool task (the caller never waits for a helper that has not
+  /// started: it runs what no helper took). fn must not throw. Results that land in
+  /// per-index slots are independent of how many threads helped.
+  void ParallelFor(int64_t n, int64_t max_threads, const std::function<void(int64_t)>& fn);
+
+  int64_t threads() const { return static_cast<int64_t>(threads_.size()); }
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> urgent_;  // GUARDED_BY(mu_)
+  std::deque<std::function<void()>> tasks_;   // GUARDED_BY(mu_)
+  bool stop_ = false;                         // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace braid
