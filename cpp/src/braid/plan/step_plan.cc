@@ -266,7 +266,7 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
       c.carry = carry->get<double>();
       if (!(std::abs(c.carry) <= max_carry)) {
         return ConfigError(key + ".carry",
-                           "must be a finite number within 2 * batch.global_tokens, "
+                           "must be a finite number within 8 * batch.global_tokens, "
                            "got " + carry->dump());
       }
       state.sources.push_back(c);
