@@ -21,7 +21,9 @@ endmacro()
 function(braid_cc_test NAME SRC)
   add_executable(${NAME} ${SRC})
   target_link_libraries(${NAME} PRIVATE braid_core GTest::gtest_main GTest::gmock)
-  target_compile_definitions(${NAME} PRIVATE BRAID_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  # BRAID_PYTHON: the build's interpreter, which tests run for servers (moto's S3).
+  target_compile_definitions(${NAME} PRIVATE BRAID_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                             BRAID_PYTHON="${Python3_EXECUTABLE}")
   braid_set_warnings(${NAME})
   gtest_discover_tests(${NAME}
     DISCOVERY_MODE PRE_TEST

@@ -11,6 +11,9 @@
 #   braid::arrow_acero    libarrow_acero
 #   braid::parquet        libparquet         (-> braid::arrow)
 #   braid::arrow_dataset  libarrow_dataset   (-> parquet, acero, compute, arrow)
+#   braid::arrow_s3       libarrow_s3        (-> arrow; Arrow >= 26 ships S3 apart: its
+#                         library registers the s3:// URI factory when it is loaded, so
+#                         a binary that links it opens s3:// without pyarrow.fs)
 #
 # Outputs:
 #   BRAID_PYARROW_VERSION_FOUND  pyarrow.__version__
@@ -108,6 +111,7 @@ if(NOT TARGET braid::arrow)
   _braid_pyarrow_target(braid::parquet parquet braid::arrow)
   _braid_pyarrow_target(braid::arrow_dataset arrow_dataset
     braid::parquet braid::arrow_acero braid::arrow_compute braid::arrow)
+  _braid_pyarrow_target(braid::arrow_s3 arrow_s3 braid::arrow)
 endif()
 
 message(STATUS "pyarrow ${BRAID_PYARROW_VERSION_FOUND} (${Python3_EXECUTABLE})")

@@ -1,15 +1,27 @@
-"""Shared pieces of the remote-storage tests (test_s3.py, test_gcs.py): a free loopback
-port, the published-dataset files both upload, and the small job that reads them."""
+"""Shared pieces of the remote-storage tests (test_s3.py, test_gcs.py, test_cache.py): a
+free loopback port, the published-dataset files both upload, the small job that reads
+them, and Braid's entry points run in a fresh process."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import importlib.util
 import io
 import itertools
+import json
+import os
 import socket
-from typing import Callable, Iterator, Tuple
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from typing import Callable, Iterator, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import braid
 from conftest import doc_tokens
@@ -58,3 +70,173 @@ def config_for(path: str, **source_extra) -> dict:
 
 def batches(config, n=6):
     return list(itertools.islice(iter(braid.Loader(config, rank=1, world_size=2)), n))
+
+
+# --- Entry points in a fresh process -------------------------------------------------
+# Each runs in a new interpreter whose program imports nothing but braid (and what braid
+# imports), so no filesystem is registered with Arrow unless Braid registers it.
+
+# Reads `n` micro-batches of rank 1 of 2 through braid.Loader and prints a digest of
+# them; fails if anything imported pyarrow.fs (which would register S3 behind Braid's
+# back).
+LOADER_PROGRAM = r"""
+import hashlib, json, sys
+import braid
+assert "pyarrow.fs" not in sys.modules, "pyarrow.fs imported before the Loader"
+config, n = json.loads(sys.argv[1]), int(sys.argv[2])
+digest = hashlib.sha256()
+count = 0
+for batch in braid.Loader(config, rank=1, world_size=2):
+    for name in sorted(batch):
+        digest.update(name.encode())
+        digest.update(batch[name].numpy().tobytes())
+    count += 1
+    if count == n:
+        break
+assert "pyarrow.fs" not in sys.modules, "the Loader imported pyarrow.fs"
+print(count, digest.hexdigest())
+"""
+
+
+def fresh_env(**extra: str) -> dict:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+    return env
+
+
+def check_clean_exit(result: subprocess.CompletedProcess) -> None:
+    """Exit 0 and nothing on stderr that speaks of a crash, S3 finalization or a trace."""
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    for bad in ("Traceback", "FinalizeS3", "Segmentation", "Aborted", "terminate called"):
+        assert bad not in result.stderr, result.stderr[-3000:]
+
+
+def fresh_loader_digest(config: dict, n: int, env: Optional[dict] = None,
+                        timeout: float = 300) -> str:
+    """The digest of `n` micro-batches read by braid.Loader in a fresh process."""
+    result = subprocess.run([sys.executable, "-c", LOADER_PROGRAM, json.dumps(config),
+                             str(n)], capture_output=True, text=True,
+                            env=env or fresh_env(), timeout=timeout)
+    check_clean_exit(result)
+    count, digest = result.stdout.split()
+    assert int(count) == n
+    return digest
+
+
+def fresh_cli(*args, env: Optional[dict] = None, cwd=None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """`braid ARGS` in a fresh process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "braid.cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, env=env or fresh_env(),
+                          timeout=timeout)
+
+
+def plan_lines(result: subprocess.CompletedProcess) -> list:
+    check_clean_exit(result)
+    lines = result.stdout.splitlines()
+    assert lines and all(line.startswith("{") for line in lines), result.stdout[:500]
+    return lines
+
+
+def run_report(config: dict, folder, steps: int = 3, env: Optional[dict] = None) -> dict:
+    """`braid run` of `config` in a fresh process; the report's deterministic figures."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.json"
+    path.write_text(json.dumps(config))
+    result = fresh_cli("run", path, "--steps", steps, "--report", folder / "report", env=env)
+    check_clean_exit(result)
+    report = json.loads((folder / "report" / "report.json").read_text())
+    return {k: report[k] for k in ("steps", "tokens", "padding_tokens", "skipped")}
+
+
+def inspect_summary(result: subprocess.CompletedProcess) -> tuple:
+    """(rows, [(file name, rows, row groups, bytes)]) of `braid inspect --json`."""
+    check_clean_exit(result)
+    info = json.loads(result.stdout)
+    return info["rows"], [(f["path"].rsplit("/", 1)[-1], f["rows"], f["row_groups"],
+                           f["bytes"]) for f in info["files"]]
+
+
+def job_file(folder, config: dict):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+# --- moto's S3 server -------------------------------------------------------------------
+
+S3_BUCKET = "braid-data"
+
+
+class S3Server:
+    """moto's S3 server on loopback: `url`, a boto3 `client`, and its request log."""
+
+    def __init__(self, url: str, client, log_path) -> None:
+        self.url, self.client, self.log_path = url, client, log_path
+
+    def _post(self, action: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(
+            f"{self.url}/moto-api/recorder/{action}", data=b"", method="POST"),
+            timeout=10).read()
+
+    def start_counting(self) -> None:
+        """Forgets the requests so far and records the ones that follow."""
+        self._post("reset-recording")
+        self._post("start-recording")
+
+    def downloads(self, prefix: str) -> collections.Counter:
+        """Whole-file reads per object key under `prefix` since start_counting: GETs whose
+        range starts at byte 0 (a Parquet footer is read from the end of the file)."""
+        counts: collections.Counter = collections.Counter()
+        if not self.log_path.exists():
+            return counts
+        for line in self.log_path.read_text().splitlines():
+            entry = json.loads(line)
+            path = urllib.parse.urlparse(entry["url"]).path.lstrip("/")
+            headers = {k.lower(): v for k, v in entry["headers"].items()}
+            if (entry["method"] == "GET" and path.startswith(f"{S3_BUCKET}/{prefix}")
+                    and headers.get("range", "bytes=0-").startswith("bytes=0-")):
+                counts[path.split("/", 1)[1]] += 1
+        return counts
+
+
+@contextlib.contextmanager
+def s3_server_running(log_path) -> Iterator[S3Server]:
+    """moto's server (a declared dev dependency: its absence fails the tests) on a free
+    loopback port, the bucket S3_BUCKET, and test credentials in os.environ meanwhile."""
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("boto3") is None:
+        pytest.fail("moto[server] and boto3 are not installed (requirements-dev.txt)")
+    import boto3
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                             "-p", str(port)],
+                            env={**os.environ, "MOTO_RECORDER_FILEPATH": str(log_path)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("moto's S3 server did not start")
+            time.sleep(0.1)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                             "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
+    os.environ.update(AWS_ACCESS_KEY_ID="braid-test", AWS_SECRET_ACCESS_KEY="braid-test",
+                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        client.create_bucket(Bucket=S3_BUCKET)
+        yield S3Server(url, client, log_path)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -4,6 +4,8 @@ emulator on loopback.
 The server is gcp-storage-emulator (the GCS JSON API in Python, from PyPI), started by this
 module on a free loopback port; fixtures are uploaded with pyarrow's GCS client.
 Braid reaches it with `storage: {endpoint: http://127.0.0.1:PORT, anonymous: true}`.
+Every entry point that takes a config (the CLI's plan and run, braid.Loader) is also run in
+a fresh process that imports nothing but braid.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import pytest
 import torch
 
 import braid
-from remote_fixtures import batches, config_for, free_port, write_dataset
+from remote_fixtures import (batches, config_for, free_port, fresh_cli, fresh_loader_digest,
+                             job_file, plan_lines, run_report, write_dataset)
 
 BUCKET = "braid-gcs"
 
@@ -90,3 +93,26 @@ def test_anonymous_must_be_a_bool(tmp_path):
     with pytest.raises(braid.ConfigError, match=r"storage\.anonymous: applies to gs://"):
         braid.Loader(config_for("s3://bucket/x", storage={"anonymous": True}),
                      rank=0, world_size=2)
+
+
+# --- Every entry point in a fresh process (nothing imported but braid) ---
+
+def remote_and_local(gcs_server, gcs_dataset):
+    storage = {"endpoint": gcs_server["url"], "anonymous": True}
+    return (config_for(f"gs://{BUCKET}/corpus/data/*.parquet", storage=storage),
+            config_for(str(gcs_dataset / "data" / "*.parquet")))
+
+
+def test_loader_in_a_fresh_process(gcs_server, gcs_dataset):
+    remote, local = remote_and_local(gcs_server, gcs_dataset)
+    assert fresh_loader_digest(remote, 6) == fresh_loader_digest(local, 6)
+
+
+def test_cli_plan_and_run_in_a_fresh_process(gcs_server, gcs_dataset, tmp_path):
+    remote, local = remote_and_local(gcs_server, gcs_dataset)
+    assert (plan_lines(fresh_cli("plan", job_file(tmp_path / "gs", remote), "--steps", 4))
+            == plan_lines(fresh_cli("plan", job_file(tmp_path / "local", local),
+                                    "--steps", 4)))
+    report = run_report(remote, tmp_path / "gs-run")
+    assert report == run_report(local, tmp_path / "local-run")
+    assert report["tokens"] > 0

@@ -1,60 +1,28 @@
 """Sources on S3, read through Arrow's S3 filesystem from a real S3 server on loopback.
 
-The server is moto's (an S3-compatible server in Python), started by this module on a
-free loopback port; fixtures are uploaded with boto3, the ordinary S3 client.
+The server is moto's (an S3-compatible server in Python, a declared dev dependency: the
+tests fail without it), started by this module on a free loopback port; fixtures are
+uploaded with boto3, the ordinary S3 client. Every entry point (the CLI's plan, run and
+inspect, braid.Loader) is also run in a fresh process that imports nothing but braid.
 """
 
 from __future__ import annotations
-
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 import braid
-from remote_fixtures import batches, config_for, free_port, parquet_bytes, write_dataset
+from remote_fixtures import (S3_BUCKET, batches, config_for, fresh_cli, fresh_env,
+                             fresh_loader_digest, inspect_summary, job_file, parquet_bytes,
+                             plan_lines, run_report, s3_server_running, write_dataset)
 
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("moto")
-
-BUCKET = "braid-data"
+BUCKET = S3_BUCKET
 
 
 @pytest.fixture(scope="module")
-def s3_server():
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("the S3 server did not start")
-            time.sleep(0.1)
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                             "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
-    os.environ.update(AWS_ACCESS_KEY_ID="braid-test", AWS_SECRET_ACCESS_KEY="braid-test",
-                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
-    url = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    yield {"url": url, "client": client}
-    proc.terminate()
-    proc.wait(timeout=10)
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def s3_server(tmp_path_factory):
+    with s3_server_running(tmp_path_factory.mktemp("moto") / "requests.jsonl") as server:
+        yield {"url": server.url, "client": server.client, "server": server}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +57,83 @@ def test_endpoint_from_the_uri_query(s3_server, s3_dataset):
     assert len(batches(config_for(path), n=2)) == 2
 
 
+# --- Every entry point in a fresh process (nothing imported but braid) ---
+
+def remote_job(s3_server, how: str):
+    """The job on S3 with its endpoint in `sources[].storage` or in AWS_ENDPOINT_URL, and
+    the environment of the fresh process that runs it."""
+    path = f"s3://{BUCKET}/corpus/data/*.parquet"
+    if how == "storage":
+        storage = {"endpoint": s3_server["url"], "region": "us-east-1"}
+        return config_for(path, storage=storage), fresh_env()
+    return config_for(path), fresh_env(AWS_ENDPOINT_URL=s3_server["url"])
+
+
+def local_job(s3_dataset):
+    return config_for(str(s3_dataset / "data" / "*.parquet"))
+
+
+@pytest.mark.parametrize("how", ["storage", "env"])
+def test_loader_in_a_fresh_process(s3_server, s3_dataset, how):
+    config, env = remote_job(s3_server, how)
+    assert fresh_loader_digest(config, 6, env) == fresh_loader_digest(local_job(s3_dataset), 6)
+
+
+@pytest.mark.parametrize("how", ["storage", "env"])
+def test_cli_plan_in_a_fresh_process(s3_server, s3_dataset, tmp_path, how):
+    config, env = remote_job(s3_server, how)
+    remote = plan_lines(fresh_cli("plan", job_file(tmp_path / "s3", config), "--steps", 4,
+                                  env=env))
+    local = plan_lines(fresh_cli("plan", job_file(tmp_path / "local", local_job(s3_dataset)),
+                                 "--steps", 4))
+    assert remote == local
+
+
+@pytest.mark.parametrize("how", ["storage", "env"])
+def test_cli_run_in_a_fresh_process(s3_server, s3_dataset, tmp_path, how):
+    config, env = remote_job(s3_server, how)
+    remote = run_report(config, tmp_path / "s3", env=env)
+    assert remote == run_report(local_job(s3_dataset), tmp_path / "local")
+    assert remote["tokens"] > 0
+
+
+@pytest.mark.parametrize("how", ["env", "query"])
+def test_cli_inspect_in_a_fresh_process(s3_server, s3_dataset, how):
+    path = f"s3://{BUCKET}/corpus/data/*.parquet"
+    if how == "env":
+        env = fresh_env(AWS_ENDPOINT_URL=s3_server["url"])
+    else:
+        path += f"?endpoint_override={s3_server['url'].split('://')[1]}&scheme=http"
+        env = fresh_env()
+    remote = inspect_summary(fresh_cli("inspect", path, "--json", env=env))
+    local = inspect_summary(fresh_cli("inspect", s3_dataset / "data" / "*.parquet", "--json"))
+    assert remote == local
+    assert remote[0] == 60
+
+
+def test_unreachable_s3_endpoint_is_one_line_naming_the_path(s3_dataset, tmp_path):
+    config = config_for(f"s3://{BUCKET}/corpus/data/*.parquet",
+                        storage={"endpoint": "http://127.0.0.1:1", "region": "us-east-1"})
+    result = fresh_cli("plan", job_file(tmp_path, config), "--steps", 1)
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"s3://{BUCKET}/corpus/data/*.parquet" in lines[0], lines
+    assert "Unrecognized" not in lines[0]
+
+
+@pytest.mark.parametrize("command", ["inspect", "plan"])
+def test_hdfs_is_recognized_and_names_the_path(tmp_path, command):
+    # No Hadoop here: Arrow's HDFS filesystem cannot load libhdfs / a JVM, and says so.
+    path = "hdfs://127.0.0.1:1/corpus/*.parquet"
+    args = [path] if command == "inspect" else [job_file(tmp_path, config_for(path)),
+                                                "--steps", 1]
+    result = fresh_cli(command, *args)
+    assert result.returncode == 3, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and path in lines[0], lines
+    assert "Unrecognized" not in lines[0]
+
+
 def test_missing_s3_prefix_names_the_path(s3_server):
     storage = {"endpoint": s3_server["url"], "region": "us-east-1"}
     path = f"s3://{BUCKET}/nothing/*.parquet"
@@ -116,18 +161,18 @@ def test_local_cache_serves_remote_files_and_keeps_its_size(s3_server, s3_datase
     first = batches(config, n=4)
     local = batches(config_for(str(s3_dataset / "data" / "*.parquet")), n=4)
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, local))
-    copies = {p.name: p.stat().st_ino for p in cache.iterdir()}
+    copies = {p.name: p.stat().st_ino for p in cache.iterdir() if p.is_file()}
     assert sorted(n.split("-", 1)[1] for n in copies) == [n.split("/")[1] for n in names]
 
     # A second job reuses the copies (same files, not copied again).
     batches(config, n=4)
-    assert {p.name: p.stat().st_ino for p in cache.iterdir()} == copies
+    assert {p.name: p.stat().st_ino for p in cache.iterdir() if p.is_file()} == copies
 
     # A changed object gets a fresh copy; the stream follows the new content.
     docs = [[7_000_000 + 1000 * i + k for k in range(20)] for i in range(30)]
     client.put_object(Bucket=BUCKET, Key=f"cached/{names[1]}", Body=parquet_bytes(docs))
     changed = batches(config, n=8)
-    assert len(list(cache.iterdir())) == 3
+    assert len([p for p in cache.iterdir() if p.is_file()]) == 3
     seen = {int(t) // 1_000_000 for b in changed for t in b["input_ids"].flatten()}
     assert 7 in seen
 
@@ -136,4 +181,4 @@ def test_local_cache_serves_remote_files_and_keeps_its_size(s3_server, s3_datase
     small = tmp_path / "small"
     config["runtime"] = {"cache": {"dir": str(small), "max_bytes": one_file + 16}}
     batches(config, n=1)
-    assert sum(p.stat().st_size for p in small.iterdir()) <= one_file + 16
+    assert 0 < sum(p.stat().st_size for p in small.iterdir() if p.is_file()) <= one_file + 16

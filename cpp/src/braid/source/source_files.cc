@@ -1,15 +1,14 @@
 #include "braid/source/source_files.h"
 
 #include <fnmatch.h>
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 
 #include <arrow/api.h>
 #include <arrow/filesystem/api.h>
+#include <arrow/filesystem/s3fs.h>
 #include <arrow/io/api.h>
 #include <arrow/type.h>
 #include <arrow/util/future.h>
@@ -35,19 +34,55 @@ bool IsParquetName(const std::string& p) {
   return p.size() > 8 && p.compare(p.size() - 8, 8, ".parquet") == 0;
 }
 
+// Arrow ships S3 in a library of its own (libarrow_s3, linked by braid_core); loading it
+// registers the s3:// factory. The filesystem of an s3:// URI is made here with the SDK
+// initialized first and finalized at process exit: an SDK never finalized, or finalized
+// after its own static state is gone, crashes or hangs the exit. Arrow makes that state
+// (the registry of S3 clients that finalization walks) with the first client, and a
+// function registered with atexit runs before the destructors of the statics made before
+// it; so the finalizer is registered once the first S3 filesystem exists. (When
+// pyarrow.fs finalized S3 first, it does nothing.) Thread-safe.
+Result<std::shared_ptr<arrow::fs::FileSystem>> S3FileSystemFor(const std::string& uri,
+                                                               std::string* internal) {
+  static std::mutex mu;
+  static bool finalizer_registered = false;
+  std::lock_guard<std::mutex> lock(mu);
+  ARROW_RETURN_NOT_OK(arrow::fs::EnsureS3Initialized());
+  ARROW_ASSIGN_OR_RAISE(auto fs, arrow::fs::FileSystemFromUriOrPath(uri, internal));
+  if (!finalizer_registered) {
+    std::atexit([] { (void)arrow::fs::EnsureS3Finalized(); });
+    finalizer_registered = true;
+  }
+  return fs;
+}
+
 // The filesystem of `uri` (or a local path) and the path inside it. With `anonymous`, a
 // gs:// URI's filesystem uses no credentials (public buckets, emulators); Arrow's URI
-// form has no parameter for that. (S3 is registered by a separate Arrow library that
-// Braid reaches through the URI registry only; config.cc refuses anonymous S3.)
+// form has no parameter for that. (config.cc refuses anonymous S3.)
 Result<std::shared_ptr<arrow::fs::FileSystem>> FileSystemFor(const std::string& uri,
                                                              bool anonymous,
                                                              std::string* internal) {
+  if (uri.rfind("s3://", 0) == 0) return S3FileSystemFor(uri, internal);
   if (anonymous && uri.rfind("gs://", 0) == 0) {
     ARROW_ASSIGN_OR_RAISE(auto options, arrow::fs::GcsOptions::FromUri(uri, internal));
     options.credentials = arrow::fs::GcsOptions::Anonymous().credentials;
     return arrow::fs::GcsFileSystem::Make(options);
   }
   return arrow::fs::FileSystemFromUriOrPath(uri, internal);
+}
+
+// Why the filesystem of `path` could not be made, in one line: Arrow's HDFS lists every
+// place it looked for a JVM, one line each.
+std::string FileSystemError(const std::string& path, const Status& st) {
+  const std::string& message = st.message();
+  std::string line = message.substr(0, message.find('\n'));
+  if (path.rfind("hdfs://", 0) == 0 || path.rfind("viewfs://", 0) == 0) {
+    line += " (hdfs:// needs Hadoop's libhdfs and a JVM at run time: JAVA_HOME, "
+            "HADOOP_HOME or ARROW_LIBHDFS_DIR)";
+  } else if (line.size() < message.size()) {
+    line += " (...)";
+  }
+  return line;
 }
 
 }  // namespace
@@ -68,7 +103,9 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
   if (!HasGlob(path)) {
     std::string internal;
     auto fs_result = FileSystemFor(path, anonymous, &internal);
-    if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
+    if (!fs_result.ok()) {
+      return DataError(path, where + ": " + FileSystemError(path, fs_result.status()));
+    }
     *fs = *fs_result;
     auto info = (*fs)->GetFileInfo(internal);
     if (!info.ok()) return StorageError(path, where + ": " + info.status().message());
@@ -104,7 +141,9 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
   std::string base_internal;
   auto fs_result = FileSystemFor((base.empty() ? std::string("/") : base) + options,
                                  anonymous, &base_internal);
-  if (!fs_result.ok()) return DataError(path, where + ": " + fs_result.status().message());
+  if (!fs_result.ok()) {
+    return DataError(path, where + ": " + FileSystemError(path, fs_result.status()));
+  }
   *fs = *fs_result;
   arrow::fs::FileSelector sel;
   sel.base_dir = base_internal;
@@ -274,13 +313,24 @@ Status At(const Status& st, const std::string& path, const std::string& where) {
   return st.IsIOError() ? StorageError(where, what) : DataError(where, what);
 }
 
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatchedInput(
+    std::shared_ptr<arrow::io::RandomAccessFile> input, const std::string& path,
+    std::shared_ptr<std::atomic<bool>> io_failed);
+
 // Opens `path` through a WatchedFile that sets `io_failed`.
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatched(
     arrow::fs::FileSystem* fs, const std::string& path,
     std::shared_ptr<std::atomic<bool>> io_failed) {
   auto input = fs->OpenInputFile(path);
   if (!input.ok()) return StorageError(path, OneLine(input.status().message()));
-  auto file = std::make_shared<WatchedFile>(*input, io_failed);
+  return OpenWatchedInput(std::move(*input), path, std::move(io_failed));
+}
+
+// Opens the Parquet file `input` (`path`) through a WatchedFile that sets `io_failed`.
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatchedInput(
+    std::shared_ptr<arrow::io::RandomAccessFile> input, const std::string& path,
+    std::shared_ptr<std::atomic<bool>> io_failed) {
+  auto file = std::make_shared<WatchedFile>(std::move(input), io_failed);
   std::string what;
   try {
     auto reader = parquet::arrow::OpenFile(file, arrow::default_memory_pool());
@@ -302,66 +352,20 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileS
   return OpenWatched(fs, path, std::make_shared<std::atomic<bool>>(false));
 }
 
-Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
-                               const arrow::fs::FileInfo& info, const std::string& dir,
-                               int64_t max_bytes) {
-  namespace stdfs = std::filesystem;
-  const std::string& path = info.path();
-  const int64_t size = info.size();
-  if (size > max_bytes) return std::string();
-  std::error_code ec;
-  stdfs::create_directories(dir, ec);
-  if (ec) return StorageError(dir, "cannot create the cache folder: " + ec.message());
-  const std::string key = path + "|" + std::to_string(size) + "|" +
-                          std::to_string(info.mtime().time_since_epoch().count());
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : key) h = (h ^ ch) * 0x100000001b3ULL;
-  char prefix[20];
-  std::snprintf(prefix, sizeof(prefix), "%016llx-", static_cast<unsigned long long>(h));
-  const stdfs::path local =
-      stdfs::path(dir) / (prefix + stdfs::path(path).filename().string());
-  if (stdfs::exists(local, ec) && static_cast<int64_t>(stdfs::file_size(local, ec)) == size) {
-    stdfs::last_write_time(local, stdfs::file_time_type::clock::now(), ec);  // recently used
-    return local.string();
-  }
-  // Evict the least recently used copies until this one fits.
-  std::vector<std::pair<stdfs::file_time_type, stdfs::path>> entries;
-  int64_t used = 0;
-  for (const auto& e : stdfs::directory_iterator(dir, ec)) {
-    if (!e.is_regular_file() || e.path().extension() == ".partial") continue;
-    used += static_cast<int64_t>(e.file_size(ec));
-    entries.emplace_back(e.last_write_time(ec), e.path());
-  }
-  std::sort(entries.begin(), entries.end());
-  for (const auto& [time, p] : entries) {
-    if (used + size <= max_bytes) break;
-    used -= static_cast<int64_t>(stdfs::file_size(p, ec));
-    stdfs::remove(p, ec);
-  }
-  const stdfs::path partial = local.string() + "." + std::to_string(::getpid()) + ".partial";
-  {
-    auto in = remote->OpenInputStream(path);
-    if (!in.ok()) return StorageError(path, in.status().message());
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    if (!out) return StorageError(partial.string(), "cannot write to the cache folder");
-    while (true) {
-      auto chunk = (*in)->Read(int64_t{4} << 20);
-      if (!chunk.ok()) return StorageError(path, chunk.status().message());
-      if ((*chunk)->size() == 0) break;
-      out.write(reinterpret_cast<const char*>((*chunk)->data()), (*chunk)->size());
-    }
-    if (!out) return StorageError(partial.string(), "cannot write to the cache folder");
-  }
-  stdfs::rename(partial, local, ec);
-  if (ec) return StorageError(local.string(), "cannot move into the cache: " + ec.message());
-  return local.string();
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(
+    std::shared_ptr<arrow::io::RandomAccessFile> input, const std::string& path) {
+  return OpenWatchedInput(std::move(input), path,
+                          std::make_shared<std::atomic<bool>>(false));
 }
 
 Result<std::unique_ptr<parquet::arrow::FileReader>> SourceFiles::OpenFile(
-    const std::string& remote, const std::string& cached,
+    const std::string& remote, size_t index, bool download,
     std::shared_ptr<std::atomic<bool>> io_failed) {
   if (io_failed == nullptr) io_failed = std::make_shared<std::atomic<bool>>(false);
-  if (!cached.empty()) return OpenWatched(local_fs_.get(), cached, std::move(io_failed));
+  if (cache_) {
+    ARROW_ASSIGN_OR_RAISE(auto local, cache_->Open(fs_.get(), infos_[index], download));
+    if (local) return OpenWatchedInput(std::move(local), remote, std::move(io_failed));
+  }
   return OpenWatched(fs_.get(), remote, std::move(io_failed));
 }
 
@@ -379,28 +383,29 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   std::vector<std::string> paths;
   ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths,
                                    source.storage_anonymous));
-  const bool cache = !source.cache_dir.empty() && out->fs_->type_name() != "local";
-  if (cache) out->local_fs_ = std::make_shared<arrow::fs::LocalFileSystem>();
+  if (!source.cache_dir.empty() && out->fs_->type_name() != "local") {
+    out->cache_ = FileCache::Make(source.cache_dir, source.cache_max_bytes);
+  }
   const bool skip = source.on_error == OnError::kSkip;
   std::string first_unreadable;  // the error of the first file skipped
   for (const auto& path : paths) {
     File file;
     file.path = path;
-    std::string cached;
+    const size_t index = out->files_.size();
+    if (out->cache_) out->infos_.emplace_back();
     // The footer and schema; a failure here makes the file unreadable. Storage failures
-    // are retried (util/retry_internal.h).
+    // are retried (util/retry_internal.h). A footer is read from the cached copy when
+    // there is one, else remotely: copies are made when rows are read, so opening does
+    // not fill (or, smaller than the source, churn) the cache before the first batch.
     int tries = 0;
     auto reader = internal::RetryStorage(
         [&]() -> Result<std::unique_ptr<parquet::arrow::FileReader>> {
-          cached.clear();
-          if (cache) {
+          if (out->cache_) {
             auto info = out->fs_->GetFileInfo(path);
             if (!info.ok()) return StorageError(path, info.status().message());
-            ARROW_ASSIGN_OR_RAISE(cached, CachedCopy(out->fs_.get(), *info,
-                                                     source.cache_dir,
-                                                     source.cache_max_bytes));
+            out->infos_[index] = *info;
           }
-          return out->OpenFile(path, cached);
+          return out->OpenFile(path, index, /*download=*/false);
         },
         internal::kStorageRetryDelaysMs, &tries);
     std::shared_ptr<arrow::Schema> schema;
@@ -428,13 +433,11 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
       }
       if (first_unreadable.empty()) first_unreadable = footer.message();
       ++out->unreadable_files_;
-      out->cached_paths_.emplace_back();
       out->files_.push_back(std::move(file));
       out->column_index_.emplace_back();
       out->leaf_index_.emplace_back();
       continue;
     }
-    out->cached_paths_.push_back(cached);
     std::vector<int> indices;
     for (const auto& c : out->columns_) {
       const int index = schema->GetFieldIndex(c.name);
@@ -526,7 +529,7 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumnsOnce(
     open_reader_.reset();
     open_file_ = -1;
     open_io_failed_ = std::make_shared<std::atomic<bool>>(false);
-    auto reader = OpenFile(f.path, cached_paths_[size_t(file)], open_io_failed_);
+    auto reader = OpenFile(f.path, size_t(file), /*download=*/true, open_io_failed_);
     if (!reader.ok()) return At(reader.status(), f.path, where);
     open_reader_ = std::move(*reader);
     open_file_ = file;
@@ -606,12 +609,18 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
       parquet::ArrowReaderProperties arrow_props;
       arrow_props.set_pre_buffer(false);
       arrow_props.set_batch_size(chunk_rows);
-      const std::string& cached = cached_paths_[size_t(file)];
-      arrow::fs::FileSystem* fs = cached.empty() ? fs_.get() : local_fs_.get();
-      auto input = fs->OpenInputFile(cached.empty() ? f.path : cached);
-      if (!input.ok()) return StorageError(f.path, input.status().message());
+      std::shared_ptr<arrow::io::RandomAccessFile> input;  // the cached copy, pinned
+      if (cache_) {
+        ARROW_ASSIGN_OR_RAISE(input,
+                              cache_->Open(fs_.get(), infos_[size_t(file)], true));
+      }
+      if (input == nullptr) {
+        auto remote = fs_->OpenInputFile(f.path);
+        if (!remote.ok()) return StorageError(f.path, remote.status().message());
+        input = std::move(*remote);
+      }
       parquet::arrow::FileReaderBuilder builder;
-      Status st = builder.Open(*input, props);
+      Status st = builder.Open(input, props);
       if (!st.ok()) return fail(st.message());
       builder.properties(arrow_props);
       auto built = builder.Build();

@@ -5,7 +5,9 @@
 // sorted list of files, reads every footer once, checks the type of each column the
 // source's transform reads (a token list, or text / chat columns) in each file, and reads
 // those columns of one row group on request. Errors name the file (and row group), the
-// column and its config key.
+// column and its config key. With runtime.cache, remote files are read from local copies
+// (FileCache): a file is copied when its rows are first read, and its copy stays pinned
+// while the reader of that file is open.
 //
 // Unreadable files. A storage failure (the file vanished, the server stopped answering,
 // a read failed half-way) is retried with backoff (util/retry_internal.h: 4 tries, 50 /
@@ -31,8 +33,10 @@
 #include <arrow/array.h>
 #include <arrow/record_batch.h>
 #include <arrow/filesystem/filesystem.h>
+#include <arrow/io/interfaces.h>
 
 #include "braid/config/config.h"
+#include "braid/source/file_cache.h"
 #include "braid/status.h"
 
 namespace parquet::arrow {
@@ -53,18 +57,12 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
 /// data error naming it. No retries.
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(arrow::fs::FileSystem* fs,
                                                                 const std::string& path);
+/// The same for an open file; `path` names it in errors.
+Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(
+    std::shared_ptr<arrow::io::RandomAccessFile> input, const std::string& path);
 
 /// True for list<int32>, list<int64> and their large_list forms: a token column.
 bool IsTokenListType(const arrow::DataType& type);
-
-/// A local copy of the remote file `info` under `dir`, made on first use and reused while
-/// the remote file keeps its size and modification time (they are part of the copy's
-/// name); least recently used copies are removed to keep the folder under `max_bytes`.
-/// Returns "" when the file alone exceeds max_bytes (read it remotely). Safe for several
-/// processes sharing `dir` (copies are written aside and renamed into place).
-Result<std::string> CachedCopy(arrow::fs::FileSystem* remote,
-                               const arrow::fs::FileInfo& info, const std::string& dir,
-                               int64_t max_bytes);
 
 /// The source's path with its storage options (endpoint, region) as URI query
 /// parameters, which Arrow's S3 and GCS filesystems read; other paths unchanged.
@@ -141,18 +139,20 @@ class SourceFiles {
  private:
   SourceFiles() = default;
 
-  // Opens `remote` through fs_, or its cached copy `cached` when that is not empty;
-  // `io_failed` (may be null) is set when a read of the underlying file fails.
+  // Opens file `index` (`remote` in fs_) from its cached copy when the source is cached
+  // and the copy is there (made first when `download`), else from fs_. The reader pins
+  // the copy while it lives. `io_failed` (may be null) is set when a read of the
+  // underlying file fails.
   Result<std::unique_ptr<parquet::arrow::FileReader>> OpenFile(
-      const std::string& remote, const std::string& cached,
+      const std::string& remote, size_t index, bool download,
       std::shared_ptr<std::atomic<bool>> io_failed = nullptr);
   // One try of ReadColumns.
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumnsOnce(int file,
                                                                      int row_group);
 
   std::shared_ptr<arrow::fs::FileSystem> fs_;
-  std::shared_ptr<arrow::fs::FileSystem> local_fs_;  // set when remote files are cached
-  std::vector<std::string> cached_paths_;            // per file; "" or none: read from fs_
+  std::shared_ptr<FileCache> cache_;         // set when remote files are cached
+  std::vector<arrow::fs::FileInfo> infos_;  // per file, when cached: size and mtime
   std::vector<ColumnSpec> columns_;
   std::vector<File> files_;
   std::vector<std::vector<int>> column_index_;  // per file, per ColumnSpec
