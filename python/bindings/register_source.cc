@@ -44,6 +44,18 @@ bool PythonAlive() {
 #endif
 }
 
+// Cancels a Python callback: later calls fail at once; calls in flight are waited for. If
+// this thread holds the GIL (an Engine dropped by Python), calls waiting for it would never
+// finish and the loader's join would hang, so it is released until they are done.
+void CancelCalls(std::atomic<bool>* cancelled, const std::atomic<int64_t>* in_flight) {
+  cancelled->store(true);
+  if (!PythonAlive() || !PyGILState_Check()) return;
+  nb::gil_scoped_release release;
+  while (in_flight->load() > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // Every live object whose Call / EncodeBatch worker threads run Python, so that they can
 // all be cancelled at interpreter exit (an atexit hook, before finalization starts): a
 // worker that entered Python afterwards would never return (CPython and PyO3 park or end
@@ -294,16 +306,7 @@ class PyRowCallback : public RowCallback {
     return st;
   }
 
-  void Cancel() const override {
-    cancelled_.store(true);
-    if (!PythonAlive() || !PyGILState_Check()) return;
-    // This thread holds the GIL (an Engine dropped by Python): calls waiting for it would
-    // never finish and the loader's join would hang. Release it until they are done.
-    nb::gil_scoped_release release;
-    while (in_flight_.load() > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  void Cancel() const override { CancelCalls(&cancelled_, &in_flight_); }
 
  private:
   nb::object fn_;
@@ -411,15 +414,7 @@ class PyHfEncoder : public HfEncoder {
     }
   }
 
-  void Cancel() const override {
-    cancelled_.store(true);
-    if (!PythonAlive() || !PyGILState_Check()) return;
-    // As PyRowCallback::Cancel: this thread holds the GIL that calls in flight wait for.
-    nb::gil_scoped_release release;
-    while (in_flight_.load() > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
+  void Cancel() const override { CancelCalls(&cancelled_, &in_flight_); }
 
  private:
   // REQUIRES: the GIL.

@@ -13,19 +13,12 @@
 #include "braid/source/budget.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/temp_dir.h"
+#include "braid/testing/process_stats.h"
 
 namespace braid {
 namespace {
 
-int64_t ProcessThreads() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
-  }
-  ADD_FAILURE() << "no Threads: line in /proc/self/status";
-  return -1;
-}
+using ::braid::testing::ProcessThreads;
 
 // `sources` sources over `files` small token files (source i reads file i % files), with
 // weights 1..5, dp 4 and seq_len 64.

@@ -13,20 +13,13 @@
 #include "braid/source/source_loader.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/temp_dir.h"
+#include "braid/testing/process_stats.h"
 
 namespace braid {
 namespace {
 
 // Threads of this process (/proc/self/status).
-int64_t ProcessThreads() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Threads:", 0) == 0) return std::stoll(line.substr(8));
-  }
-  ADD_FAILURE() << "no Threads: line in /proc/self/status";
-  return -1;
-}
+using ::braid::testing::ProcessThreads;
 
 struct Got {
   StreamPos pos;
