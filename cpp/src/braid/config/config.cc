@@ -813,16 +813,43 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
-                                 "threads", "memory_bytes"}));
+                                 "threads", "memory_bytes", "address", "namespace", "job",
+                                 "source_actors", "steps_in_flight", "timeout_s"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
       if (kind == "ray") {
-        return ConfigError("runtime.kind", "'ray' is not supported in this version");
-      }
-      if (kind != "local") {
+        c.runtime.kind = RuntimeConfig::Kind::kRay;
+      } else if (kind != "local") {
         return ConfigError("runtime.kind", "must be one of local | ray, got '" +
                                                EscapeForMessage(kind) + "'");
+      }
+    }
+    const std::pair<const char*, std::string*> names[] = {
+        {"address", &c.runtime.address},
+        {"namespace", &c.runtime.ray_namespace},
+        {"job", &c.runtime.job}};
+    for (const auto& [key, out] : names) {
+      if (!rt[key]) continue;
+      ARROW_ASSIGN_OR_RAISE(*out, Scalar<std::string>(rt[key], Join("runtime", key),
+                                                      "a string"));
+      if (out->empty() && std::string(key) != "job") {
+        return ConfigError(Join("runtime", key), "must not be empty");
+      }
+    }
+    if (rt["source_actors"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.source_actors,
+                            PositiveInt(rt["source_actors"], "runtime.source_actors"));
+    }
+    if (rt["steps_in_flight"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.steps_in_flight,
+                            PositiveInt(rt["steps_in_flight"], "runtime.steps_in_flight"));
+    }
+    if (rt["timeout_s"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.timeout_s,
+                            Scalar<double>(rt["timeout_s"], "runtime.timeout_s", "seconds"));
+      if (!(c.runtime.timeout_s > 0) || c.runtime.timeout_s > 86400) {
+        return ConfigError("runtime.timeout_s", "must be in (0, 86400] seconds");
       }
     }
     if (rt["read_ahead_bytes"]) {
@@ -1048,6 +1075,15 @@ Status CheckTopology(const Topology& t) {
 }
 
 Status ValidateConfig(const Config& c) {
+  if (c.runtime.kind == RuntimeConfig::Kind::kRay) {
+    for (size_t i = 0; i < c.sources.size(); ++i) {
+      if (!c.sources[i].image_column.empty()) {
+        return ConfigError(Index("sources", i) + ".image_column",
+                           "runtime.kind: ray does not serve image payloads yet; use the "
+                           "local runtime for image-caption sources");
+      }
+    }
+  }
   const auto& b = c.batch;
   if (b.global_tokens % b.seq_len != 0) {
     return ConfigError("batch.global_tokens",
@@ -1151,7 +1187,9 @@ Result<Config> ParseConfig(const std::string& text, const std::string& base_dir)
   // Aliases are shared nodes, not copies; the budget bounds how often they are walked.
   t_visit_budget = static_cast<int64_t>(text.size()) + 64;
   try {
-    return ParseRoot(root, base_dir);
+    ARROW_ASSIGN_OR_RAISE(Config config, ParseRoot(root, base_dir));
+    config.source_text = text;
+    return config;
   } catch (const YAML::Exception& e) {
     return ConfigError("config", "cannot be read" + Position(e.mark) + ": " +
                                      EscapeForMessage(e.msg, 200));

@@ -40,6 +40,11 @@ const char* SkipName(SkipReason r) {
 
 }  // namespace
 
+int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes) {
+  if (window_bytes <= 0 || bytes <= window_bytes) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
+}
+
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
                                         int64_t window_rows, int64_t window_bytes) {
@@ -71,12 +76,8 @@ std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& fs
       const int64_t bytes = size_t(rg) < file.row_group_bytes.size()
                                 ? file.row_group_bytes[static_cast<size_t>(rg)]
                                 : 0;
-      int64_t block_rows = 0, blocks = 1;
-      if (window_bytes > 0 && bytes > window_bytes) {
-        block_rows = std::max<int64_t>(
-            1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
-        blocks = (rows + block_rows - 1) / block_rows;
-      }
+      const int64_t block_rows = BlockRows(rows, bytes, window_bytes);
+      const int64_t blocks = block_rows == 0 ? 1 : (rows + block_rows - 1) / block_rows;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t unit_rows =
             block_rows == 0 ? rows : std::min(block_rows, rows - b * block_rows);

@@ -94,6 +94,10 @@ struct ShuffleWindow {
   int64_t bytes = 0;  ///< estimated from the footers (File::row_group_bytes)
 };
 
+/// The rows of each block of a row group of `rows` rows and `bytes` estimated bytes when
+/// windows hold at most `window_bytes` (0: not cut, read whole).
+int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes);
+
 /// The windows of one epoch of a source, in order. Pure function of its inputs. A window
 /// closes once it holds `window_rows` rows or before a row group (or block) that would
 /// take it past `window_bytes` (0: no byte bound; a row group larger than window_bytes is
