@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -156,15 +157,38 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
     loader.close()
 
 
-def test_stop_removes_a_crashed_jobs_actors(ray_cluster, small_dataset):
-    config = ray_config(small_dataset["config"], job="crashed")
-    loader = braid.Loader(config, 0, 2)
-    next(iter(loader))
-    loader._engine._stopped = True  # the rank "crashes": it never detaches
-    assert len(jobs.actor_names("crashed", NAMESPACE)) == 3
+def test_stop_removes_a_crashed_jobs_actors(ray_cluster, small_dataset, tmp_path):
+    """A trainer killed with SIGKILL never detaches: its job's actors stay until
+    `braid stop JOB` removes them."""
+    from conftest import braid_cli
+
+    cfg = json.dumps(ray_config(small_dataset["config"], address=ray_cluster,
+                                job="crashed"))
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, cfg, "1000000"],
+                            env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+
+        def receiving() -> bool:  # attached, and its first batches built
+            roles = {a.get("role"): a for a in jobs.status("crashed", NAMESPACE)}
+            return (roles.get("planner", {}).get("clients") == 1
+                    and roles.get("constructor", {}).get("built_buckets", 0) > 0)
+
+        while not receiving():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.3)
+    finally:
+        proc.kill()
+        proc.wait()
     assert "crashed" in jobs.jobs(NAMESPACE)
-    removed = jobs.stop("crashed", NAMESPACE)
-    assert len(removed) == 3
+    status = braid_cli("status", "crashed", "--namespace", NAMESPACE,
+                       "--address", ray_cluster)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "crashed.planner" in status.stdout and "clients=1" in status.stdout, status.stdout
+    stop = braid_cli("stop", "crashed", "--namespace", NAMESPACE, "--address", ray_cluster)
+    assert stop.returncode == 0 and "stopped 3 actors" in stop.stdout, stop.stderr[-2000:]
     assert jobs.actor_names("crashed", NAMESPACE) == []
 
 
@@ -180,7 +204,7 @@ TRAINER = textwrap.dedent("""
             h.update(name.encode()); h.update(batch[name].numpy().tobytes())
         digests.append(h.hexdigest())
     loader.close()
-    print(json.dumps(digests))
+    print("DIGESTS " + json.dumps(digests))
 """)
 
 
@@ -209,7 +233,8 @@ def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, t
     for r, p in enumerate(procs):
         out, err = p.communicate(timeout=240)
         assert p.returncode == 0, err[-3000:]
-        assert json.loads(out.strip().splitlines()[-1]) == digests(embedded[r])
+        line = next(l for l in out.splitlines() if l.startswith("DIGESTS "))
+        assert json.loads(line[len("DIGESTS "):]) == digests(embedded[r])
     assert jobs.actor_names("procs", NAMESPACE) == []
 
 

@@ -20,6 +20,12 @@ from braid import _core
 from braid.ray_runtime._ray import ray
 
 
+# The planner keeps the state before every _CHECKPOINT_EVERY-th step (the last
+# _CHECKPOINTS of them, and the job's start) to replay a dropped step from.
+_CHECKPOINT_EVERY = 16
+_CHECKPOINTS = 64
+
+
 def _rss_bytes() -> int:
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -29,10 +35,11 @@ class PlannerActor:
     """The planner over metadata-only source loaders (``_core.PlannerService``).
 
     Plans whole steps in order, ``steps_in_flight`` ahead of the newest step asked for,
-    and keeps the last ``keep_steps`` plans for constructors that ask again (a restarted
-    constructor). A restarted planner starts again from the job's start state and
-    replays (the plan is a pure function of config, seed and state), so any step it has
-    not dropped comes back identical.
+    and keeps the last ``keep_steps`` plans for constructors that ask again. An older
+    step is planned again from the nearest checkpoint state before it (a restarted
+    constructor, a rank far behind); a restarted planner starts again from the job's
+    start state. Either way the plan is a pure function of config, seed and state, so
+    a step comes back identical.
     """
 
     def __init__(self, config: "_core.Config", cwd: str, state_json: str,
@@ -44,6 +51,10 @@ class PlannerActor:
         self._service = _core.make_planner_service(config, state_json)
         self._first = _core.state_position(config, state_json)[0]
         self._plans: Dict[int, Dict[str, Any]] = {}
+        # States to replay dropped steps from: the start's and every
+        # _CHECKPOINT_EVERY-th step's (the last _CHECKPOINTS of them).
+        self._checkpoints: Dict[int, str] = {self._first: state_json}
+        self._replays = 0
         self._next = self._first
         self._horizon = self._first + self._ahead
         self._error: Optional[BaseException] = None
@@ -70,6 +81,10 @@ class PlannerActor:
                 return
             with self._cv:
                 self._plans[plan["step"]] = plan
+                if plan["step"] % _CHECKPOINT_EVERY == 0:
+                    self._checkpoints[plan["step"]] = plan["state_before"]
+                    for old in sorted(self._checkpoints)[1:-_CHECKPOINTS]:
+                        del self._checkpoints[old]  # the start stays
                 self._next = plan["step"] + 1
                 for old in [s for s in self._plans if s < self._next - self._keep]:
                     del self._plans[old]
@@ -82,10 +97,11 @@ class PlannerActor:
             self._horizon = max(self._horizon, step + self._ahead)
             self._cv.notify_all()
             while step not in self._plans:
-                if step < self._next - self._keep or step < self._first:
+                if step < self._first:
                     raise _core.ConfigError(
-                        f"step {step}: no longer held by the planner (it keeps the last "
-                        f"{self._keep} steps; the job started at step {self._first})")
+                        f"step {step}: before the job's first step {self._first}")
+                if step < self._next - self._keep:
+                    break  # dropped: replayed below, outside the lock
                 if self._error is not None:
                     raise self._error
                 left = deadline - time.monotonic()
@@ -93,8 +109,22 @@ class PlannerActor:
                     raise TimeoutError(f"step {step}: not planned within {timeout_s} s "
                                        "(runtime.timeout_s)")
                 self._cv.wait(left)
-            return self._plans[step]
+            if step in self._plans:
+                return self._plans[step]
+            start = max(k for k in self._checkpoints if k <= step)
+            state = self._checkpoints[start]
+        return self._replay(state, step)
 
+    def _replay(self, state_json: str, step: int) -> Dict[str, Any]:
+        # A step older than the held ones (a constructor far behind, or restarted): plan
+        # again from the newest checkpoint before it. The plan is a pure function of
+        # (config, state), so it is the one sent before.
+        service = _core.make_planner_service(self._config, state_json)
+        while True:
+            plan = service.next()
+            if plan["step"] == step:
+                self._replays += 1
+                return plan
     def attach(self, client: str) -> int:
         with self._cv:
             self._clients.add(client)
@@ -110,6 +140,7 @@ class PlannerActor:
             return {"role": "planner", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
                     "node": ray.get_runtime_context().get_node_id(),
                     "planned_through": self._next - 1, "held_steps": len(self._plans),
+                    "replayed_steps": self._replays,
                     "clients": len(self._clients)}
 
 

@@ -40,7 +40,9 @@ def job_name(config: "_core.Config", state_json: str) -> str:
 
 def keep_steps(config: "_core.Config") -> int:
     """Steps of plans and builds kept behind the newest one asked for."""
-    return int(config.runtime["steps_in_flight"]) + 4
+    # The trainers request about 2 steps ahead, the constructors build steps_in_flight
+    # ahead of that and the planner plans one further.
+    return 2 * int(config.runtime["steps_in_flight"]) + 6
 
 
 def connect(config: "_core.Config", start_local: bool = False) -> None:
