@@ -32,6 +32,7 @@ import datetime
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -280,6 +281,8 @@ def launch_ranks(train_argv: List[str], timeout: float) -> None:
              "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD_SIZE)})
         for rank in range(WORLD_SIZE)]
     deadline = time.monotonic() + timeout
+    # A launcher stopped with SIGTERM stops its ranks too (the finally below).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         while True:
             codes = [p.poll() for p in procs]
