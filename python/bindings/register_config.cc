@@ -67,6 +67,11 @@ void RegisterConfig(nb::module_& m) {
                      d["source_actors"] = r.source_actors;
                      d["steps_in_flight"] = r.steps_in_flight;
                      d["timeout_s"] = r.timeout_s;
+                     nb::dict resources;
+                     for (const auto& [name, amount] : r.actor_resources) {
+                       resources[name.c_str()] = amount;
+                     }
+                     d["actor_resources"] = resources;
                      d["memory_bytes"] = MemoryBudgetBytes(c);
                      d["threads"] = ReadThreads(c);
                      return d;

@@ -90,17 +90,21 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     n_actors = min(int(rt["source_actors"]), len(config.source_names))
     source_actor_of = [i % n_actors for i in range(len(config.source_names))]
     keep = keep_steps(config)
-    planner = _Planner.options(**_options(f"{name}.planner", ns)).remote(
+    node = ray.get_runtime_context().get_node_id()
+    affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    # The planner and source actors go where Ray places them, on nodes with
+    # runtime.actor_resources when given (and again there after a restart); a
+    # constructor stays on its node.
+    shared = {"resources": dict(rt["actor_resources"])} if rt["actor_resources"] else {}
+    planner = _Planner.options(**_options(f"{name}.planner", ns, **shared)).remote(
         config, os.getcwd(), state_json, keep)
     sources = [
-        _Sources.options(**_options(f"{name}.sources.{k}", ns)).remote(
+        _Sources.options(**_options(f"{name}.sources.{k}", ns, **shared)).remote(
             config, os.getcwd(), [i for i, a in enumerate(source_actor_of) if a == k])
         for k in range(n_actors)]
-    node = ray.get_runtime_context().get_node_id()
-    strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-        node_id=node, soft=False)
     constructor = _Constructor.options(
-        **_options(f"{name}.constructor.{node[:16]}", ns, scheduling_strategy=strategy)
+        **_options(f"{name}.constructor.{node[:16]}", ns,
+                   scheduling_strategy=affinity(node_id=node, soft=False))
     ).remote(config, name, ns, source_actor_of, keep)
     job = Job(name, ns, planner, sources, constructor, float(rt["timeout_s"]))
     ray.get(planner.attach.remote(client), timeout=job.timeout_s)

@@ -814,7 +814,8 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     ARROW_RETURN_NOT_OK(
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
                                  "threads", "memory_bytes", "address", "namespace", "job",
-                                 "source_actors", "steps_in_flight", "timeout_s"}));
+                                 "source_actors", "steps_in_flight", "timeout_s",
+                                 "actor_resources"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
@@ -844,6 +845,23 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     if (rt["steps_in_flight"]) {
       ARROW_ASSIGN_OR_RAISE(c.runtime.steps_in_flight,
                             PositiveInt(rt["steps_in_flight"], "runtime.steps_in_flight"));
+    }
+    if (const YAML::Node res = rt["actor_resources"]) {
+      if (!res.IsMap()) {
+        return ConfigError("runtime.actor_resources",
+                           "must map Ray resource names to amounts");
+      }
+      ARROW_RETURN_NOT_OK(Visit(res.size(), "runtime.actor_resources"));
+      for (const auto& kv : res) {
+        if (!kv.first.IsScalar() || kv.first.Scalar().empty()) {
+          return ConfigError("runtime.actor_resources",
+                             "keys must be resource names" + Position(kv.first.Mark()));
+        }
+        const std::string key = Join("runtime.actor_resources", kv.first.Scalar());
+        ARROW_ASSIGN_OR_RAISE(double amount, Scalar<double>(kv.second, key, "a number"));
+        if (!(amount > 0) || amount > 1e9) return ConfigError(key, "must be > 0");
+        c.runtime.actor_resources.emplace_back(kv.first.Scalar(), amount);
+      }
     }
     if (rt["timeout_s"]) {
       ARROW_ASSIGN_OR_RAISE(c.runtime.timeout_s,

@@ -236,6 +236,9 @@ struct RuntimeConfig {
   int64_t source_actors = 1;     ///< runtime.source_actors: actors hosting the sources
   int64_t steps_in_flight = 2;   ///< runtime.steps_in_flight: steps built ahead
   double timeout_s = 120;        ///< runtime.timeout_s: the longest wait on any actor
+  /// runtime.actor_resources: Ray resources the planner and source actors require (to
+  /// place them on chosen nodes), in config order.
+  std::vector<std::pair<std::string, double>> actor_resources;
   // --- end distributed runtime ---
 };
 
