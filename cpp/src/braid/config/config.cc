@@ -558,7 +558,7 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                 "image_column", "weight", "oversize", "on_error",
                                 "storage", "image",
                                 "shuffle_window", "shuffle_window_bytes", "chat", "workers",
-                                "transform", "loaders", "tokenizer"}));
+                                "transform", "loaders", "tokenizer", "length_column"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -575,6 +575,20 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   }
   ARROW_RETURN_NOT_OK(ParseSourceTransform(node, path, &src));
   ARROW_RETURN_NOT_OK(ParseSourceImage(node, path, &src));  // images
+  if (node["length_column"]) {
+    const std::string key = Join(path, "length_column");
+    ARROW_ASSIGN_OR_RAISE(src.length_column,
+                          Scalar<std::string>(node["length_column"], key, "a string"));
+    if (src.length_column.empty()) return ConfigError(key, "must not be empty");
+    if (src.tokens_column.empty()) {
+      return ConfigError(key,
+                         "applies to tokens_column sources only (a text, chat, image or "
+                         "transform source has no token count before it is tokenized)");
+    }
+    if (src.length_column == src.tokens_column) {
+      return ConfigError(key, "must name another column than tokens_column");
+    }
+  }
   if (node["tokenizer"]) {
     ARROW_ASSIGN_OR_RAISE(src.tokenizer,
                           ParseTokenizer(node["tokenizer"], Join(path, "tokenizer"),
@@ -1027,7 +1041,8 @@ std::string Config::Fingerprint() const {
     // The byte bound changes the order (windows, blocks); 0 keeps the rows-only order
     // and its fingerprint, so states saved before the bound existed resume under it.
     if (s.shuffle_window_bytes != 0) os << ":wb=" << s.shuffle_window_bytes;
-    // Transforms change the tokens; worker count does not change the stream.
+    // Transforms change the tokens; worker count does not change the stream, nor does
+    // length_column (a length that disagrees with its token list is an error).
     if (!s.text_column.empty() || s.chat.enabled()) {
       os << ":text=" << s.text_column << ":chat=" << s.chat.prompt_column << ','
          << s.chat.response_column << ',' << s.chat.messages_column;

@@ -81,6 +81,11 @@ struct SourceConfig {
   std::string name;
   std::string path;           ///< as written: a file, a directory or a glob
   std::string tokens_column;  ///< list<int32|int64> column of token ids
+  /// `sources[].length_column`: an integer column holding each row's token count (the
+  /// length of its token list); planning reads it alone, a run checks it against the
+  /// token lists (docs/sources.md). Only with tokens_column; "" none. Not part of the
+  /// stream: a length that disagrees with its token list is an error, never a change.
+  std::string length_column;
   WeightSchedule weight;
   Oversize oversize = Oversize::kSplit;
   OnError on_error = OnError::kFail;

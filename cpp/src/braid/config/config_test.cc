@@ -573,5 +573,36 @@ TEST(ConfigTest, ThreadsMemoryBudgetAndWindowBytes) {
   EXPECT_EQ(threads.Fingerprint(), d->Fingerprint());  // speed and memory only
 }
 
+
+TEST(ConfigTest, LengthColumnIsCheckedAndLeavesTheFingerprint) {
+  auto with = ParseConfig(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                                  ", length_column: n_tokens"),
+                          "/base");
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->sources[0].length_column, "n_tokens");
+  EXPECT_EQ(with->sources[1].length_column, "");
+  // It cannot change the stream (a disagreeing length is an error), so a state saved
+  // without it resumes with it.
+  auto without = ParseConfig(Minimal(), "/base");
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(with->Fingerprint(), without->Fingerprint());
+  const std::string batch = "{global_tokens: 4096, seq_len: 1024}";
+  ExpectConfigError(Minimal(batch, ", length_column: ''"), "sources[0].length_column",
+                    "empty");
+  ExpectConfigError(Minimal(batch, ", length_column: [n]"), "sources[0].length_column",
+                    "a string");
+  ExpectConfigError(Minimal(batch, ", length_column: ids"), "sources[0].length_column",
+                    "another column");
+  // Only token sources: a text source's count is known only once it is tokenized.
+  ExpectConfigError(
+      "tokenizer: {model: m.model}\nbatch: {global_tokens: 4096, seq_len: 1024}\n"
+      "sources:\n  - {name: a, path: a.parquet, text_column: t, length_column: n}\n",
+      "sources[0].length_column", "tokens_column sources only");
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n  - {name: a, path: "
+      "a.parquet, transform: {python: 'm:f', columns: [t]}, length_column: n}\n",
+      "sources[0].length_column", "tokens_column sources only");
+}
+
 }  // namespace
 }  // namespace braid
