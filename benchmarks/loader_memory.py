@@ -190,11 +190,20 @@ def _self_figures() -> dict:
     roll = smaps_rollup(os.getpid()) or {}
     with open("/proc/self/status") as f:
         threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
-    pool = pa.default_memory_pool()
     return {"pss": roll.get("Pss", 0), "pss_anon": roll.get("Pss_Anon", 0),
             "pss_file": roll.get("Pss_File", 0), "pss_shmem": roll.get("Pss_Shmem", 0),
-            "arrow_bytes": pool.bytes_allocated(), "arrow_peak": pool.max_memory(),
-            "threads": threads}
+            **_arrow_figures(pa), "threads": threads}
+
+
+def _arrow_figures(pa) -> Dict[str, int]:
+    """Bytes in Arrow's default pool and in its system pool (where Braid reads unless
+    ARROW_DEFAULT_MEMORY_POOL is set), now and at their peaks."""
+    default, system = pa.default_memory_pool(), pa.system_memory_pool()
+    out = {"arrow_bytes": default.bytes_allocated(), "arrow_peak": default.max_memory()}
+    if system.backend_name != default.backend_name:
+        out.update(arrow_system_bytes=system.bytes_allocated(),
+                   arrow_system_peak=system.max_memory())
+    return out
 
 
 def trainer_main(args) -> int:
@@ -240,6 +249,93 @@ def trainer_main(args) -> int:
            "self": figures})
     sys.stdin.readline()  # "exit": the harness has its samples
     close()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# Profile: where one trainer's memory goes, stage by stage
+
+
+def _malloc_figures() -> Dict[str, int]:
+    """glibc's heap: bytes in use and held by its arenas (mallinfo2), or {}."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        return {}
+    m = libc.mallinfo2()
+    return {"malloc_in_use": m.uordblks + m.hblkhd, "malloc_held": m.arena + m.hblkhd}
+
+
+def profile_main(args, config_path: str) -> int:
+    """One trainer (rank 0 of --ranks) in this process: PSS and its parts after each
+    stage (imports, loader start, first and last micro-batch, close)."""
+    rows = []
+
+    def snap(stage: str) -> None:
+        roll = smaps_rollup(os.getpid()) or {}
+        kids = descendants([os.getpid()], children_map())
+        kid_pss = sum((smaps_rollup(k) or {}).get("Pss", 0) for k in kids)
+        row = {"stage": stage, "pss": roll.get("Pss", 0) + kid_pss,
+               "pss_anon": roll.get("Pss_Anon", 0), "children_pss": kid_pss,
+               "rss": roll.get("Rss", 0)}
+        if "pyarrow" in sys.modules:
+            row.update(_arrow_figures(sys.modules["pyarrow"]))
+        row.update(_malloc_figures())
+        with open("/proc/self/status") as f:
+            row["threads"] = next(int(line.split()[1]) for line in f
+                                  if line.startswith("Threads:"))
+        rows.append(row)
+
+    snap("python")
+    import torch  # noqa: F401
+
+    snap("import torch")
+    import braid  # noqa: F401
+    import pyarrow  # noqa: F401  (already loaded by braid's core: the same pool)
+
+    snap("import braid")
+    mode = MODES[args.profile]
+    it, close = mode.start(config_path, 0, args.ranks, args)
+    snap("loader made")
+    batch = next(it)
+    del batch
+    snap("first micro-batch")
+    for _ in range(args.micro_batches - 1):
+        batch = next(it)
+        del batch
+    snap(f"micro-batch {args.micro_batches}")
+    time.sleep(1.0)
+    snap("+1 s idle")
+    close()
+    del it
+    import gc
+
+    gc.collect()
+    time.sleep(0.5)
+    snap("closed")
+    mib = 2**20
+    keys = ["pss", "pss_anon", "children_pss", "arrow_bytes", "arrow_peak",
+            "arrow_system_bytes", "arrow_system_peak", "malloc_in_use", "malloc_held",
+            "threads"]
+    print("MiB; arrow_system: Arrow's system pool, where Braid reads by default")
+    print(f"{'stage':<18}" + "".join(f"{k.replace('arrow_system', 'sys'):>14}"
+                                     for k in keys))
+    for row in rows:
+        cells = []
+        for k in keys:
+            v = row.get(k)
+            cells.append("-" if v is None else (str(v) if k == "threads"
+                                                  else f"{v / mib:.1f}"))
+        print(f"{row['stage']:<18}" + "".join(f"{c:>14}" for c in cells))
+    print(json.dumps({"profile": args.profile, "stages": rows}), flush=True)
     return 0
 
 
@@ -426,6 +522,9 @@ def main(argv=None) -> int:
     p.add_argument("--sample-ms", type=float, default=200.0)
     p.add_argument("--timeout", type=float, default=600.0, help="per mode, seconds")
     p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--profile", choices=sorted(set(MODES) - {"none"}),
+                   help="instead: one trainer (rank 0) in this process, its memory "
+                   "stage by stage (MiB)")
     # A trainer process (started by the harness).
     p.add_argument("--trainer", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
@@ -435,6 +534,20 @@ def main(argv=None) -> int:
         return trainer_main(args)
 
     make_data = _sibling("many_sources").make_data
+    if args.profile:
+        base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
+                         args.sources)
+        path = os.path.join(args.dir, f"config-profile-{args.profile}.json")
+        config = MODES[args.profile].prepare(
+            write_config(path, base, args, parse_set(args.set)), args,
+            MODES[args.profile].state)
+        with open(path, "w") as f:
+            json.dump(config, f, indent=1)
+        try:
+            return profile_main(args, path)
+        finally:
+            MODES[args.profile].cleanup(MODES[args.profile].state)
+
     loaders = [m for m in args.loaders.split(",") if m]
     for m in loaders:
         if m not in MODES or m == "none":
@@ -460,7 +573,7 @@ def main(argv=None) -> int:
             runs[name] = run_mode(mode, path, args)
         finally:
             mode.cleanup(mode.state)
-        print(f"  {name}: peak {runs[name]['peak']['total'] / 2**30:.2f} GiB over "
+        print(f"  {name}: peak {runs[name]['peak']['total'] / 1e9:.2f} GB over "
               f"{runs[name]['peak']['processes']} processes, {runs[name]['samples']} "
               f"samples, {runs[name]['wall_s']:.1f} s", flush=True)
     none_peak = runs["none"]["peak"]["total"]
@@ -479,14 +592,16 @@ def main(argv=None) -> int:
             if name != "baseline" and r["added_pss_bytes"] > 0:
                 out[f"ratio_baseline_over_{name}"] = (
                     results["baseline"]["added_pss_bytes"] / r["added_pss_bytes"])
-    gib = 2**30
-    print(f"{'mode':<10} {'added GiB':>10} {'per rank MiB':>13} {'trainers':>9} "
-          f"{'workers':>8} {'extra':>6} {'tokens/s':>10} {'first s':>8} {'wait':>5}")
+    # Decimal units (GB = 1e9 bytes), as the issues quote them; the JSON has bytes.
+    print(f"{'mode':<10} {'added GB':>9} {'per rank MB':>12} {'trainers GB':>12} "
+          f"{'workers GB':>11} {'extra GB':>9} {'tokens/s':>10} {'first s':>8} "
+          f"{'wait':>5}")
     for name, r in results.items():
-        print(f"{name:<10} {r['added_pss_bytes'] / gib:>10.2f} "
-              f"{r['added_pss_per_rank_bytes'] / 2**20:>13.0f} "
-              f"{r['peak_trainers_bytes'] / gib:>9.2f} {r['peak_workers_bytes'] / gib:>8.2f} "
-              f"{r['peak_extra_bytes'] / gib:>6.2f} {r['tokens_per_s']:>10,.0f} "
+        print(f"{name:<10} {r['added_pss_bytes'] / 1e9:>9.2f} "
+              f"{r['added_pss_per_rank_bytes'] / 1e6:>12.0f} "
+              f"{r['peak_trainers_bytes'] / 1e9:>12.2f} "
+              f"{r['peak_workers_bytes'] / 1e9:>11.2f} "
+              f"{r['peak_extra_bytes'] / 1e9:>9.2f} {r['tokens_per_s']:>10,.0f} "
               f"{r['first_micro_batch_s'] or 0:>8.2f} {r['wait_fraction']:>5.2f}")
     for key, value in out.items():
         if key.startswith("ratio_"):
