@@ -21,6 +21,7 @@
 #include <parquet/column_reader.h>
 #include <parquet/file_reader.h>
 
+#include "braid/source/read_memory.h"
 #include "braid/util/retry_internal.h"
 
 namespace braid {
@@ -378,18 +379,18 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatchedInput(
   auto file = std::make_shared<WatchedFile>(std::move(input), io_failed);
   std::string what;
   try {
-    if (props == nullptr) {
-      auto reader = parquet::arrow::OpenFile(file, arrow::default_memory_pool());
+    // Pages and arrays both in Braid's read pool (source/read_memory.h), unless the
+    // caller gives its own reader properties.
+    const parquet::ReaderProperties defaults(ReadMemoryPool());
+    parquet::arrow::FileReaderBuilder builder;
+    Status st = builder.Open(file, props != nullptr ? *props : defaults);
+    if (st.ok()) {
+      builder.memory_pool(ReadMemoryPool());
+      auto reader = builder.Build();
       if (reader.ok()) return std::move(*reader);
-      what = reader.status().message();
-    } else {
-      parquet::arrow::FileReaderBuilder builder;
-      Status st = builder.Open(file, *props);
-      auto reader = st.ok() ? builder.Build()
-                            : Result<std::unique_ptr<parquet::arrow::FileReader>>(st);
-      if (reader.ok()) return std::move(*reader);
-      what = reader.status().message();
+      st = reader.status();
     }
+    what = st.message();
   } catch (const std::exception& e) {
     what = e.what();
   }
@@ -683,7 +684,7 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
       const int64_t bytes = std::max<int64_t>(1, f.row_group_bytes[size_t(row_group)]);
       const int64_t chunk_rows = std::max<int64_t>(
           1, static_cast<int64_t>(__int128{rg_rows} * kBlockChunkBytes / bytes));
-      parquet::ReaderProperties props(arrow::default_memory_pool());
+      parquet::ReaderProperties props(ReadMemoryPool());
       props.enable_buffered_stream();
       props.set_buffer_size(kBlockChunkBytes);
       parquet::ArrowReaderProperties arrow_props;
@@ -703,6 +704,7 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
       Status st = builder.Open(input, props);
       if (!st.ok()) return fail(st.message());
       builder.properties(arrow_props);
+      builder.memory_pool(ReadMemoryPool());
       auto built = builder.Build();
       if (!built.ok()) return fail(built.status().message());
       block_file_reader_ = std::move(*built);
@@ -781,7 +783,7 @@ Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengthsOn
     lengths_io_failed_ = std::make_shared<std::atomic<bool>>(false);
     // A small buffered stream: what stays allocated is a page and the buffer, not the
     // column chunk (as ReadBlock).
-    parquet::ReaderProperties props(arrow::default_memory_pool());
+    parquet::ReaderProperties props(ReadMemoryPool());
     props.enable_buffered_stream();
     props.set_buffer_size(kBlockChunkBytes);
     auto reader =
