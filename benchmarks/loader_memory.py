@@ -17,12 +17,13 @@ so shared libraries and copy-on-write pages after a fork count once.
 
 Modes (MODES below): `baseline` (benchmarks/baseline.py: a DataLoader with --workers
 forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer, the
-embedded runtime). A mode is a `Mode`: what it changes in the config, how a trainer
-starts its loader, which extra PIDs count (a `braid-ray` mode adds its Ray daemons and
-actors there).
+embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
+this script starts: the trainers are Ray drivers, and Ray's daemons and the job's actors
+count as extra processes). A mode is a `Mode`: what it changes in the config, how a
+trainer starts its loader, which extra PIDs count.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
-        [--ranks 8] [--sources 4] [--tokens-per-file 4500000] [--loaders baseline,braid] \
+        [--ranks 8] [--sources 4] [--tokens-per-file 4500000] [--loaders baseline,braid,braid-ray] \
         [--micro-batches 40] [--interval-ms 100] [--seq-len 2048] [--micro-batch-size 4] \
         [--workers 2] [--dir out/loader_memory] [--json out.json] [--set KEY=VALUE ...]
 
@@ -163,14 +164,67 @@ def _start_braid(config_path, rank, world_size, args):
     return iter(loader), loader.close
 
 
+def _prepare_ray(config: dict, args, state: dict) -> dict:
+    """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
+    a small object store, token authentication off on loopback) and points the config
+    at it; the trainers join it as Ray drivers."""
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="braid-ray-bench-")
+    port = 20000 + os.getpid() % 20000
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the trainers inherit it
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp}",
+                    "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                    f"--object-store-memory={args.ray_object_store_mb << 20}"],
+                   check=True, capture_output=True, text=True)
+    state["temp"] = temp
+    runtime = {"kind": "ray", "address": f"127.0.0.1:{port}",
+               "namespace": f"bench{os.getpid()}"}
+    return dict(config, runtime={**config.get("runtime", {}), **runtime})
+
+
+def _ray_pids(state: dict) -> List[int]:
+    """The daemons of this run's Ray head (their command line names its temp dir) and
+    every process they started (the job's actors, idle workers)."""
+    temp = state.get("temp")
+    if not temp:
+        return []
+    roots = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if temp.encode() in f.read():
+                    roots.append(int(name))
+        except OSError:
+            continue
+    return sorted(set(roots) | set(descendants(roots, children_map())))
+
+
+def _cleanup_ray(state: dict) -> None:
+    import signal
+
+    pids = _ray_pids(state)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        time.sleep(1.0)
+    state.pop("temp", None)
+
+
 MODES: Dict[str, Mode] = {
     "none": Mode("none", _start_none),
     "baseline": Mode("baseline", _start_baseline),
     "braid": Mode("braid", _start_braid),
-    # "braid-ray": Mode("braid-ray", _start_braid,
-    #     prepare=<set runtime.kind: ray; start or find the Ray head, keep it in state>,
-    #     extra_pids=<the Ray daemons' and the job's actors' PIDs>,
-    #     cleanup=<braid.shutdown / ray stop>),
+    # The Ray runtime: the trainers (Ray drivers) plus Ray's daemons and the job's
+    # actors (planner, source actors, the node's constructor), all counted.
+    "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
+                      extra_pids=_ray_pids, cleanup=_cleanup_ray),
 }
 
 
@@ -515,6 +569,8 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, default=2, help="baseline workers per rank")
+    p.add_argument("--ray-object-store-mb", type=int, default=256,
+                   help="braid-ray: the Ray head's object store")
     p.add_argument("--shuffle-buffer", type=int, default=64,
                    help="baseline shuffle buffer, documents per source")
     p.add_argument("--dir", default=os.path.join("out", "loader_memory"))
