@@ -444,3 +444,31 @@ def test_dropped_loader_frees_its_threads_states(data, tmp_path):
         """))
     assert proc.returncode == 0, proc.stderr
     assert "done" in proc.stdout
+
+
+def test_exit_while_daemon_threads_pull_batches_is_clean(data, tmp_path):
+    # Daemon threads blocked in next() (the GIL released) while the pool threads call
+    # Python when the main thread exits: no crash, no hang.
+    tx = {"python": "braid_user_tx:slow", "columns": ["text"]}
+    txb = {"python": "braid_user_tx:encode_batch", "columns": ["text"], "batched": True}
+    cfgs = [config(data, t, on_error="skip", workers=3) for t in (tx, txb)]
+    proc = run_script(tmp_path, textwrap.dedent(f"""
+        import json, threading
+        import braid
+        cfgs = json.loads({json.dumps(json.dumps(cfgs))})
+        started = [threading.Event() for _ in cfgs]
+
+        def pull(cfg, event):
+            it = iter(braid.Loader(cfg, rank=0, world_size=2))
+            while True:
+                next(it)
+                event.set()
+
+        for cfg, event in zip(cfgs, started):
+            threading.Thread(target=pull, args=(cfg, event), daemon=True).start()
+        assert all(e.wait(60) for e in started)
+        print("done", flush=True)
+        """))
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+    assert "Fatal" not in proc.stderr, proc.stderr

@@ -608,7 +608,7 @@ void RegisterSource(nb::module_& m) {
         double seconds = 0;
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           const auto start = std::chrono::steady_clock::now();
           SourceLoader::Options options;
           options.read_payloads = payloads;
@@ -662,7 +662,7 @@ void RegisterSource(nb::module_& m) {
         std::vector<Sample> got;
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           auto loader = ShardedSource::Make(config, source_index, StreamPos{}, {},
                                             config.sources[size_t(source_index)].loaders);
           st = loader.status();
@@ -710,7 +710,7 @@ void RegisterSource(nb::module_& m) {
          int32_t vocab_size) {
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           st = testing::TrainTinySentencePiece(sentences, model_prefix, vocab_size);
         }
         ThrowIfError(st);
@@ -753,7 +753,7 @@ void RegisterSource(nb::module_& m) {
         double seconds = 0;
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           TokenizerConfig tc;
           tc.model = model;
           auto tok = Tokenizer::Make(tc);

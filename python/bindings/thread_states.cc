@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <thread>
 
 #include "braid/source/read_pool.h"
 
@@ -18,6 +19,7 @@ struct ExitState {
   std::mutex mu;
   std::condition_variable cv;  // a thread finished freeing its state
   bool exiting = false;        // GUARDED_BY(mu)
+  std::thread::id exiting_thread;  // GUARDED_BY(mu) the thread that ran the exit hook
   int64_t freeing = 0;         // GUARDED_BY(mu) threads freeing their state right now
   long kept = 0;               // GUARDED_BY(mu) states kept by live threads
 };
@@ -99,6 +101,7 @@ void BeginPythonExit() {
   {
     std::lock_guard<std::mutex> lock(exit.mu);
     exit.exiting = true;
+    exit.exiting_thread = std::this_thread::get_id();
   }
   nb::gil_scoped_release release;  // the threads freeing their states need the GIL
   std::unique_lock<std::mutex> lock(exit.mu);
@@ -114,6 +117,23 @@ void InstallPoolJoinHook() {
       join();
     }
   });
+}
+
+GilRelease::GilRelease() : state_(PyEval_SaveThread()) {}
+
+GilRelease::~GilRelease() {
+  bool park = false;
+  {
+    std::lock_guard<std::mutex> lock(Exit().mu);
+    park = Exit().exiting && Exit().exiting_thread != std::this_thread::get_id();
+  }
+  if (park) {
+    std::mutex mu;
+    std::condition_variable never;
+    std::unique_lock<std::mutex> lock(mu);
+    never.wait(lock, [] { return false; });  // until the process ends
+  }
+  PyEval_RestoreThread(state_);
 }
 
 }  // namespace braid::python

@@ -22,6 +22,8 @@
 // Thread-safe.
 #pragma once
 
+#include <Python.h>
+
 namespace braid::python {
 
 /// False once the interpreter is finalizing or gone (Python objects must not be touched).
@@ -47,5 +49,24 @@ void BeginPythonExit();
 /// Makes every ReadPool destructor join its threads with the GIL released when the
 /// destroying thread holds it (once, when the module is imported).
 void InstallPoolJoinHook();
+
+/// Releases the GIL around a blocking call, as nb::gil_scoped_release, except that a
+/// thread returning once the interpreter is exiting (BeginPythonExit has run), other than
+/// the exiting thread itself, never takes the GIL again: it waits forever. CPython 3.11 -
+/// 3.13 end a thread that takes the GIL during finalization by unwinding it with
+/// pthread_exit, which aborts the process in C++ frames (nanobind's catch (...), noexcept
+/// destructors); 3.14 parks such a thread the same way. So a daemon thread blocked in
+/// Engine.next() at exit sleeps until the process ends instead of crashing it.
+/// REQUIRES: the GIL when constructed.
+class GilRelease {
+ public:
+  GilRelease();
+  ~GilRelease();
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 }  // namespace braid::python
