@@ -115,3 +115,54 @@ def test_changed_weights_continue_every_source_from_its_cursor(small_dataset, tm
         for start, n in spans:
             assert start == at, key
             at = start + n
+
+
+def with_lengths(root, config, name="n_tokens", wrong_row=None):
+    """The config's sources rewritten with a length column (row `wrong_row` of the first
+    file of the first source off by one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    config = copy.deepcopy(config)
+    for s, source in enumerate(config["sources"]):
+        folder = root / "with_lengths" / source["name"]
+        folder.mkdir(parents=True)
+        files = sorted((root / source["name"]).glob("*.parquet"))
+        for f, path in enumerate(files):
+            table = pq.read_table(path)
+            counts = [len(t) for t in table.column("input_ids").to_pylist()]
+            if wrong_row is not None and s == 0 and f == 0:
+                counts[wrong_row] += 1
+            table = table.append_column(name, pa.array(counts, type=pa.int32()))
+            pq.write_table(table, folder / path.name, row_group_size=8)
+        source["path"] = str(folder)
+        source["length_column"] = name
+    return config
+
+
+def test_plan_reads_lengths_and_plans_what_the_run_reads(small_dataset, tmp_path):
+    plain = write_config(tmp_path / "plain.yaml", small_dataset["config"])
+    config = with_lengths(small_dataset["root"], small_dataset["config"])
+    lengths = write_config(tmp_path / "lengths.yaml", config)
+    # The same plans, read from the length column or from the token lists' levels.
+    assert plan_lines(lengths, "--steps", 12) == plan_lines(plain, "--steps", 12)
+    # And a run over the length-column files reads the tokens the plan placed.
+    result = braid_cli("run", lengths, "--steps", 4)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_wrong_length_fails_the_run_and_a_missing_column_the_config(small_dataset,
+                                                                      tmp_path):
+    config = with_lengths(small_dataset["root"], small_dataset["config"], wrong_row=3)
+    path = write_config(tmp_path / "wrong.yaml", config)
+    result = braid_cli("run", path, "--steps", 80)  # past every document of the source
+    assert result.returncode == 3, result.stderr
+    assert "part-000.parquet (row group 0, row 3)" in result.stderr
+    assert "length column 'n_tokens'" in result.stderr
+    assert "sources[0].length_column" in result.stderr
+    config["sources"][1]["length_column"] = "count"
+    missing = write_config(tmp_path / "missing.yaml", config)
+    result = braid_cli("plan", missing, "--steps", 1)
+    assert result.returncode == 2, result.stderr
+    assert "sources[1].length_column" in result.stderr
+    assert "no column 'count'" in result.stderr

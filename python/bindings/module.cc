@@ -36,4 +36,5 @@ NB_MODULE(_core, m) {
   braid::python::RegisterSource(m);
   braid::python::RegisterInspect(m);
   braid::python::RegisterPlan(m);
+  braid::python::RegisterService(m);
 }

@@ -6,6 +6,7 @@
 
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
+#include "braid/source/budget.h"
 #include "status_caster.h"
 
 namespace nb = nanobind;
@@ -54,7 +55,61 @@ void RegisterConfig(nb::module_& m) {
              ThrowIfError(SetDataParallel(&copy, dp));
              return copy;
            },
-           nb::arg("dp"), "A copy with topology.dp overridden (the CLI's --dp).");
+           nb::arg("dp"), "A copy with topology.dp overridden (the CLI's --dp).")
+      .def_prop_ro("runtime",
+                   [](const Config& c) {
+                     const RuntimeConfig& r = c.runtime;
+                     nb::dict d;
+                     d["kind"] = r.kind == RuntimeConfig::Kind::kRay ? "ray" : "local";
+                     d["address"] = r.address;
+                     d["namespace"] = r.ray_namespace;
+                     d["job"] = r.job;
+                     d["source_actors"] = r.source_actors;
+                     d["steps_in_flight"] = r.steps_in_flight;
+                     d["timeout_s"] = r.timeout_s;
+                     nb::dict resources;
+                     for (const auto& [name, amount] : r.actor_resources) {
+                       resources[name.c_str()] = amount;
+                     }
+                     d["actor_resources"] = resources;
+                     d["memory_bytes"] = MemoryBudgetBytes(c);
+                     d["threads"] = ReadThreads(c);
+                     return d;
+                   },
+                   "The runtime keys (docs/config.md), defaults filled in.")
+      .def("with_runtime_kind",
+           [](const Config& c, const std::string& kind) {
+             Config copy = c;
+             if (kind == "ray") {
+               copy.runtime.kind = RuntimeConfig::Kind::kRay;
+             } else if (kind == "local") {
+               copy.runtime.kind = RuntimeConfig::Kind::kLocal;
+             } else {
+               ThrowStatus(ConfigError("--runtime", "must be local or ray"));
+             }
+             ThrowIfError(ValidateConfig(copy));
+             return copy;
+           },
+           nb::arg("kind"), "A copy with runtime.kind overridden (the CLI's --runtime).")
+      // Pickled as the text it was parsed from (re-parsed, so re-validated), for the
+      // Ray runtime's actors; overrides (dp, runtime kind) travel beside it.
+      .def("__getstate__",
+           [](const Config& c) {
+             // base_dir as it was (relative paths are in the fingerprint): a process
+             // that opens the files works in the same folder (the Ray actors chdir).
+             return nb::make_tuple(c.source_text, c.base_dir, c.topology.dp,
+                                   c.runtime.kind == RuntimeConfig::Kind::kRay);
+           })
+      .def("__setstate__",
+           [](Config& c, const nb::tuple& state) {
+             Config parsed = ValueOrThrow(ParseConfig(nb::cast<std::string>(state[0]),
+                                                      nb::cast<std::string>(state[1])));
+             const int64_t dp = nb::cast<int64_t>(state[2]);
+             if (dp != parsed.topology.dp) ThrowIfError(SetDataParallel(&parsed, dp));
+             parsed.runtime.kind = nb::cast<bool>(state[3]) ? RuntimeConfig::Kind::kRay
+                                                          : RuntimeConfig::Kind::kLocal;
+             new (&c) Config(std::move(parsed));
+           });
 
   m.def("load_config",
         [](const std::string& path) { return ValueOrThrow(LoadConfigFile(path)); },

@@ -11,38 +11,13 @@
 #include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
 #include "braid/runtime/job.h"
+#include "numpy_util.h"
 #include "status_caster.h"
 #include "thread_states.h"
 
 namespace nb = nanobind;
 
 namespace braid::python {
-namespace {
-
-using Storage = std::shared_ptr<std::vector<uint8_t>>;
-
-// A NumPy array over the tensor's storage; the capsule keeps the storage alive.
-nb::object ToNumpy(const Tensor& t) {
-  auto* keep = new Storage(t.storage);
-  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Storage*>(p); });
-  std::vector<size_t> shape(t.shape.begin(), t.shape.end());
-  switch (t.dtype) {
-    case DType::kInt32:
-      return nb::ndarray<nb::numpy, int32_t>(t.storage->data(), shape.size(), shape.data(),
-                                             owner)
-          .cast();
-    case DType::kInt64:
-      return nb::ndarray<nb::numpy, int64_t>(t.storage->data(), shape.size(), shape.data(),
-                                             owner)
-          .cast();
-    case DType::kFloat32:
-      return nb::ndarray<nb::numpy, float>(t.storage->data(), shape.size(), shape.data(),
-                                           owner)
-          .cast();
-  }
-  throw std::runtime_error("unknown dtype");
-}
-
 nb::dict SummaryToDict(const RunSummary& s) {
   nb::dict d;
   d["steps"] = s.steps;
@@ -81,8 +56,6 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["step_seconds"] = s.step_seconds;
   return d;
 }
-
-}  // namespace
 
 void RegisterRuntime(nb::module_& m) {
   nb::class_<Engine>(m, "Engine",

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "braid/runtime/job.h"
 #include "braid/status.h"
 
 namespace braid::python {
@@ -50,6 +51,9 @@ void RegisterRuntime(nanobind::module_& m);
 void RegisterTesting(nanobind::module_& m);
 void RegisterSource(nanobind::module_& m);
 void RegisterInspect(nanobind::module_& m);
-void RegisterPlan(nanobind::module_& m);  // data plane builder (register_plan.cc)
+void RegisterPlan(nanobind::module_& m);
+void RegisterService(nanobind::module_& m);
+// A run's summary as the CLI and report.json read it (register_runtime.cc).
+nanobind::dict SummaryToDict(const RunSummary& summary);  // the roles as services (register_service.cc)  // data plane builder (register_plan.cc)
 
 }  // namespace braid::python

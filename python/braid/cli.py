@@ -87,8 +87,13 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
           f"max {summary['imbalance_max']:.4f}  (max rank cost / mean rank cost)", file=out)
     print(f"                   mean {summary['sequential_imbalance_mean']:.4f} for the same "
           f"sequences assigned in order, as per-rank loaders do", file=out)
-    print(f"  peak memory      {_fmt_bytes(summary['loader_peak_rss_bytes'])} (process RSS)",
-          file=out)
+    if summary.get("runtime") == "ray":
+        print(f"  memory           {_fmt_bytes(summary['loader_peak_rss_bytes'])} (RSS of "
+              f"the job's {len(summary['actors'])} actors at the end; job {summary['job']})",
+              file=out)
+    else:
+        print(f"  peak memory      {_fmt_bytes(summary['loader_peak_rss_bytes'])} "
+              "(process RSS)", file=out)
     print("  source share     achieved / target", file=out)
     for name, share in summary["source_share"].items():
         print(f"    {name:<14} {share:.4f} / {summary['target_share'][name]:.4f}"
@@ -114,7 +119,12 @@ def _run(config, steps: int, report: Optional[str]) -> dict:
             print(f"step {s['steps']:>6}/{steps}  {s['tokens_per_s']:>12,.0f} tok/s  "
                   f"imbalance {s['step_imbalance'][-1]:.4f}", flush=True)
 
-    summary = _core.run_job(config, steps, progress)
+    if config.runtime["kind"] == "ray":
+        from braid.ray_runtime.run import run_job
+
+        summary = run_job(config, steps, progress)
+    else:
+        summary = _core.run_job(config, steps, progress)
     _print_summary(summary)
     if report:
         from braid.report import write_report
@@ -124,8 +134,12 @@ def _run(config, steps: int, report: Optional[str]) -> dict:
     return summary
 
 
+def _with_runtime(config, runtime: Optional[str]):
+    return config if runtime is None else config.with_runtime_kind(runtime)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = _with_runtime(load_config(args.config), args.runtime)
     if args.dp is not None:
         config = config.with_dp(args.dp)
     _run(config, args.steps, args.report)
@@ -141,9 +155,56 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"under {data_dir}")
     print(f"config: {demo['config_path']}  ({args.dp} simulated DP ranks, "
           f"{args.micro_batches} micro-batches of {args.seq_len} tokens per rank per step)")
-    config = load_config(demo["config_path"])
+    config = _with_runtime(load_config(demo["config_path"]), args.runtime)
     report = args.report or os.path.join(data_dir, "report")
     _run(config, args.steps, report)
+    return 0
+
+
+def _ray_connect(args: argparse.Namespace):
+    from braid.ray_runtime import job as jobs
+    from braid.ray_runtime._ray import ray
+
+    if not ray.is_initialized():
+        try:
+            ray.init(address=args.address, log_to_driver=False, configure_logging=False)
+        except ConnectionError as e:
+            raise _core.ConfigError(f"--address: no Ray cluster at {args.address!r} ({e})")
+    return jobs
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    jobs = _ray_connect(args)
+    names = [args.job] if args.job else jobs.jobs(args.namespace)
+    if not names:
+        print(f"no braid jobs in namespace {args.namespace!r}")
+    for name in names:
+        actors = jobs.status(name, args.namespace)
+        if args.json:
+            print(json.dumps({"job": name, "actors": actors}))
+            continue
+        print(f"job {name}: {len(actors)} actors")
+        for a in actors:
+            if "error" in a:
+                print(f"  {a['name']:<48} not answering: {a['error']}")
+                continue
+            extra = {k: v for k, v in a.items()
+                     if k not in ("name", "role", "pid", "rss_bytes", "node")}
+            print(f"  {a['name']:<48} node {a['node'][:12]} pid {a['pid']:<7} "
+                  f"rss {_fmt_bytes(a['rss_bytes']):>9}  "
+                  + " ".join(f"{k}={v}" for k, v in extra.items()))
+    if args.job and not jobs.actor_names(args.job, args.namespace):
+        print(f"braid: error: no actors of job {args.job!r} in namespace "
+              f"{args.namespace!r}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    jobs = _ray_connect(args)
+    names = jobs.stop(args.job, args.namespace)
+    print(f"job {args.job}: stopped {len(names)} actors"
+          + (": " + ", ".join(names) if names else ""))
     return 0
 
 
@@ -215,6 +276,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=100)
     run.add_argument("--dp", type=int, help="override topology.dp")
     run.add_argument("--report", help="write report.json and plots to this folder")
+    run.add_argument("--runtime", choices=["local", "ray"],
+                     help="override runtime.kind (ray: starts a local Ray if none runs)")
     run.set_defaults(func=_cmd_run)
 
     demo = sub.add_parser("demo", help="make a small multi-source dataset and run it")
@@ -225,6 +288,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--dp", type=int, default=8)
     demo.add_argument("--micro-batches", type=int, default=4)
     demo.add_argument("--report", help="report folder (default: DIR/report)")
+    demo.add_argument("--runtime", choices=["local", "ray"],
+                      help="override runtime.kind (ray: starts a local Ray if none runs)")
     demo.set_defaults(func=_cmd_demo)
 
     inspect = sub.add_parser("inspect", help="schema, files, rows, token-length histogram")
@@ -232,6 +297,18 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--column", help="token column (default: the first list<int>)")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
+
+    # --- the Ray runtime's jobs (docs/distributed.md) ---
+    status = sub.add_parser("status", help="a Ray job's actors: node, memory, progress")
+    status.add_argument("job", nargs="?", help="the job's name (default: every job)")
+    stop = sub.add_parser("stop", help="remove a Ray job's actors (e.g. a crashed job's)")
+    stop.add_argument("job")
+    for cmd in (status, stop):
+        cmd.add_argument("--namespace", default="braid", help="runtime.namespace")
+        cmd.add_argument("--address", default="auto", help="the Ray cluster (runtime.address)")
+    status.add_argument("--json", action="store_true", help="one JSON object per job")
+    status.set_defaults(func=_cmd_status)
+    stop.set_defaults(func=_cmd_stop)
 
     # --- planner: calibrate (docs/planner.md) ---
     cal = sub.add_parser("calibrate", help="fit balance.cost.attn/linear from step timings")

@@ -123,10 +123,17 @@ class Loader(torch.utils.data.IterableDataset):
         # the previous one stopped (the stream has no epochs to restart).
         self.close()
         _install_sigterm_handler()
-        self._engine = _core.make_engine(
-            self._config, [self.bucket], self._state_json,
-            view=(self.tp_rank, self.pp_rank, self.cp_rank),
-            split_context=self.split_context)
+        if self._config.runtime["kind"] == "ray":
+            # The job's shared actors build the batches (docs/distributed.md).
+            from braid.ray_runtime.client import RayStream
+            self._engine = RayStream(self._config, self.bucket,
+                                     (self.tp_rank, self.pp_rank, self.cp_rank),
+                                     self.split_context, self._state_json)
+        else:
+            self._engine = _core.make_engine(
+                self._config, [self.bucket], self._state_json,
+                view=(self.tp_rank, self.pp_rank, self.cp_rank),
+                split_context=self.split_context)
         _running.add(self)
         return self._batches(self._engine)
 

@@ -562,7 +562,7 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                 "image_column", "weight", "oversize", "on_error",
                                 "storage", "image",
                                 "shuffle_window", "shuffle_window_bytes", "chat", "workers",
-                                "transform", "loaders", "tokenizer"}));
+                                "transform", "loaders", "tokenizer", "length_column"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -579,6 +579,20 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
   }
   ARROW_RETURN_NOT_OK(ParseSourceTransform(node, path, &src));
   ARROW_RETURN_NOT_OK(ParseSourceImage(node, path, &src));  // images
+  if (node["length_column"]) {
+    const std::string key = Join(path, "length_column");
+    ARROW_ASSIGN_OR_RAISE(src.length_column,
+                          Scalar<std::string>(node["length_column"], key, "a string"));
+    if (src.length_column.empty()) return ConfigError(key, "must not be empty");
+    if (src.tokens_column.empty()) {
+      return ConfigError(key,
+                         "applies to tokens_column sources only (a text, chat, image or "
+                         "transform source has no token count before it is tokenized)");
+    }
+    if (src.length_column == src.tokens_column) {
+      return ConfigError(key, "must name another column than tokens_column");
+    }
+  }
   if (node["tokenizer"]) {
     ARROW_ASSIGN_OR_RAISE(src.tokenizer,
                           ParseTokenizer(node["tokenizer"], Join(path, "tokenizer"),
@@ -817,16 +831,61 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
-                                 "threads", "memory_bytes"}));
+                                 "threads", "memory_bytes", "address", "namespace", "job",
+                                 "source_actors", "steps_in_flight", "timeout_s",
+                                 "actor_resources"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
       if (kind == "ray") {
-        return ConfigError("runtime.kind", "'ray' is not supported in this version");
-      }
-      if (kind != "local") {
+        c.runtime.kind = RuntimeConfig::Kind::kRay;
+      } else if (kind != "local") {
         return ConfigError("runtime.kind", "must be one of local | ray, got '" +
                                                EscapeForMessage(kind) + "'");
+      }
+    }
+    const std::pair<const char*, std::string*> names[] = {
+        {"address", &c.runtime.address},
+        {"namespace", &c.runtime.ray_namespace},
+        {"job", &c.runtime.job}};
+    for (const auto& [key, out] : names) {
+      if (!rt[key]) continue;
+      ARROW_ASSIGN_OR_RAISE(*out, Scalar<std::string>(rt[key], Join("runtime", key),
+                                                      "a string"));
+      if (out->empty() && std::string(key) != "job") {
+        return ConfigError(Join("runtime", key), "must not be empty");
+      }
+    }
+    if (rt["source_actors"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.source_actors,
+                            PositiveInt(rt["source_actors"], "runtime.source_actors"));
+    }
+    if (rt["steps_in_flight"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.steps_in_flight,
+                            PositiveInt(rt["steps_in_flight"], "runtime.steps_in_flight"));
+    }
+    if (const YAML::Node res = rt["actor_resources"]) {
+      if (!res.IsMap()) {
+        return ConfigError("runtime.actor_resources",
+                           "must map Ray resource names to amounts");
+      }
+      ARROW_RETURN_NOT_OK(Visit(res.size(), "runtime.actor_resources"));
+      for (const auto& kv : res) {
+        if (!kv.first.IsScalar() || kv.first.Scalar().empty()) {
+          return ConfigError("runtime.actor_resources",
+                             "keys must be resource names" + Position(kv.first.Mark()));
+        }
+        const std::string key = Join("runtime.actor_resources", kv.first.Scalar());
+        ARROW_ASSIGN_OR_RAISE(double amount, Scalar<double>(kv.second, key, "a number"));
+        if (!(amount > 0) || amount > 1e9) return ConfigError(key, "must be > 0");
+        c.runtime.actor_resources.emplace_back(kv.first.Scalar(), amount);
+      }
+    }
+    if (rt["timeout_s"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.timeout_s,
+                            Scalar<double>(rt["timeout_s"], "runtime.timeout_s", "seconds"));
+      if (!(c.runtime.timeout_s > 0) || c.runtime.timeout_s > 86400) {
+        return ConfigError("runtime.timeout_s", "must be in (0, 86400] seconds");
       }
     }
     if (rt["read_ahead_bytes"]) {
@@ -986,7 +1045,8 @@ std::string Config::Fingerprint() const {
     // The byte bound changes the order (windows, blocks); 0 keeps the rows-only order
     // and its fingerprint, so states saved before the bound existed resume under it.
     if (s.shuffle_window_bytes != 0) os << ":wb=" << s.shuffle_window_bytes;
-    // Transforms change the tokens; worker count does not change the stream.
+    // Transforms change the tokens; worker count does not change the stream, nor does
+    // length_column (a length that disagrees with its token list is an error).
     if (!s.text_column.empty() || s.chat.enabled()) {
       os << ":text=" << s.text_column << ":chat=" << s.chat.prompt_column << ','
          << s.chat.response_column << ',' << s.chat.messages_column;
@@ -1052,6 +1112,15 @@ Status CheckTopology(const Topology& t) {
 }
 
 Status ValidateConfig(const Config& c) {
+  if (c.runtime.kind == RuntimeConfig::Kind::kRay) {
+    for (size_t i = 0; i < c.sources.size(); ++i) {
+      if (!c.sources[i].image_column.empty()) {
+        return ConfigError(Index("sources", i) + ".image_column",
+                           "runtime.kind: ray does not serve image payloads yet; use the "
+                           "local runtime for image-caption sources");
+      }
+    }
+  }
   const auto& b = c.batch;
   if (b.global_tokens % b.seq_len != 0) {
     return ConfigError("batch.global_tokens",
@@ -1155,7 +1224,9 @@ Result<Config> ParseConfig(const std::string& text, const std::string& base_dir)
   // Aliases are shared nodes, not copies; the budget bounds how often they are walked.
   t_visit_budget = static_cast<int64_t>(text.size()) + 64;
   try {
-    return ParseRoot(root, base_dir);
+    ARROW_ASSIGN_OR_RAISE(Config config, ParseRoot(root, base_dir));
+    config.source_text = text;
+    return config;
   } catch (const YAML::Exception& e) {
     return ConfigError("config", "cannot be read" + Position(e.mark) + ": " +
                                      EscapeForMessage(e.msg, 200));

@@ -81,6 +81,11 @@ struct SourceConfig {
   std::string name;
   std::string path;           ///< as written: a file, a directory or a glob
   std::string tokens_column;  ///< list<int32|int64> column of token ids
+  /// `sources[].length_column`: an integer column holding each row's token count (the
+  /// length of its token list); planning reads it alone, a run checks it against the
+  /// token lists (docs/sources.md). Only with tokens_column; "" none. Not part of the
+  /// stream: a length that disagrees with its token list is an error, never a change.
+  std::string length_column;
   WeightSchedule weight;
   Oversize oversize = Oversize::kSplit;
   OnError on_error = OnError::kFail;
@@ -228,6 +233,21 @@ struct RuntimeConfig {
   /// The source loaders' memory budget, shared by weight (source/budget.h); 0: derived
   /// from the job (DefaultMemoryBytes).
   int64_t memory_bytes = 0;
+  // --- Distributed runtime (docs/distributed.md); runtime.kind: ray ---
+  enum class Kind : int8_t { kLocal, kRay };
+  Kind kind = Kind::kLocal;
+  std::string address = "auto";   ///< runtime.address: the Ray cluster to join
+  std::string ray_namespace = "braid";  ///< runtime.namespace of the job's named actors
+  /// runtime.job: the job's name (its actors' prefix); empty: derived from the config's
+  /// fingerprint and start state, so every rank of one job finds the same actors.
+  std::string job;
+  int64_t source_actors = 1;     ///< runtime.source_actors: actors hosting the sources
+  int64_t steps_in_flight = 2;   ///< runtime.steps_in_flight: steps built ahead
+  double timeout_s = 120;        ///< runtime.timeout_s: the longest wait on any actor
+  /// runtime.actor_resources: Ray resources the planner and source actors require (to
+  /// place them on chosen nodes), in config order.
+  std::vector<std::pair<std::string, double>> actor_resources;
+  // --- end distributed runtime ---
 };
 
 struct Config {
@@ -244,6 +264,9 @@ struct Config {
     return sources[i].tokenizer.model.empty() ? tokenizer : sources[i].tokenizer;
   }
   std::vector<PhaseConfig> phases;  ///< planner: until_step strictly increasing
+  /// The text ParseConfig read this config from (with base_dir), so a copy can be
+  /// re-parsed in another process (the Ray runtime's actors); not in the fingerprint.
+  std::string source_text;
   std::string base_dir;  ///< relative source paths resolve against this folder
 
   /// Sequences in one global step (global_tokens / seq_len); independent of dp.

@@ -258,8 +258,45 @@ TEST(ConfigTest, UnsupportedFeaturesAreNamedErrors) {
   EXPECT_TRUE(ParseConfig("topology: {cp: 4}\n" + Minimal(), "/base").ok());
   ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, packing: false}"),
                     "batch.packing");
-  ExpectConfigError("runtime: {kind: ray}\n" + Minimal(), "runtime.kind");
   ExpectConfigError("runtime: {kind: slurm}\n" + Minimal(), "runtime.kind");
+}
+
+TEST(ConfigTest, RayRuntimeKeys) {
+  auto c = ParseConfig(
+      "runtime: {kind: ray, address: '10.0.0.1:6379', namespace: team, job: run7,\n"
+      "  source_actors: 3, steps_in_flight: 4, timeout_s: 30.5,\n"
+      "  actor_resources: {loaders: 0.01, cpu_node: 1}}\n" + Minimal(),
+      "/base");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->runtime.kind, RuntimeConfig::Kind::kRay);
+  EXPECT_EQ(c->runtime.address, "10.0.0.1:6379");
+  EXPECT_EQ(c->runtime.ray_namespace, "team");
+  EXPECT_EQ(c->runtime.job, "run7");
+  EXPECT_EQ(c->runtime.source_actors, 3);
+  EXPECT_EQ(c->runtime.steps_in_flight, 4);
+  EXPECT_DOUBLE_EQ(c->runtime.timeout_s, 30.5);
+  ASSERT_EQ(c->runtime.actor_resources.size(), 2u);
+  EXPECT_EQ(c->runtime.actor_resources[0].first, "loaders");
+  EXPECT_DOUBLE_EQ(c->runtime.actor_resources[1].second, 1.0);
+  // The runtime does not change the stream: same fingerprint as the local one.
+  auto local = ParseConfig(Minimal(), "/base");
+  ASSERT_TRUE(local.ok());
+  EXPECT_EQ(c->Fingerprint(), local->Fingerprint());
+  // The text is kept, to be parsed again in another process.
+  auto again = ParseConfig(c->source_text, c->base_dir);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->runtime.job, "run7");
+
+  ExpectConfigError("runtime: {kind: ray, timeout_s: 0}\n" + Minimal(), "runtime.timeout_s");
+  ExpectConfigError("runtime: {kind: ray, source_actors: 0}\n" + Minimal(),
+                    "runtime.source_actors");
+  ExpectConfigError("runtime: {kind: ray, address: ''}\n" + Minimal(), "runtime.address");
+  ExpectConfigError("runtime: {kind: ray, actor_resources: [1]}\n" + Minimal(),
+                    "runtime.actor_resources");
+  ExpectConfigError("runtime: {kind: ray, actor_resources: {gpu: -1}}\n" + Minimal(),
+                    "runtime.actor_resources.gpu");
+  ExpectConfigError("runtime: {kind: ray, shadow: true}\n" + Minimal(), "runtime.shadow",
+                    "unknown key");
 }
 
 TEST(WeightScheduleTest, PiecewiseLinearBetweenPointsConstantOutside) {
@@ -581,6 +618,37 @@ TEST(ConfigTest, ThreadsMemoryBudgetAndWindowBytes) {
   threads.runtime.threads = 7;
   threads.runtime.memory_bytes = 5;
   EXPECT_EQ(threads.Fingerprint(), d->Fingerprint());  // speed and memory only
+}
+
+
+TEST(ConfigTest, LengthColumnIsCheckedAndLeavesTheFingerprint) {
+  auto with = ParseConfig(Minimal("{global_tokens: 4096, seq_len: 1024}",
+                                  ", length_column: n_tokens"),
+                          "/base");
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->sources[0].length_column, "n_tokens");
+  EXPECT_EQ(with->sources[1].length_column, "");
+  // It cannot change the stream (a disagreeing length is an error), so a state saved
+  // without it resumes with it.
+  auto without = ParseConfig(Minimal(), "/base");
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(with->Fingerprint(), without->Fingerprint());
+  const std::string batch = "{global_tokens: 4096, seq_len: 1024}";
+  ExpectConfigError(Minimal(batch, ", length_column: ''"), "sources[0].length_column",
+                    "empty");
+  ExpectConfigError(Minimal(batch, ", length_column: [n]"), "sources[0].length_column",
+                    "a string");
+  ExpectConfigError(Minimal(batch, ", length_column: ids"), "sources[0].length_column",
+                    "another column");
+  // Only token sources: a text source's count is known only once it is tokenized.
+  ExpectConfigError(
+      "tokenizer: {model: m.model}\nbatch: {global_tokens: 4096, seq_len: 1024}\n"
+      "sources:\n  - {name: a, path: a.parquet, text_column: t, length_column: n}\n",
+      "sources[0].length_column", "tokens_column sources only");
+  ExpectConfigError(
+      "batch: {global_tokens: 4096, seq_len: 1024}\nsources:\n  - {name: a, path: "
+      "a.parquet, transform: {python: 'm:f', columns: [t]}, length_column: n}\n",
+      "sources[0].length_column", "tokens_column sources only");
 }
 
 }  // namespace

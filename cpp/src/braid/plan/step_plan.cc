@@ -277,4 +277,10 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
   }
 }
 
+std::string ClientStateJson(const PlannerState& before, const PlannerState& after,
+                            int64_t consumed, int64_t per_step, const Config& config) {
+  if (consumed >= per_step) return PlannerStateToJson(after, config, 0);
+  return PlannerStateToJson(before, config, consumed);
+}
+
 }  // namespace braid

@@ -198,6 +198,12 @@ std::string StepPlanToJson(const StepPlan& plan, const Config& config);
 std::string PlannerStateToJson(const PlannerState& state, const Config& config,
                                int64_t consumed_micro_batches = 0);
 
+/// The state of a client that has received `consumed` of its `per_step` micro-batches
+/// of the step planned from `before` to `after`: resuming from it continues right after
+/// the last micro-batch received (`after` once the step is complete).
+std::string ClientStateJson(const PlannerState& before, const PlannerState& after,
+                            int64_t consumed, int64_t per_step, const Config& config);
+
 /// Parses PlannerStateToJson's output and checks it against `config` (fingerprint,
 /// source names). Fails with a config error under the key "state".
 Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config& config,

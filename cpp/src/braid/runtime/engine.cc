@@ -214,10 +214,9 @@ std::string Engine::StateJson() const {
   if (last_plan_ == nullptr) {
     return PlannerStateToJson(start_state_, config_, skip_first_);
   }
-  if (last_index_ + 1 >= local_micro_batches_per_step(last_plan_->step)) {
-    return PlannerStateToJson(last_plan_->state_after, config_, 0);
-  }
-  return PlannerStateToJson(last_plan_->state_before, config_, last_index_ + 1);
+  return ClientStateJson(last_plan_->state_before, last_plan_->state_after,
+                         last_index_ + 1, local_micro_batches_per_step(last_plan_->step),
+                         config_);
 }
 
 }  // namespace braid

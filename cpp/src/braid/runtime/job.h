@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/plan/step_plan.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -50,6 +51,39 @@ struct RunSummary {
   int64_t multimodal_deferred = 0;
   std::vector<double> step_imbalance;
   std::vector<double> step_seconds;  ///< wall time to receive each step's micro-batches
+};
+
+/// What a run's summary takes from one step's plan (whichever runtime planned it).
+struct PlanFigures {
+  int64_t step = 0;
+  double imbalance = 1.0;
+  double sequential_imbalance = 1.0;
+  std::vector<int64_t> source_tokens;
+  std::vector<int64_t> skipped;  ///< per source, samples skipped since the start (state)
+  int64_t padding_tokens = 0;
+  int64_t multimodal_cut = 0;
+  int64_t multimodal_deferred = 0;
+};
+PlanFigures FiguresOf(const StepPlan& plan, const Config& config);
+
+/// Builds a RunSummary step by step, from each step's plan figures and what the
+/// simulated ranks received; both runtimes' `braid run` use it. Thread-compatible.
+class RunRecorder {
+ public:
+  explicit RunRecorder(const Config& config);
+  /// Records one step whose micro-batches were all received: `tokens` slots in
+  /// `micro_batches` micro-batches, `step_seconds` after the previous step, `elapsed`
+  /// since the run started.
+  void AddStep(const PlanFigures& plan, int64_t tokens, int64_t micro_batches,
+               double step_seconds, double elapsed);
+  RunSummary& summary() { return summary_; }
+
+ private:
+  const Config& config_;
+  RunSummary summary_;
+  double imbalance_sum_ = 0, sequential_sum_ = 0;
+  int64_t first_step_tokens_ = 0;
+  std::vector<double> target_sum_;
 };
 
 /// Runs the whole pipeline for `steps` steps with every DP rank simulated in this process:

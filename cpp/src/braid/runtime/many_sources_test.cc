@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
 #include "braid/runtime/job.h"
 #include "braid/source/budget.h"
@@ -156,6 +157,64 @@ TEST(ManySourcesTest, SharesFollowTheWeightsAndTheDefaultFollowsTheJob) {
   config.batch.global_tokens = int64_t{1} << 24;  // 64 MiB of tokens per step
   config.runtime.memory_bytes = 0;
   EXPECT_GE(MemoryBudgetBytes(config), 4 * (int64_t{1} << 26));  // prefetch_steps + 2
+}
+
+// Planning without payloads (token counts from the Parquet levels, or from a length
+// column) plans what a run plans: the same documents in every step.
+TEST(ManySourcesTest, PlanOnlyPlansAreTheRunsWithAndWithoutALengthColumn) {
+  testing::ScopedTempDir dir;
+  testing::LengthSpec spec;
+  spec.median_tokens = 40;
+  spec.max_tokens = 400;
+  Config config;
+  config.seed = 11;
+  config.topology.dp = 4;
+  config.batch.seq_len = 64;
+  config.batch.global_tokens = 64 * 64;
+  for (int s = 0; s < 6; ++s) {
+    auto docs = testing::RandomDocs(80, spec, uint64_t(s + 20));
+    testing::TokenFileOptions o;
+    o.row_group_rows = s % 2 == 0 ? 80 : 9;  // one large row group (in blocks), or many
+    o.length_column = "n";
+    o.null_rows = {int64_t{s} * 7 % 80};
+    docs[size_t(s * 11 % 80)].clear();  // an empty row
+    const std::string path = dir.Sub("s" + std::to_string(s) + ".parquet");
+    ASSERT_TRUE(testing::WriteTokenFile(path, docs, o).ok());
+    SourceConfig sc;
+    sc.name = "s" + std::to_string(s);
+    sc.path = path;
+    sc.tokens_column = "input_ids";
+    sc.on_error = OnError::kSkip;
+    sc.shuffle_window_rows = 30;
+    sc.shuffle_window_bytes = 4000;
+    sc.weight.points = {{0, 1.0 + s}};
+    config.sources.push_back(sc);
+  }
+  constexpr int64_t kSteps = 6;  // several epochs of the smaller sources
+  // The run's plans, as `braid plan` prints them.
+  std::vector<std::string> run;
+  Engine::Options options;
+  options.on_plan = [&](const StepPlan& plan) {
+    if (int64_t(run.size()) < kSteps) run.push_back(StepPlanToJson(plan, config));
+  };
+  {
+    auto engine = Engine::Make(config, std::move(options));
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    const int64_t per_step = 4 * config.MicroBatchesPerRankAt(0);
+    for (int64_t k = 0; k < kSteps * per_step; ++k) {
+      auto batch = (*engine)->Next();
+      ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    }
+  }
+  ASSERT_GE(run.size(), size_t(kSteps));
+  auto levels = PlanLines(config, kSteps);
+  Config with_lengths = config;
+  for (auto& s : with_lengths.sources) s.length_column = "n";
+  auto lengths = PlanLines(with_lengths, kSteps);
+  ASSERT_EQ(levels.size(), size_t(kSteps + 1));
+  EXPECT_EQ(lengths, levels);  // plans and the final state
+  levels.pop_back();
+  EXPECT_EQ(levels, std::vector<std::string>(run.begin(), run.begin() + kSteps));
 }
 
 }  // namespace

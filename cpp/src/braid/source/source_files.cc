@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 
 #include <arrow/api.h>
@@ -16,8 +17,11 @@
 #include <parquet/arrow/schema.h>
 #include <parquet/properties.h>
 #include <parquet/exception.h>
+#include <parquet/column_page.h>
+#include <parquet/column_reader.h>
 #include <parquet/file_reader.h>
 
+#include "braid/source/read_memory.h"
 #include "braid/util/retry_internal.h"
 
 namespace braid {
@@ -202,6 +206,44 @@ ColumnSpec TokenColumnSpec(const std::string& name, const std::string& key) {
 
 namespace {
 
+template <typename ArrayType>
+int64_t ValueOf(const arrow::Array& a, int64_t i) {
+  return static_cast<int64_t>(static_cast<const ArrayType&>(a).Value(i));
+}
+
+}  // namespace
+
+bool IntegerAt(const arrow::Array& a, int64_t i, int64_t* out) {
+  if (a.IsNull(i)) return false;
+  switch (a.type_id()) {
+    case arrow::Type::INT8: *out = ValueOf<arrow::Int8Array>(a, i); break;
+    case arrow::Type::INT16: *out = ValueOf<arrow::Int16Array>(a, i); break;
+    case arrow::Type::INT32: *out = ValueOf<arrow::Int32Array>(a, i); break;
+    case arrow::Type::INT64: *out = ValueOf<arrow::Int64Array>(a, i); break;
+    case arrow::Type::UINT8: *out = ValueOf<arrow::UInt8Array>(a, i); break;
+    case arrow::Type::UINT16: *out = ValueOf<arrow::UInt16Array>(a, i); break;
+    case arrow::Type::UINT32: *out = ValueOf<arrow::UInt32Array>(a, i); break;
+    case arrow::Type::UINT64: {
+      const uint64_t v = static_cast<const arrow::UInt64Array&>(a).Value(i);
+      *out = v > uint64_t(std::numeric_limits<int64_t>::max()) ? -1 : int64_t(v);
+      break;
+    }
+    default: *out = -1; break;
+  }
+  return true;
+}
+
+ColumnSpec LengthColumnSpec(const std::string& name, const std::string& key) {
+  ColumnSpec spec{name, key, [](const arrow::DataType& type) {
+                    const bool ok = arrow::is_integer(type.id());
+                    return std::string(ok ? "" : "an integer column");
+                  }};
+  spec.length = true;
+  return spec;
+}
+
+namespace {
+
 void LeafColumns(const parquet::arrow::SchemaField& field, std::vector<int>* out) {
   if (field.is_leaf()) out->push_back(field.column_index);
   for (const auto& child : field.children) LeafColumns(child, out);
@@ -315,27 +357,40 @@ Status At(const Status& st, const std::string& path, const std::string& where) {
 
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatchedInput(
     std::shared_ptr<arrow::io::RandomAccessFile> input, const std::string& path,
-    std::shared_ptr<std::atomic<bool>> io_failed);
+    std::shared_ptr<std::atomic<bool>> io_failed,
+    const parquet::ReaderProperties* props = nullptr);
 
 // Opens `path` through a WatchedFile that sets `io_failed`.
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatched(
     arrow::fs::FileSystem* fs, const std::string& path,
-    std::shared_ptr<std::atomic<bool>> io_failed) {
+    std::shared_ptr<std::atomic<bool>> io_failed,
+    const parquet::ReaderProperties* props = nullptr) {
   auto input = fs->OpenInputFile(path);
   if (!input.ok()) return StorageError(path, OneLine(input.status().message()));
-  return OpenWatchedInput(std::move(*input), path, std::move(io_failed));
+  return OpenWatchedInput(std::move(*input), path, std::move(io_failed), props);
 }
 
-// Opens the Parquet file `input` (`path`) through a WatchedFile that sets `io_failed`.
+// Opens the Parquet file `input` (`path`) through a WatchedFile that sets `io_failed`,
+// with `props` (null: Parquet's defaults).
 Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatchedInput(
     std::shared_ptr<arrow::io::RandomAccessFile> input, const std::string& path,
-    std::shared_ptr<std::atomic<bool>> io_failed) {
+    std::shared_ptr<std::atomic<bool>> io_failed,
+    const parquet::ReaderProperties* props) {
   auto file = std::make_shared<WatchedFile>(std::move(input), io_failed);
   std::string what;
   try {
-    auto reader = parquet::arrow::OpenFile(file, arrow::default_memory_pool());
-    if (reader.ok()) return std::move(*reader);
-    what = reader.status().message();
+    // Pages and arrays both in Braid's read pool (source/read_memory.h), unless the
+    // caller gives its own reader properties.
+    const parquet::ReaderProperties defaults(ReadMemoryPool());
+    parquet::arrow::FileReaderBuilder builder;
+    Status st = builder.Open(file, props != nullptr ? *props : defaults);
+    if (st.ok()) {
+      builder.memory_pool(ReadMemoryPool());
+      auto reader = builder.Build();
+      if (reader.ok()) return std::move(*reader);
+      st = reader.status();
+    }
+    what = st.message();
   } catch (const std::exception& e) {
     what = e.what();
   }
@@ -360,13 +415,16 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> OpenParquet(
 
 Result<std::unique_ptr<parquet::arrow::FileReader>> SourceFiles::OpenFile(
     const std::string& remote, size_t index, bool download,
-    std::shared_ptr<std::atomic<bool>> io_failed) {
+    std::shared_ptr<std::atomic<bool>> io_failed,
+    const parquet::ReaderProperties* props) {
   if (io_failed == nullptr) io_failed = std::make_shared<std::atomic<bool>>(false);
   if (cache_) {
     ARROW_ASSIGN_OR_RAISE(auto local, cache_->Open(fs_.get(), infos_[index], download));
-    if (local) return OpenWatchedInput(std::move(local), remote, std::move(io_failed));
+    if (local) {
+      return OpenWatchedInput(std::move(local), remote, std::move(io_failed), props);
+    }
   }
-  return OpenWatched(fs_.get(), remote, std::move(io_failed));
+  return OpenWatched(fs_.get(), remote, std::move(io_failed), props);
 }
 
 Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& source,
@@ -380,6 +438,9 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
                                                        std::vector<ColumnSpec> columns) {
   std::unique_ptr<SourceFiles> out(new SourceFiles());
   out->columns_ = std::move(columns);
+  for (size_t c = 0; c < out->columns_.size(); ++c) {
+    if (out->columns_[c].length) out->length_spec_ = static_cast<int>(c);
+  }
   std::vector<std::string> paths;
   ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths,
                                    source.storage_anonymous));
@@ -442,12 +503,22 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     for (const auto& c : out->columns_) {
       const int index = schema->GetFieldIndex(c.name);
       if (index < 0) {
+        // The length column is the config's promise about the files: a config error.
+        if (c.length) {
+          return ConfigError(c.key, "no column '" + c.name + "' in " + path +
+                                        "; columns: " + ColumnList(*schema));
+        }
         return DataError(path, "no column '" + c.name + "' (" + c.key +
                                    "); columns: " + ColumnList(*schema));
       }
       const auto& type = *schema->field(index)->type();
       const std::string expected = c.check(type);
       if (!expected.empty()) {
+        if (c.length) {
+          return ConfigError(c.key, "column '" + c.name + "' in " + path + " has type " +
+                                        type.ToString() + ", expected " + expected +
+                                        " (each row's token count)");
+        }
         return DataError(path, "column '" + c.name + "' (" + c.key + ") has type " +
                                    type.ToString() + ", expected " + expected);
       }
@@ -455,9 +526,13 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     }
     file.column = indices.empty() ? -1 : indices.front();
     const auto metadata = (*reader)->parquet_reader()->metadata();
-    std::vector<int> leaves;
-    for (int index : indices) LeafColumns((*reader)->manifest().schema_fields[size_t(index)],
-                                          &leaves);
+    std::vector<int> leaves;  // read
+    std::vector<int> sized;   // counted in row_group_bytes: not the length column's
+    for (size_t c = 0; c < indices.size(); ++c) {
+      const auto& field = (*reader)->manifest().schema_fields[size_t(indices[c])];
+      LeafColumns(field, &leaves);
+      if (!out->columns_[c].length) LeafColumns(field, &sized);
+    }
     int64_t first = 0;
     for (int rg = 0; rg < metadata->num_row_groups(); ++rg) {
       const auto row_group = metadata->RowGroup(rg);
@@ -465,7 +540,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
       file.row_group_rows.push_back(rows);
       file.row_group_first_row.push_back(first);
       int64_t bytes = 0;
-      for (int leaf : leaves) {
+      for (int leaf : sized) {
         // What the chunk decodes to: its uncompressed size, or, for fixed-width values
         // (dictionary- or bit-packed token ids are smaller on disk), the values' width.
         const auto chunk = row_group->ColumnChunk(leaf);
@@ -503,22 +578,28 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   return out;
 }
 
-Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(int file,
-                                                                            int row_group) {
+template <typename T>
+Result<T> SourceFiles::Retried(int file, int row_group,
+                               const std::function<Result<T>()>& read) {
   const Status& lost = lost_[size_t(file)];
   if (!lost.ok()) {
     return StorageError(DataLocation(files_[size_t(file)].path, row_group, -1),
                         "not read: the file was lost earlier (" + lost.message() + ")");
   }
   int tries = 0;
-  auto out = internal::RetryStorage([&] { return ReadColumnsOnce(file, row_group); },
-                                    internal::kStorageRetryDelaysMs, &tries);
+  auto out = internal::RetryStorage(read, internal::kStorageRetryDelaysMs, &tries);
   if (out.ok() || !out.status().IsIOError()) return out;
   Status st = out.status();
   if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
   lost_[size_t(file)] = st;
   ++dead_files_;
   return st;
+}
+
+Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(int file,
+                                                                            int row_group) {
+  return Retried<std::vector<std::shared_ptr<arrow::Array>>>(
+      file, row_group, [&] { return ReadColumnsOnce(file, row_group); });
 }
 
 Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumnsOnce(
@@ -603,7 +684,7 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
       const int64_t bytes = std::max<int64_t>(1, f.row_group_bytes[size_t(row_group)]);
       const int64_t chunk_rows = std::max<int64_t>(
           1, static_cast<int64_t>(__int128{rg_rows} * kBlockChunkBytes / bytes));
-      parquet::ReaderProperties props(arrow::default_memory_pool());
+      parquet::ReaderProperties props(ReadMemoryPool());
       props.enable_buffered_stream();
       props.set_buffer_size(kBlockChunkBytes);
       parquet::ArrowReaderProperties arrow_props;
@@ -623,6 +704,7 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
       Status st = builder.Open(input, props);
       if (!st.ok()) return fail(st.message());
       builder.properties(arrow_props);
+      builder.memory_pool(ReadMemoryPool());
       auto built = builder.Build();
       if (!built.ok()) return fail(built.status().message());
       block_file_reader_ = std::move(*built);
@@ -678,6 +760,175 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
 Result<std::shared_ptr<arrow::Array>> SourceFiles::ReadTokens(int file, int row_group) {
   ARROW_ASSIGN_OR_RAISE(auto columns, ReadColumns(file, row_group));
   return columns.front();
+}
+
+Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengths(
+    int file, int row_group) {
+  if (lengths_cached_ != nullptr && lengths_cached_file_ == file &&
+      lengths_cached_row_group_ == row_group) {
+    return lengths_cached_;
+  }
+  return Retried<std::shared_ptr<const std::vector<RowLength>>>(
+      file, row_group, [&] { return ReadLengthsOnce(file, row_group); });
+}
+
+Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengthsOnce(
+    int file, int row_group) {
+  const File& f = files_[static_cast<size_t>(file)];
+  const std::string where = DataLocation(f.path, row_group, -1);
+  lengths_cached_.reset();
+  if (lengths_file_ != file) {
+    lengths_reader_.reset();
+    lengths_file_ = -1;
+    lengths_io_failed_ = std::make_shared<std::atomic<bool>>(false);
+    // A small buffered stream: what stays allocated is a page and the buffer, not the
+    // column chunk (as ReadBlock).
+    parquet::ReaderProperties props(ReadMemoryPool());
+    props.enable_buffered_stream();
+    props.set_buffer_size(kBlockChunkBytes);
+    auto reader =
+        OpenFile(f.path, size_t(file), /*download=*/true, lengths_io_failed_, &props);
+    if (!reader.ok()) return At(reader.status(), f.path, where);
+    lengths_reader_ = std::move(*reader);
+    lengths_file_ = file;
+  }
+  Result<std::vector<RowLength>> lengths;
+  try {
+    lengths = length_spec_ >= 0 ? LengthsFromColumn(file, row_group)
+                                : LengthsFromLevels(file, row_group);
+  } catch (const std::exception& e) {
+    lengths = Status::IOError(e.what());
+  }
+  if (!lengths.ok()) {
+    const Status& st = lengths.status();
+    if (GetErrorDetail(st) != nullptr) return st;  // a data error that names the row
+    lengths_reader_.reset();
+    lengths_file_ = -1;
+    const std::string what = "cannot read the token counts of column '" +
+                             columns_[size_t(std::max(length_spec_, 0))].name +
+                             "': " + OneLine(st.message());
+    if (lengths_io_failed_->load()) return StorageError(where, what);  // retried
+    return DataError(where, what);
+  }
+  const int64_t rows = f.row_group_rows[size_t(row_group)];
+  if (static_cast<int64_t>(lengths->size()) != rows) {
+    return DataError(where, "column '" +
+                                columns_[size_t(std::max(length_spec_, 0))].name +
+                                "' has " + std::to_string(lengths->size()) +
+                                " rows, footer says " + std::to_string(rows));
+  }
+  lengths_cached_ = std::make_shared<const std::vector<RowLength>>(std::move(*lengths));
+  lengths_cached_file_ = file;
+  lengths_cached_row_group_ = row_group;
+  return lengths_cached_;
+}
+
+Result<std::vector<RowLength>> SourceFiles::LengthsFromColumn(int file, int row_group) {
+  const File& f = files_[static_cast<size_t>(file)];
+  const ColumnSpec& spec = columns_[size_t(length_spec_)];
+  std::shared_ptr<arrow::ChunkedArray> chunked;
+  ARROW_RETURN_NOT_OK(lengths_reader_->RowGroup(row_group)
+                          ->Column(column_index_[size_t(file)][size_t(length_spec_)])
+                          ->Read(&chunked));
+  std::vector<RowLength> out;
+  out.reserve(size_t(chunked->length()));
+  for (const auto& chunk : chunked->chunks()) {
+    for (int64_t i = 0; i < chunk->length(); ++i) {
+      RowLength r;
+      r.null = !IntegerAt(*chunk, i, &r.tokens);
+      if (r.tokens < 0) {
+        return DataError(
+            DataLocation(f.path, row_group, f.row_group_first_row[size_t(row_group)] +
+                                                int64_t(out.size())),
+            "column '" + spec.name + "' (" + spec.key + ") holds " +
+                (chunk->type_id() == arrow::Type::UINT64
+                     ? std::string("a value past int64")
+                     : std::to_string(r.tokens)) +
+                ", not a token count");
+      }
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+Result<std::vector<RowLength>> SourceFiles::LengthsFromLevels(int file, int row_group) {
+  // A token list is one leaf under one repeated level. Per level: a repetition level of 0
+  // starts a row; a definition level below the list's repeated level minus one is a null
+  // row, equal to it an empty list, at least the repeated level an element (null below
+  // the element's own level). Only the levels are decoded; the pages' values are not.
+  const auto& field =
+      lengths_reader_->manifest().schema_fields[size_t(column_index_[size_t(file)][0])];
+  if (field.children.size() != 1 || !field.children[0].is_leaf()) {
+    return Status::Invalid("not a list of integers");
+  }
+  const auto& level = field.children[0].level_info;
+  const int leaf = field.children[0].column_index;
+  auto* parquet_reader = lengths_reader_->parquet_reader();
+  const parquet::ColumnDescriptor* descr =
+      parquet_reader->metadata()->schema()->Column(leaf);
+  const int16_t max_def = descr->max_definition_level();
+  const int16_t max_rep = descr->max_repetition_level();
+  if (max_rep != 1 || level.rep_level != 1) {
+    return Status::Invalid("not a flat list (repetition level ", max_rep, ")");
+  }
+  const int16_t present = level.repeated_ancestor_def_level;  // an element is there
+  const int16_t valued = level.def_level;                      // a non-null element
+  const int16_t defined = static_cast<int16_t>(present - 1);   // an empty list
+  std::vector<RowLength> out;
+  out.reserve(size_t(files_[size_t(file)].row_group_rows[size_t(row_group)]));
+  auto pages = parquet_reader->RowGroup(row_group)->GetColumnPageReader(leaf);
+  parquet::LevelDecoder rep_decoder, def_decoder;
+  constexpr int kLevels = 4096;
+  int16_t rep[kLevels], def[kLevels];
+  while (std::shared_ptr<parquet::Page> page = pages->NextPage()) {
+    int n = 0;
+    if (page->type() == parquet::PageType::DATA_PAGE) {
+      const auto& p = static_cast<const parquet::DataPageV1&>(*page);
+      n = p.num_values();
+      const uint8_t* data = p.data();
+      int32_t size = static_cast<int32_t>(p.size());
+      const int used =
+          rep_decoder.SetData(p.repetition_level_encoding(), max_rep, n, data, size);
+      def_decoder.SetData(p.definition_level_encoding(), max_def, n, data + used,
+                          size - used);
+    } else if (page->type() == parquet::PageType::DATA_PAGE_V2) {
+      const auto& p = static_cast<const parquet::DataPageV2&>(*page);
+      n = p.num_values();
+      const int32_t rep_bytes = p.repetition_levels_byte_length();
+      const int32_t def_bytes = p.definition_levels_byte_length();
+      if (rep_bytes < 0 || def_bytes < 0 || int64_t{rep_bytes} + def_bytes > p.size()) {
+        return Status::Invalid("bad level lengths in a data page");
+      }
+      rep_decoder.SetDataV2(rep_bytes, max_rep, n, p.data());
+      def_decoder.SetDataV2(def_bytes, max_def, n, p.data() + rep_bytes);
+    } else {
+      continue;  // a dictionary (or index) page: values only
+    }
+    while (n > 0) {
+      const int k = std::min(n, kLevels);
+      if (rep_decoder.Decode(k, rep) != k || def_decoder.Decode(k, def) != k) {
+        return Status::Invalid("a data page ended before its levels");
+      }
+      for (int i = 0; i < k; ++i) {
+        if (rep[i] == 0) {
+          out.emplace_back();
+          if (def[i] < defined) {
+            out.back().null = true;
+            continue;
+          }
+        } else if (out.empty()) {
+          return Status::Invalid("the column chunk starts inside a row");
+        }
+        if (def[i] >= present) {
+          ++out.back().tokens;
+          if (def[i] < valued) out.back().null_values = true;
+        }
+      }
+      n -= k;
+    }
+  }
+  return out;
 }
 
 }  // namespace braid

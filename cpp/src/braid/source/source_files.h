@@ -39,6 +39,9 @@
 #include "braid/source/file_cache.h"
 #include "braid/status.h"
 
+namespace parquet {
+class ReaderProperties;
+}
 namespace parquet::arrow {
 class FileReader;
 }
@@ -74,10 +77,27 @@ struct ColumnSpec {
   std::string name;
   std::string key;
   std::function<std::string(const arrow::DataType&)> check;
+  /// The source's length column (sources[].length_column): a missing or mistyped one is
+  /// a config error, it is not counted in File::row_group_bytes (it must not move the
+  /// windows), and ReadLengths reads it instead of the token column's levels.
+  bool length = false;
 };
 
 /// The spec of a token column (list<int32|int64>).
 ColumnSpec TokenColumnSpec(const std::string& name, const std::string& key);
+/// The spec of a length column (any integer type).
+ColumnSpec LengthColumnSpec(const std::string& name, const std::string& key);
+
+/// Row `i` of an integer array as int64 (a uint64 past int64's range: -1); false if
+/// null. REQUIRES: an integer array.
+bool IntegerAt(const arrow::Array& a, int64_t i, int64_t* out);
+
+/// One row's token count, read without its tokens (SourceFiles::ReadLengths).
+struct RowLength {
+  int64_t tokens = 0;        ///< the token list's length (0 when null)
+  bool null = false;         ///< the row (its token list) is null
+  bool null_values = false;  ///< the list holds a null id
+};
 
 class SourceFiles {
  public:
@@ -136,19 +156,39 @@ class SourceFiles {
   /// The first column of one row group (the token column of a token source).
   Result<std::shared_ptr<arrow::Array>> ReadTokens(int file, int row_group);
 
+  /// Each row's token count in one row group, without reading the tokens: the length
+  /// column's values when the source has one (a negative value is a data error naming the
+  /// row and the column), else the list lengths of the first column (a token list),
+  /// counted from its repetition and definition levels alone (no id is decoded or
+  /// materialized; docs/decisions.md 30). Holds about a page and a read buffer while
+  /// reading; the last row group's counts are kept (the blocks of one row group read them
+  /// once). Storage failures are retried and lose the file as for ReadColumns.
+  Result<std::shared_ptr<const std::vector<RowLength>>> ReadLengths(int file,
+                                                                    int row_group);
+
  private:
   SourceFiles() = default;
 
   // Opens file `index` (`remote` in fs_) from its cached copy when the source is cached
-  // and the copy is there (made first when `download`), else from fs_. The reader pins
-  // the copy while it lives. `io_failed` (may be null) is set when a read of the
-  // underlying file fails.
+  // and the copy is there (made first when `download`), else from fs_, with `props`
+  // (null: Parquet's defaults). The reader pins the copy while it lives. `io_failed`
+  // (may be null) is set when a read of the underlying file fails.
   Result<std::unique_ptr<parquet::arrow::FileReader>> OpenFile(
       const std::string& remote, size_t index, bool download,
-      std::shared_ptr<std::atomic<bool>> io_failed = nullptr);
+      std::shared_ptr<std::atomic<bool>> io_failed = nullptr,
+      const parquet::ReaderProperties* props = nullptr);
   // One try of ReadColumns.
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumnsOnce(int file,
                                                                      int row_group);
+  // One try of ReadLengths, and its two ways.
+  Result<std::shared_ptr<const std::vector<RowLength>>> ReadLengthsOnce(int file,
+                                                                        int row_group);
+  Result<std::vector<RowLength>> LengthsFromColumn(int file, int row_group);
+  Result<std::vector<RowLength>> LengthsFromLevels(int file, int row_group);
+  // Runs `read` (one try) with ReadColumns' retries; a storage failure that outlasts
+  // them loses the file.
+  template <typename T>
+  Result<T> Retried(int file, int row_group, const std::function<Result<T>()>& read);
 
   std::shared_ptr<arrow::fs::FileSystem> fs_;
   std::shared_ptr<FileCache> cache_;         // set when remote files are cached
@@ -175,6 +215,16 @@ class SourceFiles {
   int64_t block_rest_first_ = 0;
   std::unique_ptr<parquet::arrow::FileReader> block_file_reader_;
   std::unique_ptr<arrow::RecordBatchReader> block_reader_;
+  // ReadLengths: the spec index of the length column (-1: none, levels are counted), a
+  // reader with a small buffered stream on file lengths_file_, and the counts of the row
+  // group read last.
+  int length_spec_ = -1;
+  int lengths_file_ = -1;
+  std::unique_ptr<parquet::arrow::FileReader> lengths_reader_;
+  std::shared_ptr<std::atomic<bool>> lengths_io_failed_;
+  int lengths_cached_file_ = -1;
+  int lengths_cached_row_group_ = -1;
+  std::shared_ptr<const std::vector<RowLength>> lengths_cached_;
 };
 
 }  // namespace braid

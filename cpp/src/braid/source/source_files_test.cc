@@ -6,6 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <arrow/api.h>
+#include <arrow/io/file.h>
+#include <parquet/arrow/writer.h>
+
 #include <map>
 #include <mutex>
 
@@ -244,6 +248,240 @@ TEST_F(FlakyStorageTest, AFooterThatNeverAnswersIsSkippedAtOpenOrFails) {
   ASSERT_NE(skipping, nullptr);
   EXPECT_THAT(skipping->file_list()[2].unreadable, HasSubstr("cannot reach"));
   EXPECT_EQ(skipping->rows_per_epoch(), 30 + 40);
+}
+
+// ---------------------------------------------------------------------------
+// ReadLengths: each row's token count without its tokens.
+
+using Docs = std::vector<std::vector<int32_t>>;
+
+SourceConfig TokenSource(const std::string& path, const std::string& length_column = "") {
+  SourceConfig s;
+  s.name = "src";
+  s.path = path;
+  s.tokens_column = "input_ids";
+  s.length_column = length_column;
+  return s;
+}
+
+std::unique_ptr<SourceFiles> OpenFiles(const SourceConfig& s) {
+  std::vector<ColumnSpec> specs = {
+      TokenColumnSpec(s.tokens_column, "sources[0].tokens_column")};
+  if (!s.length_column.empty()) {
+    specs.push_back(LengthColumnSpec(s.length_column, "sources[0].length_column"));
+  }
+  auto files = SourceFiles::Open(s, "sources[0]", specs);
+  EXPECT_TRUE(files.ok()) << files.status().ToString();
+  return files.ok() ? std::move(*files) : nullptr;
+}
+
+// The counts of a token list read whole (what the token column transform sees).
+std::vector<RowLength> ListLengths(const arrow::Array& array) {
+  std::vector<RowLength> out;
+  const auto& list = static_cast<const arrow::ListArray&>(array);
+  for (int64_t i = 0; i < list.length(); ++i) {
+    RowLength r;
+    r.null = list.IsNull(i);
+    if (!r.null) {
+      r.tokens = list.value_length(i);
+      for (int64_t k = 0; k < r.tokens; ++k) {
+        if (list.values()->IsNull(list.value_offset(i) + k)) r.null_values = true;
+      }
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+MATCHER(SameLength, "") {
+  const RowLength& a = std::get<0>(arg);
+  const RowLength& b = std::get<1>(arg);
+  return a.tokens == b.tokens && a.null == b.null && a.null_values == b.null_values;
+}
+
+// ReadLengths against the lengths of the lists read whole, row group by row group.
+void ExpectLengthsOfTheLists(const std::string& path) {
+  auto files = OpenFiles(TokenSource(path));
+  ASSERT_NE(files, nullptr);
+  int64_t rows = 0;
+  for (size_t rg = 0; rg < files->files()[0].row_group_rows.size(); ++rg) {
+    auto lengths = files->ReadLengths(0, int(rg));
+    ASSERT_TRUE(lengths.ok()) << lengths.status().ToString();
+    auto tokens = files->ReadTokens(0, int(rg));
+    ASSERT_TRUE(tokens.ok()) << tokens.status().ToString();
+    EXPECT_THAT(**lengths, ::testing::Pointwise(SameLength(), ListLengths(**tokens)))
+        << path << " row group " << rg;
+    rows += int64_t((*lengths)->size());
+  }
+  EXPECT_EQ(rows, files->total_rows());
+}
+
+TEST(ReadLengthsTest, LevelsGiveTheListLengthsOfEveryLayout) {
+  testing::ScopedTempDir dir("braid-lengths");
+  testing::LengthSpec spec;
+  spec.median_tokens = 60;
+  spec.max_tokens = 2000;
+  Docs docs = testing::RandomDocs(300, spec, 11);
+  docs[0].clear();  // empty rows, first in a row group and inside one
+  docs[41].clear();
+  struct Layout {
+    std::string name;
+    testing::TokenFileOptions options;
+  };
+  std::vector<Layout> layouts(9);
+  layouts[0].name = "plain";
+  layouts[1].name = "required";
+  layouts[1].options.required = true;
+  layouts[2].name = "int64";
+  layouts[2].options.int64_values = true;
+  layouts[3].name = "v2";
+  layouts[3].options.data_page_v2 = true;
+  layouts[4].name = "snappy";
+  layouts[4].options.compression = "snappy";
+  layouts[5].name = "zstd-v2";
+  layouts[5].options.compression = "zstd";
+  layouts[5].options.data_page_v2 = true;
+  layouts[6].name = "small-pages";  // rows span pages
+  layouts[6].options.data_page_bytes = 200;
+  layouts[7].name = "small-pages-v2";
+  layouts[7].options.data_page_bytes = 200;
+  layouts[7].options.data_page_v2 = true;
+  layouts[7].options.compression = "snappy";
+  layouts[8].name = "one-row-group";
+  layouts[8].options.row_group_rows = 1 << 20;
+  for (auto& layout : layouts) {
+    if (!layout.options.required) layout.options.null_rows = {5, 40, 299};
+    if (layout.options.row_group_rows == 1024) layout.options.row_group_rows = 37;
+    const std::string path = dir.Sub(layout.name + ".parquet");
+    ASSERT_TRUE(testing::WriteTokenFile(path, docs, layout.options).ok()) << layout.name;
+    SCOPED_TRACE(layout.name);
+    ExpectLengthsOfTheLists(path);
+  }
+}
+
+TEST(ReadLengthsTest, NullIdsInsideAListAreFlagged) {
+  testing::ScopedTempDir dir("braid-lengths-null-ids");
+  auto values = std::make_shared<arrow::Int32Builder>();
+  arrow::ListBuilder list(arrow::default_memory_pool(), values);
+  for (int row = 0; row < 50; ++row) {
+    ASSERT_TRUE(list.Append().ok());
+    for (int k = 0; k < row % 7; ++k) {
+      ASSERT_TRUE((row == 9 && k == 1 ? values->AppendNull() : values->Append(k)).ok());
+    }
+  }
+  auto array = list.Finish();
+  ASSERT_TRUE(array.ok());
+  auto table = arrow::Table::Make(
+      arrow::schema({arrow::field("input_ids", (*array)->type())}), {*array});
+  const std::string path = dir.Sub("t.parquet");
+  auto out = arrow::io::FileOutputStream::Open(path);
+  ASSERT_TRUE(out.ok());
+  ASSERT_TRUE(
+      parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), *out, 16).ok());
+  ASSERT_TRUE((*out)->Close().ok());
+  ExpectLengthsOfTheLists(path);
+  auto files = OpenFiles(TokenSource(path));
+  auto lengths = files->ReadLengths(0, 0);
+  ASSERT_TRUE(lengths.ok());
+  EXPECT_TRUE((**lengths)[9].null_values);
+  EXPECT_EQ((**lengths)[9].tokens, 2);
+  EXPECT_FALSE((**lengths)[8].null_values);
+}
+
+TEST(ReadLengthsTest, TheLengthColumnIsReadInsteadOfTheTokens) {
+  testing::ScopedTempDir dir("braid-lengths-column");
+  testing::TokenFileOptions o;
+  o.row_group_rows = 20;
+  o.length_column = "n";
+  o.null_rows = {3};
+  o.length_overrides = {{7, 1234}};  // planning cannot tell; a run checks it
+  const std::string path = dir.Sub("t.parquet");
+  const Docs docs = testing::RandomDocs(60, {}, 5);
+  ASSERT_TRUE(testing::WriteTokenFile(path, docs, o).ok());
+  ASSERT_TRUE(testing::CorruptRowGroup(path, 0, /*column=*/0).ok());  // the token ids
+  auto files = OpenFiles(TokenSource(path, "n"));
+  ASSERT_NE(files, nullptr);
+  auto lengths = files->ReadLengths(0, 0);
+  ASSERT_TRUE(lengths.ok()) << lengths.status().ToString();
+  ASSERT_EQ((*lengths)->size(), 20u);
+  for (int64_t i = 0; i < 20; ++i) {
+    const RowLength& r = (**lengths)[size_t(i)];
+    EXPECT_EQ(r.null, i == 3);
+    EXPECT_EQ(r.tokens, i == 3 ? 0 : i == 7 ? 1234 : int64_t(docs[size_t(i)].size()));
+  }
+  EXPECT_FALSE(files->ReadColumns(0, 0).ok());  // the tokens themselves do not read
+  // Without the length column the counts come from the token column: it does not read.
+  auto levels = OpenFiles(TokenSource(path));
+  auto bad = levels->ReadLengths(0, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr(path), HasSubstr("row group 0")));
+  EXPECT_TRUE(levels->ReadLengths(0, 1).ok());
+}
+
+TEST(ReadLengthsTest, ANegativeLengthIsADataErrorNamingTheRowAndTheKey) {
+  testing::ScopedTempDir dir("braid-lengths-negative");
+  testing::TokenFileOptions o;
+  o.row_group_rows = 10;
+  o.length_column = "n";
+  o.length_overrides = {{14, -3}};
+  const std::string path = dir.Sub("t.parquet");
+  ASSERT_TRUE(testing::WriteTokenFile(path, testing::RandomDocs(30, {}, 5), o).ok());
+  auto files = OpenFiles(TokenSource(path, "n"));
+  ASSERT_NE(files, nullptr);
+  EXPECT_TRUE(files->ReadLengths(0, 0).ok());
+  auto bad = files->ReadLengths(0, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(bad.status().IsInvalid());
+  EXPECT_THAT(bad.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("row group 1"), HasSubstr("row 14"),
+                    HasSubstr("sources[0].length_column"), HasSubstr("-3")));
+  const auto* detail = GetErrorDetail(bad.status());
+  ASSERT_NE(detail, nullptr);
+  EXPECT_EQ(detail->kind(), ErrorKind::kData);
+}
+
+TEST(ReadLengthsTest, AMissingOrNonIntegerLengthColumnIsAConfigErrorNamingTheFile) {
+  testing::ScopedTempDir dir("braid-lengths-config");
+  const std::string path = dir.Sub("t.parquet");
+  testing::TokenFileOptions o;
+  o.length_column = "n";
+  ASSERT_TRUE(testing::WriteTokenFile(path, testing::RandomDocs(30, {}, 5), o).ok());
+  auto open = [&](const std::string& column) {
+    SourceConfig s = TokenSource(path, column);
+    return SourceFiles::Open(s, "sources[0]",
+                             {TokenColumnSpec("input_ids", "sources[0].tokens_column"),
+                              LengthColumnSpec(column, "sources[0].length_column")})
+        .status();
+  };
+  for (const std::string column : {"missing", "input_ids"}) {
+    const Status st = open(column);
+    ASSERT_FALSE(st.ok()) << column;
+    EXPECT_TRUE(st.IsInvalid());
+    EXPECT_THAT(st.message(), AllOf(HasSubstr("sources[0].length_column"),
+                                    HasSubstr(path), HasSubstr(column)));
+    const auto* detail = GetErrorDetail(st);
+    ASSERT_NE(detail, nullptr);
+    EXPECT_EQ(detail->kind(), ErrorKind::kConfig);
+    EXPECT_EQ(detail->where(), "sources[0].length_column");
+  }
+  EXPECT_THAT(open("input_ids").message(), HasSubstr("expected an integer column"));
+  EXPECT_THAT(open("missing").message(), HasSubstr("columns: input_ids, n"));
+  EXPECT_TRUE(open("n").ok());
+}
+
+TEST(ReadLengthsTest, TheLengthColumnDoesNotMoveTheWindows) {
+  // The footer's size estimate (which bounds windows in bytes) counts the token column
+  // only, so a source with a length column has the order of the same source without.
+  testing::ScopedTempDir dir("braid-lengths-windows");
+  testing::TokenFileOptions o;
+  o.row_group_rows = 10;
+  o.length_column = "n";
+  const std::string path = dir.Sub("t.parquet");
+  ASSERT_TRUE(testing::WriteTokenFile(path, testing::RandomDocs(30, {}, 5), o).ok());
+  auto with = OpenFiles(TokenSource(path, "n"));
+  auto without = OpenFiles(TokenSource(path));
+  ASSERT_TRUE(with && without);
+  EXPECT_EQ(with->files()[0].row_group_bytes, without->files()[0].row_group_bytes);
 }
 
 }  // namespace

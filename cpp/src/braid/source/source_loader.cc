@@ -40,6 +40,11 @@ const char* SkipName(SkipReason r) {
 
 }  // namespace
 
+int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes) {
+  if (window_bytes <= 0 || bytes <= window_bytes) return 0;
+  return std::max<int64_t>(1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
+}
+
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
                                         int64_t window_rows, int64_t window_bytes) {
@@ -71,12 +76,8 @@ std::vector<ShuffleWindow> EpochWindows(const std::vector<SourceFiles::File>& fs
       const int64_t bytes = size_t(rg) < file.row_group_bytes.size()
                                 ? file.row_group_bytes[static_cast<size_t>(rg)]
                                 : 0;
-      int64_t block_rows = 0, blocks = 1;
-      if (window_bytes > 0 && bytes > window_bytes) {
-        block_rows = std::max<int64_t>(
-            1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
-        blocks = (rows + block_rows - 1) / block_rows;
-      }
+      const int64_t block_rows = BlockRows(rows, bytes, window_bytes);
+      const int64_t blocks = block_rows == 0 ? 1 : (rows + block_rows - 1) / block_rows;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t unit_rows =
             block_rows == 0 ? rows : std::min(block_rows, rows - b * block_rows);
@@ -113,7 +114,8 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       pool_(options_.pool),
       skip_log_(options_.skip_log ? options_.skip_log : NewSkipLog()),
       total_rows_(files_->total_rows()),
-      next_window_(start) {}
+      next_window_(start),
+      lengths_only_(!options_.read_payloads && transform_->metadata_from_lengths()) {}
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                                          int32_t source_index,
@@ -124,6 +126,9 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   std::vector<ColumnSpec> columns = transform->columns();
   if (columns.empty()) {
     columns.push_back(TokenColumnSpec(source.tokens_column, key + ".tokens_column"));
+  }
+  if (!source.length_column.empty()) {  // config.cc allows it on token sources only
+    columns.push_back(LengthColumnSpec(source.length_column, key + ".length_column"));
   }
   ARROW_ASSIGN_OR_RAISE(auto files, SourceFiles::Open(source, key, std::move(columns)));
   const auto& file_list = files->files();
@@ -456,6 +461,7 @@ Status SourceLoader::LoadWindow() {
   }
   const ShuffleWindow& w = windows_[size_t(pos.window)];
   arrays_.clear();
+  lengths_.clear();
   unread_.clear();
   rows_.clear();
   rows_.reserve(static_cast<size_t>(w.rows));
@@ -468,7 +474,26 @@ Status SourceLoader::LoadWindow() {
     const bool was_lost = files_->is_lost(file);
     Status read;
     int64_t unread_rows = f.row_group_rows[size_t(rg)];  // of the row group or block
-    if (block_rows == 0) {
+    if (lengths_only_) {
+      // Token counts alone: the row group's (read once for all its blocks), then this
+      // entry's rows of it.
+      const int64_t first = block_rows == 0 ? 0 : w.blocks[e] * block_rows;
+      if (block_rows != 0) {
+        unread_rows = std::min(block_rows, f.row_group_rows[size_t(rg)] - first);
+      }
+      auto lengths = files_->ReadLengths(file, rg);
+      read = lengths.status();
+      if (read.ok()) {
+        for (int64_t i = 0; i < unread_rows; ++i) {
+          rows_.push_back(RowRef{file, row + first + i, rg, first + i,
+                                 static_cast<int64_t>(lengths_.size())});
+        }
+        lengths_.push_back(std::move(*lengths));
+        unread_.emplace_back();
+        continue;
+      }
+      row += first;
+    } else if (block_rows == 0) {
       auto cols = ReadColumns(file, rg);
       if (cols.ok()) chunks.push_back(std::move(*cols));
       read = cols.status();
@@ -484,10 +509,16 @@ Status SourceLoader::LoadWindow() {
       // The rows keep their places and are delivered as skips (the header's
       // "Unreadable files"); logged once here, not per row.
       ARROW_RETURN_NOT_OK(SkipRowGroup(file, rg, read, was_lost));
+      const int64_t slot =
+          static_cast<int64_t>(lengths_only_ ? lengths_.size() : arrays_.size());
       for (int64_t i = 0; i < unread_rows; ++i) {
-        rows_.push_back(RowRef{file, row + i, rg, i, static_cast<int64_t>(arrays_.size())});
+        rows_.push_back(RowRef{file, row + i, rg, i, slot});
       }
-      arrays_.emplace_back();
+      if (lengths_only_) {
+        lengths_.emplace_back();
+      } else {
+        arrays_.emplace_back();
+      }
       unread_.push_back("row group not read: " + read.message());
       continue;
     }
@@ -520,6 +551,22 @@ Status SourceLoader::LoadWindow() {
     outputs_.assign(size_t(n), RowOutput{});
     output_status_.assign(size_t(n), Status::OK());
     estimates_.assign(size_t(n), 0);
+    if (lengths_only_) {  // no columns: a few operations per row, on this thread
+      for (int64_t i = 0; i < n; ++i) {
+        const RowRef& r = rows_[size_t(i)];
+        if (!unread_[size_t(r.arrays_slot)].empty()) {
+          outputs_[size_t(i)].skip = SkipReason::kError;
+          outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
+          continue;
+        }
+        const auto& counts = *lengths_[size_t(r.arrays_slot)];
+        estimates_[size_t(i)] =
+            transform_->ApplyLength(counts[size_t(r.array_index)], &outputs_[size_t(i)]);
+      }
+      lengths_.clear();
+      precomputed_ = true;
+      return Status::OK();
+    }
     // Chunks of consecutive rows, one ApplyBatch call each, as in ReadStep (a Hugging
     // Face tokenizer or a Python transform then enters Python once per chunk).
     const int64_t workers = std::max<int64_t>(1, source_.workers);

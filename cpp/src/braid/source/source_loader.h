@@ -47,6 +47,12 @@
 // consumer thread; Stop() and the destructor may be called from any thread, cut the
 // current batch short and wait for the loader's tasks.
 //
+// Planning. Without payloads (Options::read_payloads false), a token source reads no
+// token: a window's row groups are read as token counts (SourceFiles::ReadLengths: the
+// source's length_column, else the token lists' lengths from their Parquet levels) and
+// each row's metadata made from its count (Transform::ApplyLength), the same as from its
+// list. Other sources read their columns and drop them once the metadata is made.
+//
 // Metadata first. For a transform that defers (image-caption: Transform::defers), a
 // row's metadata comes from the image header alone and the sample is queued at once with
 // a PayloadRef::Pending(); the pool decodes the images, submitted in stream
@@ -93,6 +99,10 @@ struct ShuffleWindow {
   int64_t rows = 0;
   int64_t bytes = 0;  ///< estimated from the footers (File::row_group_bytes)
 };
+
+/// The rows of each block of a row group of `rows` rows and `bytes` estimated bytes when
+/// windows hold at most `window_bytes` (0: not cut, read whole).
+int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes);
 
 /// The windows of one epoch of a source, in order. Pure function of its inputs. A window
 /// closes once it holds `window_rows` rows or before a row group (or block) that would
@@ -252,6 +262,10 @@ class SourceLoader : public SampleStream {
   bool loaded_ = false;                 // a window is loaded and not finished
   StreamPos loaded_pos_;                // its epoch and window; offset: the next row
   std::vector<Columns> arrays_;         // per row group (or block chunk) of the window
+  // Without payloads, for a transform whose metadata follows from token counts: per row
+  // group (or block) of the window, its row group's counts (arrays_ stays empty).
+  const bool lengths_only_;
+  std::vector<std::shared_ptr<const std::vector<RowLength>>> lengths_;
   // Per entry of arrays_: why its row group was not read ("": read; its rows are then
   // delivered as skips, and arrays_ holds no columns for it).
   std::vector<std::string> unread_;

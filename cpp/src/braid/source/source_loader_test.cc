@@ -12,6 +12,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -274,6 +275,28 @@ TEST_F(SourceLoaderTest, MetadataOnlyGivesCountsWithoutPayloads) {
   }
 }
 
+// Planning reads token counts only (SourceFiles::ReadLengths), with large row groups cut
+// into blocks too: every sample's metadata is the run's.
+TEST_F(SourceLoaderTest, PlanningFromCountsMatchesTheRunInBlocksAndAcrossEpochs) {
+  Config config = OneSourceConfig(src());
+  config.sources[0].shuffle_window_bytes = 3000;  // row groups of ~2.5K tokens: blocks
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto meta = MakeLoader(config, {}, plan);
+  auto full = MakeLoader(config);
+  const auto a = ReadN(meta.get(), 2 * total_rows() + 7);
+  const auto b = ReadN(full.get(), 2 * total_rows() + 7);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].payload, nullptr);
+    EXPECT_EQ(a[i].meta.pos, b[i].meta.pos) << i;
+    EXPECT_EQ(a[i].meta.file, b[i].meta.file) << i;
+    EXPECT_EQ(a[i].meta.row, b[i].meta.row) << i;
+    EXPECT_EQ(a[i].meta.tokens, b[i].meta.tokens) << i;
+    EXPECT_EQ(a[i].meta.tokens, int64_t(b[i].payload->tokens.size())) << i;
+  }
+}
+
 TEST_F(SourceLoaderTest, TinyReadAheadStillDeliversTheSameStream) {
   const Config config = OneSourceConfig(src());
   SourceLoader::Options tiny;
@@ -521,6 +544,18 @@ TEST(SourceLoaderFormatTest, EmptyAndNullRows) {
   }
   EXPECT_EQ(nulls, 2);  // once per epoch
   EXPECT_EQ(empties, 2);
+  // Planning from the counts alone skips the same rows for the same reasons.
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto planning = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kSkip), {}, plan);
+  auto again = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kSkip));
+  const auto p = ReadN(planning.get(), 80), r = ReadN(again.get(), 80);
+  ASSERT_EQ(p.size(), r.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p[i].meta.row, r[i].meta.row);
+    EXPECT_EQ(p[i].meta.skip, r[i].meta.skip);
+    EXPECT_EQ(p[i].meta.tokens, r[i].meta.tokens);
+  }
 }
 
 TEST(SourceLoaderFormatTest, NullTokenInsideAListIsABadSample) {
@@ -547,6 +582,186 @@ TEST(SourceLoaderFormatTest, NullTokenInsideAListIsABadSample) {
   for (const auto& r : ReadN(skipping.get(), 5)) {
     EXPECT_EQ(r.meta.skip, r.meta.row == 2 ? SkipReason::kNull : SkipReason::kNone);
   }
+  // Planning sees the null id in the levels, without the ids.
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto planning = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kSkip), {}, plan);
+  for (const auto& r : ReadN(planning.get(), 5)) {
+    EXPECT_EQ(r.meta.skip, r.meta.row == 2 ? SkipReason::kNull : SkipReason::kNone);
+  }
+  auto plan_failing = MakeLoader(OneSourceConfig(path, 1, 1, OnError::kFail), {}, plan);
+  st = Status::OK();
+  for (int i = 0; i < 10 && st.ok(); ++i) st = plan_failing->Next().status();
+  EXPECT_THAT(st.message(),
+              AllOf(HasSubstr(path), HasSubstr("row 2"), HasSubstr("null token")));
+}
+
+// ---------------------------------------------------------------------------
+// sources[].length_column: planning reads it alone; a run checks it.
+
+class LengthColumnTest : public ::testing::Test {
+ protected:
+  // Two files of 70 and 50 rows in row groups of 16, each with a length column "n";
+  // `overrides` replace counts of file 0.
+  void Write(std::vector<std::pair<int64_t, std::optional<int64_t>>> overrides = {},
+             std::vector<int64_t> null_rows = {}, const std::string& folder = "src") {
+    docs_.clear();
+    testing::LengthSpec spec;
+    spec.median_tokens = 40;
+    spec.max_tokens = 400;
+    for (int f = 0; f < 2; ++f) {
+      docs_.push_back(testing::RandomDocs(70 - 20 * f, spec, uint64_t(f + 3)));
+      testing::TokenFileOptions o;
+      o.row_group_rows = 16;
+      o.length_column = "n";
+      if (f == 0) {
+        o.length_overrides = overrides;
+        o.null_rows = null_rows;
+      }
+      ASSERT_TRUE(testing::WriteTokenFile(
+                      dir_.Sub(folder + "/p" + std::to_string(f) + ".parquet"),
+                      docs_.back(), o)
+                      .ok());
+    }
+  }
+  Config Source(const std::string& length_column, OnError on_error = OnError::kFail,
+                const std::string& folder = "src") {
+    Config c = OneSourceConfig(dir_.Sub(folder), 7, 24, on_error);
+    c.sources[0].length_column = length_column;
+    c.sources[0].shuffle_window_bytes = 2500;  // some row groups in blocks
+    return c;
+  }
+  std::string File0() const { return dir_.Sub("src/p0.parquet"); }
+  // Reads until an error (at most `n` samples); returns it.
+  static Status FirstError(SampleStream* stream, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      auto s = stream->Next();
+      if (!s.ok()) return s.status();
+    }
+    return Status::OK();
+  }
+
+  testing::ScopedTempDir dir_{"braid-length-column"};
+  std::vector<Docs> docs_;
+};
+
+TEST_F(LengthColumnTest, ItChangesNothingInTheStreamOrThePlanningMetadata) {
+  Write();
+  const int64_t n = 2 * 120 + 11;  // across epochs
+  auto without = MakeLoader(Source(""));
+  auto with = MakeLoader(Source("n"));
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto planning = MakeLoader(Source("n"), {}, plan);
+  const auto a = ReadN(without.get(), n), b = ReadN(with.get(), n),
+             p = ReadN(planning.get(), n);
+  ASSERT_EQ(a.size(), size_t(n));
+  ASSERT_EQ(b.size(), a.size());
+  ASSERT_EQ(p.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].meta.pos, a[i].meta.pos) << i;
+    EXPECT_EQ(b[i].payload->tokens, a[i].payload->tokens) << i;
+    EXPECT_EQ(b[i].payload->tokens,
+              docs_[size_t(b[i].meta.file)][size_t(b[i].meta.row)]) << i;
+    EXPECT_EQ(p[i].meta.pos, a[i].meta.pos) << i;
+    EXPECT_EQ(p[i].meta.row, a[i].meta.row) << i;
+    EXPECT_EQ(p[i].meta.tokens, a[i].meta.tokens) << i;
+    EXPECT_EQ(p[i].payload, nullptr);
+  }
+}
+
+TEST_F(LengthColumnTest, PlanningReadsNoTokenColumnPage) {
+  Write();
+  // The token ids of file 0's second row group are junk; its lengths are intact.
+  ASSERT_TRUE(testing::CorruptRowGroup(File0(), 1, /*column=*/0).ok());
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto planning = MakeLoader(Source("n"), {}, plan);
+  const auto p = ReadN(planning.get(), 120);
+  ASSERT_EQ(p.size(), 120u);
+  for (const auto& s : p) {
+    EXPECT_EQ(s.meta.skip, SkipReason::kNone);
+    EXPECT_EQ(s.meta.tokens,
+              int64_t(docs_[size_t(s.meta.file)][size_t(s.meta.row)].size()));
+  }
+  // Without it, planning reads the token column's pages, and a run reads them anyway.
+  auto levels = MakeLoader(Source(""), {}, plan);
+  const Status st = FirstError(levels.get(), 120);
+  EXPECT_THAT(st.message(), AllOf(HasSubstr(File0()), HasSubstr("row group 1")));
+  EXPECT_FALSE(FirstError(MakeLoader(Source("n")).get(), 120).ok());
+}
+
+TEST_F(LengthColumnTest, AMismatchIsADataErrorInARunWhateverOnError) {
+  Write({{21, 5}});  // row 21 (row group 1) says 5 tokens
+  ASSERT_NE(docs_[0][21].size(), 5u);
+  for (OnError on_error : {OnError::kFail, OnError::kSkip}) {
+    auto run = MakeLoader(Source("n", on_error));
+    const Status st = FirstError(run.get(), 120);
+    ASSERT_FALSE(st.ok());
+    EXPECT_TRUE(st.IsInvalid());
+    EXPECT_THAT(st.message(),
+                AllOf(HasSubstr(File0()), HasSubstr("row group 1"), HasSubstr("row 21"),
+                      HasSubstr("length column 'n'"),
+                      HasSubstr("sources[0].length_column"), HasSubstr("says 5 tokens"),
+                      HasSubstr("holds " + std::to_string(docs_[0][21].size()))));
+    const auto* detail = GetErrorDetail(st);
+    ASSERT_NE(detail, nullptr);
+    EXPECT_EQ(detail->kind(), ErrorKind::kData);
+  }
+  // Planning trusts the column (it reads nothing else): row 21 counts 5 tokens.
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto planning = MakeLoader(Source("n"), {}, plan);
+  int seen = 0;
+  for (const auto& s : ReadN(planning.get(), 120)) {
+    if (s.meta.file == 0 && s.meta.row == 21) {
+      EXPECT_EQ(s.meta.tokens, 5);
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 1);
+}
+
+TEST_F(LengthColumnTest, NullsMustAgreeAndANullRowIsSkippedAlike) {
+  // A null length for a list, and a length for a null list: errors in a run.
+  Write({{9, std::nullopt}}, {}, "a");
+  Write({{30, 4}}, /*null_rows=*/{30}, "b");
+  const Status a = FirstError(MakeLoader(Source("n", OnError::kSkip, "a")).get(), 200);
+  EXPECT_THAT(a.message(), AllOf(HasSubstr(dir_.Sub("a/p0.parquet")), HasSubstr("row 9"),
+                                 HasSubstr("length column 'n'"), HasSubstr("is null")));
+  const Status b = FirstError(MakeLoader(Source("n", OnError::kSkip, "b")).get(), 200);
+  EXPECT_THAT(b.message(), AllOf(HasSubstr(dir_.Sub("b/p0.parquet")), HasSubstr("row 30"),
+                                 HasSubstr("says 4 tokens"), HasSubstr("is null")));
+  // Both null: planning and the run skip the row as null alike.
+  Write({}, /*null_rows=*/{44}, "c");
+  SourceLoader::Options plan;
+  plan.read_payloads = false;
+  auto planning = MakeLoader(Source("n", OnError::kSkip, "c"), {}, plan);
+  auto run = MakeLoader(Source("n", OnError::kSkip, "c"));
+  const auto p = ReadN(planning.get(), 120), r = ReadN(run.get(), 120);
+  ASSERT_EQ(p.size(), r.size());
+  int nulls = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    EXPECT_EQ(p[i].meta.skip, r[i].meta.skip);
+    EXPECT_EQ(p[i].meta.tokens, r[i].meta.tokens);
+    if (r[i].meta.file == 0 && r[i].meta.row == 44) {
+      EXPECT_EQ(p[i].meta.skip, SkipReason::kNull);
+      ++nulls;
+    }
+  }
+  EXPECT_EQ(nulls, 1);
+}
+
+TEST_F(LengthColumnTest, AMissingColumnIsAConfigErrorNamingTheKeyAndTheFile) {
+  Write();
+  const auto made = SourceLoader::Make(Source("n_tokens"), 0, {}, {});
+  ASSERT_FALSE(made.ok());
+  EXPECT_THAT(made.status().message(),
+              AllOf(HasSubstr("sources[0].length_column"), HasSubstr(File0()),
+                    HasSubstr("no column 'n_tokens'")));
+  const auto* detail = GetErrorDetail(made.status());
+  ASSERT_NE(detail, nullptr);
+  EXPECT_EQ(detail->kind(), ErrorKind::kConfig);
 }
 
 // ---------------------------------------------------------------------------

@@ -91,7 +91,12 @@ Result<TokenSpan> RowTokens(const arrow::Array& array, int64_t i, const RowLocat
 
 class TokenColumnTransform : public Transform {
  public:
-  explicit TokenColumnTransform(std::string column) : column_(std::move(column)) {}
+  // `length_column` (may be ""): the source's length column, Apply's second column.
+  TokenColumnTransform(std::string column, std::string length_column,
+                       std::string length_key)
+      : column_(std::move(column)),
+        length_column_(std::move(length_column)),
+        length_key_(std::move(length_key)) {}
   std::vector<ColumnSpec> columns() const override { return {}; }
   int64_t EstimateBytes(const Columns& cols, int64_t i) const override {
     return InfoOf(*cols[0], i).length * int64_t{sizeof(int32_t)};
@@ -99,27 +104,66 @@ class TokenColumnTransform : public Transform {
   Status Apply(const Columns& cols, int64_t i, bool want_payload, const RowLocation& where,
                RowOutput* out) const override {
     const ListInfo info = InfoOf(*cols[0], i);
-    if (info.null || info.has_null_values) {
-      out->skip = SkipReason::kNull;
-      out->null_what =
-          std::string(info.null ? "null" : "null token in") + " column '" + column_ + "'";
-      return Status::OK();
-    }
-    if (info.length == 0) {
-      out->skip = SkipReason::kEmpty;
-      return Status::OK();
-    }
-    out->tokens = info.length;
-    if (want_payload) {
+    if (cols.size() > 1) ARROW_RETURN_NOT_OK(CheckLength(*cols[1], i, info, where));
+    FromLength(RowLength{info.length, info.null, info.has_null_values}, out);
+    if (out->skip == SkipReason::kNone && want_payload) {
       ARROW_ASSIGN_OR_RAISE(TokenSpan ids, RowTokens(*cols[0], i, where));
       out->payload = std::make_shared<Payload>();
       out->payload->tokens = std::move(ids);
     }
     return Status::OK();
   }
+  bool metadata_from_lengths() const override { return true; }
+  int64_t ApplyLength(const RowLength& row, RowOutput* out) const override {
+    FromLength(row, out);
+    return (row.null ? 0 : row.tokens) * int64_t{sizeof(int32_t)};
+  }
 
  private:
+  // What a row is, from its count and nulls (Apply and ApplyLength agree by using it).
+  void FromLength(const RowLength& row, RowOutput* out) const {
+    if (row.null || row.null_values) {
+      out->skip = SkipReason::kNull;
+      out->null_what =
+          std::string(row.null ? "null" : "null token in") + " column '" + column_ + "'";
+    } else if (row.tokens == 0) {
+      out->skip = SkipReason::kEmpty;
+    } else {
+      out->tokens = row.tokens;
+    }
+  }
+  // A plan read from the length column must be the plan of the tokens: a row whose
+  // length disagrees with its list (or whose list holds a null id, which the length
+  // cannot say) is an error whatever on_error says; a null length goes with a null list.
+  Status CheckLength(const arrow::Array& lengths, int64_t i, const ListInfo& info,
+                     const RowLocation& where) const {
+    int64_t n = 0;
+    const bool has = IntegerAt(lengths, i, &n);
+    std::string what;
+    if (!has && !info.null) {
+      what = "is null, the token list of column '" + column_ + "' is not (" +
+             std::to_string(info.length) + " tokens)";
+    } else if (has && info.null) {
+      what = "says " + std::to_string(n) + " tokens, the token list of column '" +
+             column_ + "' is null";
+    } else if (has && n != info.length) {
+      what = "says " + std::to_string(n) + " tokens, the token list of column '" +
+             column_ + "' holds " + std::to_string(info.length);
+    } else if (has && info.has_null_values) {
+      what = "says " + std::to_string(n) + " tokens, the token list of column '" +
+             column_ + "' holds a null id";
+    } else {
+      return Status::OK();
+    }
+    return DataError(where.ToString(), "length column '" + length_column_ + "' (" +
+                                           length_key_ + ") " + what +
+                                           "; planning reads the length column alone, so "
+                                           "it must hold each row's token count");
+  }
+
   const std::string column_;
+  const std::string length_column_;
+  const std::string length_key_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -671,7 +715,8 @@ Result<std::unique_ptr<Transform>> MakeTransform(const Config& config,
     return MakeUserTransform(config, source_index, std::move(callback));
   }
   if (s.text_column.empty() && !s.chat.enabled()) {
-    return std::make_unique<TokenColumnTransform>(s.tokens_column);
+    return std::make_unique<TokenColumnTransform>(s.tokens_column, s.length_column,
+                                                  key + ".length_column");
   }
   const TokenizerConfig& tc = config.TokenizerFor(size_t(source_index));
   if (tc.model.empty()) {

@@ -3,7 +3,9 @@
 // A Transform reads one row of the columns it names and produces the sample's tokens (and
 // loss mask for chat data), or says why the row has none (null, empty). Kinds, chosen by
 // the source config (docs/sources.md):
-//   tokens_column  list<int32|int64> token ids, passed through
+//   tokens_column  list<int32|int64> token ids, passed through; with a length column
+//                  (sources[].length_column, the second column Apply receives) each
+//                  list's length is checked against it
 //   text_column    a string, tokenized with the source's tokenizer (source/tokenizer.h:
 //                  SentencePiece, or Hugging Face a batch of rows at a time)
 //   chat           prompt/response strings or a messages list, tokenized with the chat
@@ -95,6 +97,15 @@ class Transform {
   /// True if Apply (with a payload) may leave the slow part of a payload to Finish, so
   /// the loader can publish the sample's metadata first (image-caption samples).
   virtual bool defers() const { return false; }
+  /// True if Apply's metadata without a payload (skip, tokens) and EstimateBytes follow
+  /// from the row's token count alone (SourceFiles::ReadLengths): a plan-only loader then
+  /// reads the counts instead of the columns, and calls ApplyLength.
+  virtual bool metadata_from_lengths() const { return false; }
+  /// Apply(want_payload = false) for a row known by its token count: fills `out` and
+  /// returns the row's EstimateBytes. REQUIRES: metadata_from_lengths().
+  virtual int64_t ApplyLength(const RowLength& /*row*/, RowOutput* /*out*/) const {
+    return 0;
+  }
   /// Completes a payload that Apply left deferred, later and on any thread (`cols` kept
   /// alive by the caller). On failure (e.g. an image whose header was fine but whose body
   /// does not decode) returns the error naming `where`, and leaves `payload` well-formed

@@ -10,6 +10,7 @@
 #include <parquet/arrow/writer.h>
 #include <parquet/file_reader.h>
 #include <parquet/metadata.h>
+#include <parquet/properties.h>
 
 #include "braid/util/rng_internal.h"
 
@@ -19,9 +20,11 @@ namespace {
 
 template <typename ValueBuilder>
 Result<std::shared_ptr<arrow::Array>> BuildList(
-    const std::vector<std::vector<int32_t>>& docs, const std::vector<int64_t>& null_rows) {
+    const std::vector<std::vector<int32_t>>& docs, const std::vector<int64_t>& null_rows,
+    bool required = false) {
   auto values = std::make_shared<ValueBuilder>();
-  arrow::ListBuilder list(arrow::default_memory_pool(), values);
+  auto type = arrow::list(arrow::field("element", values->type(), !required));
+  arrow::ListBuilder list(arrow::default_memory_pool(), values, type);
   for (size_t i = 0; i < docs.size(); ++i) {
     if (std::find(null_rows.begin(), null_rows.end(), int64_t(i)) != null_rows.end()) {
       ARROW_RETURN_NOT_OK(list.AppendNull());
@@ -39,26 +42,57 @@ Status WriteTokenFile(const std::string& path, const std::vector<std::vector<int
                       const TokenFileOptions& options) {
   std::shared_ptr<arrow::Array> array;
   if (options.int64_values) {
-    ARROW_ASSIGN_OR_RAISE(array, BuildList<arrow::Int64Builder>(docs, options.null_rows));
+    ARROW_ASSIGN_OR_RAISE(array, BuildList<arrow::Int64Builder>(docs, options.null_rows,
+                                                                options.required));
   } else {
-    ARROW_ASSIGN_OR_RAISE(array, BuildList<arrow::Int32Builder>(docs, options.null_rows));
+    ARROW_ASSIGN_OR_RAISE(array, BuildList<arrow::Int32Builder>(docs, options.null_rows,
+                                                                options.required));
   }
-  auto schema = arrow::schema({arrow::field(options.column, array->type())});
-  auto table = arrow::Table::Make(schema, {array});
+  std::vector<std::shared_ptr<arrow::Field>> fields = {
+      arrow::field(options.column, array->type(), !options.required)};
+  std::vector<std::shared_ptr<arrow::Array>> arrays = {array};
+  if (!options.length_column.empty()) {
+    arrow::Int64Builder lengths;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      std::optional<int64_t> n = int64_t(docs[i].size());
+      if (std::find(options.null_rows.begin(), options.null_rows.end(), int64_t(i)) !=
+          options.null_rows.end()) {
+        n.reset();
+      }
+      for (const auto& [row, value] : options.length_overrides) {
+        if (row == int64_t(i)) n = value;
+      }
+      ARROW_RETURN_NOT_OK(n ? lengths.Append(*n) : lengths.AppendNull());
+    }
+    ARROW_ASSIGN_OR_RAISE(auto length_array, lengths.Finish());
+    fields.push_back(arrow::field(options.length_column, arrow::int64()));
+    arrays.push_back(length_array);
+  }
+  auto table = arrow::Table::Make(arrow::schema(fields), arrays);
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
+  parquet::WriterProperties::Builder props;
+  if (options.data_page_v2) props.data_page_version(parquet::ParquetDataPageVersion::V2);
+  if (options.data_page_bytes > 0) {  // checked once per write batch: small batches too
+    props.data_pagesize(options.data_page_bytes);
+    props.write_batch_size(16);
+  }
+  props.compression(options.compression == "zstd"     ? arrow::Compression::ZSTD
+                    : options.compression == "snappy" ? arrow::Compression::SNAPPY
+                                                      : arrow::Compression::UNCOMPRESSED);
   ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
   ARROW_RETURN_NOT_OK(parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
-                                                 options.row_group_rows));
+                                                 options.row_group_rows, props.build()));
   return out->Close();
 }
 
-Status CorruptRowGroup(const std::string& path, int row_group) {
+Status CorruptRowGroup(const std::string& path, int row_group, int column) {
   std::vector<std::pair<int64_t, int64_t>> ranges;  // (offset, bytes) per column chunk
   try {
     auto reader = parquet::ParquetFileReader::OpenFile(path);
     auto rg = reader->metadata()->RowGroup(row_group);
     for (int c = 0; c < rg->num_columns(); ++c) {
+      if (column >= 0 && c != column) continue;
       auto chunk = rg->ColumnChunk(c);
       const int64_t start = chunk->has_dictionary_page()
                                 ? std::min(chunk->dictionary_page_offset(),

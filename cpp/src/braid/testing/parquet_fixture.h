@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "braid/config/config.h"
@@ -17,6 +19,15 @@ struct TokenFileOptions {
   int64_t row_group_rows = 1024;
   bool int64_values = false;  ///< write list<int64> instead of list<int32>
   std::vector<int64_t> null_rows;  ///< rows written as null
+  /// Also write each row's token count (int64; null for a null row) in this column.
+  std::string length_column;
+  /// (row, value) written in the length column instead of the row's count (nullopt:
+  /// null).
+  std::vector<std::pair<int64_t, std::optional<int64_t>>> length_overrides;
+  bool data_page_v2 = false;  ///< data pages of format V2 (levels outside compression)
+  bool required = false;      ///< a non-nullable list of non-nullable ids (no nulls)
+  std::string compression = "none";  ///< "none" (Parquet C++'s default), "snappy", "zstd"
+  int64_t data_page_bytes = 0;       ///< data page size limit; 0: Parquet's (1 MiB)
 };
 
 /// Writes `docs` as a Parquet file with one list<int32> (or list<int64>) column.
@@ -24,9 +35,10 @@ Status WriteTokenFile(const std::string& path, const std::vector<std::vector<int
                       const TokenFileOptions& options = {});
 
 /// Overwrites the bytes of every column chunk of row group `row_group` of the Parquet
-/// file at `path` with junk, leaving its footer intact: the file opens, that row group
-/// does not read (a corrupt page), the others do.
-Status CorruptRowGroup(const std::string& path, int row_group);
+/// file at `path` with junk (or only of leaf column `column`, when >= 0), leaving its
+/// footer intact: the file opens, that row group does not read (a corrupt page), the
+/// others do.
+Status CorruptRowGroup(const std::string& path, int row_group, int column = -1);
 
 /// Cuts the file at `path` to half its size (a failed upload: no footer).
 Status TruncateFile(const std::string& path);

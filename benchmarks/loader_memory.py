@@ -1,0 +1,673 @@
+"""Loader memory of R trainer processes: the per-rank baseline against Braid.
+
+Generates N sources (one Parquet file each, --tokens-per-file tokens of long documents:
+lognormal lengths with a tail past seq_len, one row group per file; the shape of
+benchmarks/many_sources.py) and a Braid config over them (dp = R, one micro-batch per
+rank per step), then, for each loader mode, starts R simulated trainer processes (fresh
+interpreters, each importing torch and braid as a trainer does). When all have imported,
+each starts its loader and pulls --micro-batches micro-batches at a steady rate (one per
+--interval-ms; 0: as fast as it can).
+
+Memory: every --sample-ms the harness sums the PSS (/proc/PID/smaps_rollup) of every
+process the mode adds: the trainers, all their descendants (forked DataLoader workers)
+and the mode's extra processes (daemons, actors); the figure is the peak of that sum
+during the run, less the peak of the same R trainers in a `none` run that imports torch
+and braid and loads nothing. PSS splits a shared page between the processes mapping it,
+so shared libraries and copy-on-write pages after a fork count once.
+
+Modes (MODES below): `baseline` (benchmarks/baseline.py: a DataLoader with --workers
+forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer, the
+embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
+this script starts: the trainers are Ray drivers, and Ray's daemons and the job's actors
+count as extra processes). A mode is a `Mode`: what it changes in the config, how a
+trainer starts its loader, which extra PIDs count.
+
+    PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
+        [--ranks 8] [--sources 4] [--tokens-per-file 4500000] [--loaders baseline,braid,braid-ray] \
+        [--micro-batches 40] [--interval-ms 100] [--seq-len 2048] [--micro-batch-size 4] \
+        [--workers 2] [--dir out/loader_memory] [--json out.json] [--set KEY=VALUE ...]
+
+Prints a table, then the JSON (last line): per mode the peak PSS added (total, per
+rank), tokens/s delivered, and the baseline/braid ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Never look up modules in this folder (a script there named like a standard module would
+# shadow it); load the siblings by path (_sibling).
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+
+import argparse
+import importlib.util
+import json
+import select
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+
+
+def _sibling(name: str):
+    """benchmarks/NAME.py as module NAME (once per process)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+# ----------------------------------------------------------------------------------------
+# /proc
+
+
+def smaps_rollup(pid: int) -> Optional[Dict[str, int]]:
+    """The process's rollup fields in bytes (Pss, Pss_Anon, Pss_File, Pss_Shmem, Rss...),
+    or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            text = f.read()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def children_map() -> Dict[int, List[int]]:
+    """ppid -> pids, from one scan of /proc."""
+    out: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command may hold spaces and parentheses: fields follow the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def descendants(roots: Iterable[int], children: Dict[int, List[int]]) -> List[int]:
+    out, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Modes
+
+
+@dataclass
+class Mode:
+    """One way of feeding R trainers.
+
+    prepare(config, args) -> config     in the harness: the config this mode runs (may
+                                        start daemons and remember them in `state`)
+    start(config_path, rank, R, args)   in a trainer after the imports: returns
+        -> (iterator, close)            (iterator of micro-batch dicts, a close function)
+    extra_pids(state) -> [pid]          in the harness, at every sample: processes outside
+                                        the trainers' trees that the mode adds (daemons,
+                                        actors); their PSS counts
+    cleanup(state)                      in the harness after the run
+    """
+
+    name: str
+    start: Callable[..., Tuple[Optional[Iterable], Callable[[], None]]]
+    prepare: Callable[[dict, argparse.Namespace, dict], dict] = (
+        lambda config, args, state: config)
+    extra_pids: Callable[[dict], List[int]] = lambda state: []
+    cleanup: Callable[[dict], None] = lambda state: None
+    state: Dict[str, Any] = field(default_factory=dict)
+
+
+def _start_none(config_path, rank, world_size, args):
+    return None, lambda: None
+
+
+def _start_baseline(config_path, rank, world_size, args):
+    loader = _sibling("baseline").make_loader(config_path, rank=rank, world_size=world_size,
+                         workers=args.workers, shuffle_buffer=args.shuffle_buffer)
+    it = iter(loader)
+
+    def close():
+        # Stops and joins the workers.
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    return it, close
+
+
+def _start_braid(config_path, rank, world_size, args):
+    import braid
+
+    loader = braid.Loader(config_path, rank, world_size)
+    return iter(loader), loader.close
+
+
+def _prepare_ray(config: dict, args, state: dict) -> dict:
+    """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
+    a small object store, token authentication off on loopback) and points the config
+    at it; the trainers join it as Ray drivers."""
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="braid-ray-bench-")
+    port = 20000 + os.getpid() % 20000
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the trainers inherit it
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp}",
+                    "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                    f"--object-store-memory={args.ray_object_store_mb << 20}"],
+                   check=True, capture_output=True, text=True)
+    state["temp"] = temp
+    runtime = {"kind": "ray", "address": f"127.0.0.1:{port}",
+               "namespace": f"bench{os.getpid()}"}
+    return dict(config, runtime={**config.get("runtime", {}), **runtime})
+
+
+def _ray_pids(state: dict) -> List[int]:
+    """The daemons of this run's Ray head (their command line names its temp dir) and
+    every process they started (the job's actors, idle workers)."""
+    temp = state.get("temp")
+    if not temp:
+        return []
+    roots = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if temp.encode() in f.read():
+                    roots.append(int(name))
+        except OSError:
+            continue
+    return sorted(set(roots) | set(descendants(roots, children_map())))
+
+
+def _cleanup_ray(state: dict) -> None:
+    import signal
+
+    pids = _ray_pids(state)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        time.sleep(1.0)
+    state.pop("temp", None)
+
+
+MODES: Dict[str, Mode] = {
+    "none": Mode("none", _start_none),
+    "baseline": Mode("baseline", _start_baseline),
+    "braid": Mode("braid", _start_braid),
+    # The Ray runtime: the trainers (Ray drivers) plus Ray's daemons and the job's
+    # actors (planner, source actors, the node's constructor), all counted.
+    "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
+                      extra_pids=_ray_pids, cleanup=_cleanup_ray),
+}
+
+
+# ----------------------------------------------------------------------------------------
+# Trainer process
+
+
+def _emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _self_figures() -> dict:
+    """What a trainer can say about its own memory (the loader's parts, roughly)."""
+    import pyarrow as pa
+
+    roll = smaps_rollup(os.getpid()) or {}
+    with open("/proc/self/status") as f:
+        threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    return {"pss": roll.get("Pss", 0), "pss_anon": roll.get("Pss_Anon", 0),
+            "pss_file": roll.get("Pss_File", 0), "pss_shmem": roll.get("Pss_Shmem", 0),
+            **_arrow_figures(pa), "threads": threads}
+
+
+def _arrow_figures(pa) -> Dict[str, int]:
+    """Bytes in Arrow's default pool and in its system pool (where Braid reads unless
+    ARROW_DEFAULT_MEMORY_POOL is set), now and at their peaks."""
+    default, system = pa.default_memory_pool(), pa.system_memory_pool()
+    out = {"arrow_bytes": default.bytes_allocated(), "arrow_peak": default.max_memory()}
+    if system.backend_name != default.backend_name:
+        out.update(arrow_system_bytes=system.bytes_allocated(),
+                   arrow_system_peak=system.max_memory())
+    return out
+
+
+def trainer_main(args) -> int:
+    import torch  # noqa: F401  (a trainer has both imported)
+    import braid  # noqa: F401
+
+    mode = MODES[args.trainer]
+    rank, world = args.rank, args.ranks
+    _emit({"event": "ready", "pid": os.getpid()})
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    start = time.monotonic()
+    it, close = mode.start(args.config, rank, world, args)
+    interval = args.interval_ms / 1000.0
+    waited = 0.0
+    first = None
+    shapes = []
+    tokens = 0
+    for i in range(args.micro_batches):
+        due = start + i * interval
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        if it is None:
+            continue
+        t = time.monotonic()
+        batch = next(it)
+        waited += time.monotonic() - t
+        if first is None:
+            first = time.monotonic() - start
+        ids = batch["input_ids"]
+        cu = batch["cu_seqlens"]
+        if int(cu[-1]) != ids.numel():
+            raise AssertionError(f"cu_seqlens ends at {int(cu[-1])}, not {ids.numel()}")
+        tokens += ids.numel()
+        shapes.append(list(ids.shape))
+        del batch, ids, cu
+    elapsed = time.monotonic() - start
+    figures = _self_figures()
+    _emit({"event": "done", "rank": rank, "tokens": tokens, "elapsed_s": elapsed,
+           "first_s": first, "wait_s": waited, "shapes": shapes[:4],
+           "tokens_per_micro_batch": sorted({s[0] * s[1] for s in shapes}),
+           "self": figures})
+    sys.stdin.readline()  # "exit": the harness has its samples
+    close()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# Profile: where one trainer's memory goes, stage by stage
+
+
+def _malloc_figures() -> Dict[str, int]:
+    """glibc's heap: bytes in use and held by its arenas (mallinfo2), or {}."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+    except (OSError, AttributeError):
+        return {}
+    m = libc.mallinfo2()
+    return {"malloc_in_use": m.uordblks + m.hblkhd, "malloc_held": m.arena + m.hblkhd}
+
+
+def profile_main(args, config_path: str) -> int:
+    """One trainer (rank 0 of --ranks) in this process: PSS and its parts after each
+    stage (imports, loader start, first and last micro-batch, close)."""
+    rows = []
+
+    def snap(stage: str) -> None:
+        roll = smaps_rollup(os.getpid()) or {}
+        kids = descendants([os.getpid()], children_map())
+        kid_pss = sum((smaps_rollup(k) or {}).get("Pss", 0) for k in kids)
+        row = {"stage": stage, "pss": roll.get("Pss", 0) + kid_pss,
+               "pss_anon": roll.get("Pss_Anon", 0), "children_pss": kid_pss,
+               "rss": roll.get("Rss", 0)}
+        if "pyarrow" in sys.modules:
+            row.update(_arrow_figures(sys.modules["pyarrow"]))
+        row.update(_malloc_figures())
+        with open("/proc/self/status") as f:
+            row["threads"] = next(int(line.split()[1]) for line in f
+                                  if line.startswith("Threads:"))
+        rows.append(row)
+
+    snap("python")
+    import torch  # noqa: F401
+
+    snap("import torch")
+    import braid  # noqa: F401
+    import pyarrow  # noqa: F401  (already loaded by braid's core: the same pool)
+
+    snap("import braid")
+    mode = MODES[args.profile]
+    it, close = mode.start(config_path, 0, args.ranks, args)
+    snap("loader made")
+    batch = next(it)
+    del batch
+    snap("first micro-batch")
+    for _ in range(args.micro_batches - 1):
+        batch = next(it)
+        del batch
+    snap(f"micro-batch {args.micro_batches}")
+    time.sleep(1.0)
+    snap("+1 s idle")
+    close()
+    del it
+    import gc
+
+    gc.collect()
+    time.sleep(0.5)
+    snap("closed")
+    mib = 2**20
+    keys = ["pss", "pss_anon", "children_pss", "arrow_bytes", "arrow_peak",
+            "arrow_system_bytes", "arrow_system_peak", "malloc_in_use", "malloc_held",
+            "threads"]
+    print("MiB; arrow_system: Arrow's system pool, where Braid reads by default")
+    print(f"{'stage':<18}" + "".join(f"{k.replace('arrow_system', 'sys'):>14}"
+                                     for k in keys))
+    for row in rows:
+        cells = []
+        for k in keys:
+            v = row.get(k)
+            cells.append("-" if v is None else (str(v) if k == "threads"
+                                                  else f"{v / mib:.1f}"))
+        print(f"{row['stage']:<18}" + "".join(f"{c:>14}" for c in cells))
+    print(json.dumps({"profile": args.profile, "stages": rows}), flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# Harness
+
+
+def _sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
+    children = children_map()
+    workers = descendants(trainers, children)
+    sums = {"trainers": 0, "workers": 0, "extra": 0}
+    anon = 0
+    for kind, pids in (("trainers", trainers), ("workers", workers), ("extra", extra)):
+        for pid in pids:
+            roll = smaps_rollup(pid)
+            if roll:
+                sums[kind] += roll.get("Pss", 0)
+                anon += roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
+    sums["total"] = sums["trainers"] + sums["workers"] + sums["extra"]
+    sums["anon_shmem"] = anon
+    sums["processes"] = len(trainers) + len(workers) + len(extra)
+    return sums
+
+
+def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
+    """Starts R trainers in `mode`; returns the samples and their reports."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--trainer", mode.name,
+           "--config", config_path, "--ranks", str(args.ranks),
+           "--micro-batches", str(args.micro_batches), "--interval-ms",
+           str(args.interval_ms), "--workers", str(args.workers),
+           "--shuffle-buffer", str(args.shuffle_buffer)]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+             for r in range(args.ranks)]
+    deadline = time.monotonic() + args.timeout
+    try:
+        def read_event(p):
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{mode.name}: a trainer did not answer in time")
+                ready, _, _ = select.select([p.stdout], [], [], min(left, 1.0))
+                if ready:
+                    line = p.stdout.readline()
+                    if not line:
+                        raise RuntimeError(f"{mode.name}: trainer {p.pid} exited "
+                                           f"({p.wait()})")
+                    if line.startswith("{"):
+                        return json.loads(line)
+
+        for p in procs:
+            assert read_event(p)["event"] == "ready"
+        pids = [p.pid for p in procs]
+        sample_s = args.sample_ms / 1000.0
+        idle = []
+        for _ in range(3):
+            idle.append(_sample(pids, mode.extra_pids(mode.state))["total"])
+            time.sleep(sample_s)
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        start = time.monotonic()
+        samples = []
+        reports: List[Optional[dict]] = [None] * len(procs)
+        reader_errors: List[BaseException] = []
+
+        def collect(i, p):
+            try:
+                reports[i] = read_event(p)
+            except BaseException as e:  # reported below
+                reader_errors.append(e)
+
+        readers = [threading.Thread(target=collect, args=(i, p), daemon=True)
+                   for i, p in enumerate(procs)]
+        for t in readers:
+            t.start()
+        while any(t.is_alive() for t in readers):
+            samples.append(_sample(pids, mode.extra_pids(mode.state)))
+            time.sleep(sample_s)
+        if reader_errors:
+            raise reader_errors[0]
+        for _ in range(3):  # every loader still alive, after its last micro-batch
+            samples.append(_sample(pids, mode.extra_pids(mode.state)))
+            time.sleep(sample_s)
+        wall = time.monotonic() - start
+        for p in procs:
+            p.stdin.write("exit\n")
+            p.stdin.flush()
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if p.returncode != 0:
+                raise RuntimeError(f"{mode.name}: trainer {p.pid} exited {p.returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    peak = max(samples, key=lambda s: s["total"])
+    return {"samples": len(samples), "idle_before": statistics.median(idle),
+            "peak": peak, "reports": reports, "wall_s": wall}
+
+
+def write_config(path: str, base: str, args, extra: dict) -> dict:
+    config = {
+        "seed": 7,
+        "topology": {"dp": args.ranks},
+        "batch": {"global_tokens": args.ranks * args.micro_batch_size * args.seq_len,
+                  "seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size},
+        "sources": [{"name": f"s{s:04d}", "path": os.path.join(base, f"s{s:04d}"),
+                     "tokens_column": "input_ids", "weight": float(1 + s % 4)}
+                    for s in range(args.sources)],
+    }
+    for key, value in extra.items():
+        if key.startswith("sources."):
+            for source in config["sources"]:
+                source[key[len("sources."):]] = value
+            continue
+        node = config
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+    return config
+
+
+def summarize(name: str, run: dict, none_peak: float, ranks: int) -> dict:
+    reports = run["reports"]
+    tokens = sum(r["tokens"] for r in reports)
+    elapsed = max(r["elapsed_s"] for r in reports)
+    added = run["peak"]["total"] - none_peak
+    firsts = [r["first_s"] for r in reports if r["first_s"] is not None]
+    return {
+        "added_pss_bytes": added,
+        "added_pss_per_rank_bytes": added / ranks,
+        "added_vs_own_idle_bytes": run["peak"]["total"] - run["idle_before"],
+        "peak_pss_bytes": run["peak"]["total"],
+        "peak_trainers_bytes": run["peak"]["trainers"],
+        "peak_workers_bytes": run["peak"]["workers"],
+        "peak_extra_bytes": run["peak"]["extra"],
+        "peak_processes": run["peak"]["processes"],
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "tokens_per_micro_batch": sorted({t for r in reports
+                                          for t in r["tokens_per_micro_batch"]}),
+        "first_micro_batch_s": max(firsts) if firsts else None,
+        "wait_fraction": (sum(r["wait_s"] for r in reports) /
+                          sum(r["elapsed_s"] for r in reports)),
+        "samples": run["samples"],
+        "trainer_self": [r["self"] for r in reports],
+    }
+
+
+def parse_set(items) -> dict:
+    out = {}
+    for item in items or []:
+        key, _, value = item.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=8, help="trainer processes (dp)")
+    p.add_argument("--sources", type=int, default=4)
+    p.add_argument("--tokens-per-file", type=int, default=4_500_000)
+    p.add_argument("--loaders", default="baseline,braid",
+                   help=f"modes, comma-separated, of {sorted(set(MODES) - {'none'})}")
+    p.add_argument("--micro-batches", type=int, default=40, help="per rank")
+    p.add_argument("--interval-ms", type=float, default=100.0,
+                   help="one micro-batch per interval per rank; 0: as fast as possible")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--workers", type=int, default=2, help="baseline workers per rank")
+    p.add_argument("--ray-object-store-mb", type=int, default=256,
+                   help="braid-ray: the Ray head's object store")
+    p.add_argument("--shuffle-buffer", type=int, default=64,
+                   help="baseline shuffle buffer, documents per source")
+    p.add_argument("--dir", default=os.path.join("out", "loader_memory"))
+    p.add_argument("--set", action="append", help="config override KEY=VALUE (JSON)")
+    p.add_argument("--sample-ms", type=float, default=200.0)
+    p.add_argument("--timeout", type=float, default=600.0, help="per mode, seconds")
+    p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--profile", choices=sorted(set(MODES) - {"none"}),
+                   help="instead: one trainer (rank 0) in this process, its memory "
+                   "stage by stage (MiB)")
+    # A trainer process (started by the harness).
+    p.add_argument("--trainer", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.trainer:
+        return trainer_main(args)
+
+    make_data = _sibling("many_sources").make_data
+    if args.profile:
+        base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
+                         args.sources)
+        path = os.path.join(args.dir, f"config-profile-{args.profile}.json")
+        config = MODES[args.profile].prepare(
+            write_config(path, base, args, parse_set(args.set)), args,
+            MODES[args.profile].state)
+        with open(path, "w") as f:
+            json.dump(config, f, indent=1)
+        try:
+            return profile_main(args, path)
+        finally:
+            MODES[args.profile].cleanup(MODES[args.profile].state)
+
+    loaders = [m for m in args.loaders.split(",") if m]
+    for m in loaders:
+        if m not in MODES or m == "none":
+            p.error(f"--loaders: unknown mode {m!r}")
+    base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
+                     args.sources)
+    extra = parse_set(args.set)
+    print(f"ranks={args.ranks} sources={args.sources} tokens/file={args.tokens_per_file:,} "
+          f"seq_len={args.seq_len} micro_batch_size={args.micro_batch_size} "
+          f"micro-batches/rank={args.micro_batches} interval={args.interval_ms:g} ms "
+          f"baseline workers={args.workers} overrides={extra or '-'}", flush=True)
+    results: Dict[str, dict] = {}
+    runs = {}
+    for name in ["none"] + loaders:
+        mode = MODES[name]
+        config = write_config(os.path.join(args.dir, f"config-{name}.json"), base, args,
+                              extra)
+        config = mode.prepare(config, args, mode.state)
+        path = os.path.join(args.dir, f"config-{name}.json")
+        with open(path, "w") as f:
+            json.dump(config, f, indent=1)
+        try:
+            runs[name] = run_mode(mode, path, args)
+        finally:
+            mode.cleanup(mode.state)
+        print(f"  {name}: peak {runs[name]['peak']['total'] / 1e9:.2f} GB over "
+              f"{runs[name]['peak']['processes']} processes, {runs[name]['samples']} "
+              f"samples, {runs[name]['wall_s']:.1f} s", flush=True)
+    none_peak = runs["none"]["peak"]["total"]
+    for name in loaders:
+        results[name] = summarize(name, runs[name], none_peak, args.ranks)
+    out = {
+        "ranks": args.ranks, "sources": args.sources,
+        "tokens_per_file": args.tokens_per_file, "seq_len": args.seq_len,
+        "micro_batch_size": args.micro_batch_size, "micro_batches": args.micro_batches,
+        "interval_ms": args.interval_ms, "workers": args.workers,
+        "shuffle_buffer": args.shuffle_buffer, "overrides": extra,
+        "none_peak_pss_bytes": none_peak, "modes": results,
+    }
+    if "baseline" in results:
+        for name, r in results.items():
+            if name != "baseline" and r["added_pss_bytes"] > 0:
+                out[f"ratio_baseline_over_{name}"] = (
+                    results["baseline"]["added_pss_bytes"] / r["added_pss_bytes"])
+    # Decimal units (GB = 1e9 bytes), as the issues quote them; the JSON has bytes.
+    print(f"{'mode':<10} {'added GB':>9} {'per rank MB':>12} {'trainers GB':>12} "
+          f"{'workers GB':>11} {'extra GB':>9} {'tokens/s':>10} {'first s':>8} "
+          f"{'wait':>5}")
+    for name, r in results.items():
+        print(f"{name:<10} {r['added_pss_bytes'] / 1e9:>9.2f} "
+              f"{r['added_pss_per_rank_bytes'] / 1e6:>12.0f} "
+              f"{r['peak_trainers_bytes'] / 1e9:>12.2f} "
+              f"{r['peak_workers_bytes'] / 1e9:>11.2f} "
+              f"{r['peak_extra_bytes'] / 1e9:>9.2f} {r['tokens_per_s']:>10,.0f} "
+              f"{r['first_micro_batch_s'] or 0:>8.2f} {r['wait_fraction']:>5.2f}")
+    for key, value in out.items():
+        if key.startswith("ratio_"):
+            print(f"{key}: {value:.2f}")
+    text = json.dumps(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

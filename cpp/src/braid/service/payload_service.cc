@@ -1,0 +1,179 @@
+#include "braid/service/payload_service.h"
+
+#include <algorithm>
+#include <string>
+
+#include "braid/source/source_loader.h"
+
+namespace braid {
+namespace {
+
+int64_t ColumnsBytes(const Columns& cols) {
+  int64_t bytes = 0;
+  for (const auto& array : cols) {
+    for (const auto& buffer : array->data()->buffers) {
+      if (buffer) bytes += buffer->size();
+    }
+    for (const auto& child : array->data()->child_data) {
+      for (const auto& buffer : child->buffers) {
+        if (buffer) bytes += buffer->size();
+      }
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PayloadService>> PayloadService::Make(const Config& config,
+                                                             int32_t source_index,
+                                                             int64_t cache_bytes) {
+  const std::string key = "sources[" + std::to_string(source_index) + "]";
+  const SourceConfig& source = config.sources[size_t(source_index)];
+  std::unique_ptr<PayloadService> service(new PayloadService());
+  service->config_ = config;
+  service->source_index_ = source_index;
+  service->cache_bytes_ = std::max<int64_t>(cache_bytes, 1);
+  ARROW_ASSIGN_OR_RAISE(service->transform_, MakeTransform(config, source_index));
+  std::vector<ColumnSpec> columns = service->transform_->columns();
+  if (columns.empty()) {
+    columns.push_back(TokenColumnSpec(source.tokens_column, key + ".tokens_column"));
+  }
+  ARROW_ASSIGN_OR_RAISE(service->files_, SourceFiles::Open(source, key, std::move(columns)));
+  return service;
+}
+
+int64_t PayloadService::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cached_;
+}
+
+Result<PayloadService::Unit*> PayloadService::UnitFor(int32_t file, int64_t row,
+                                                      int32_t* row_group) {
+  const auto& list = files_->files();
+  const std::string key = "sources[" + std::to_string(source_index_) + "]";
+  if (file < 0 || static_cast<size_t>(file) >= list.size()) {
+    return DataError(key, "no file " + std::to_string(file) + " (the source has " +
+                              std::to_string(list.size()) + ")");
+  }
+  const SourceFiles::File& f = list[size_t(file)];
+  if (row < 0 || row >= f.num_rows) {
+    return DataError(f.path, "no row " + std::to_string(row) + " (the file has " +
+                                 std::to_string(f.num_rows) + ")");
+  }
+  const auto it = std::upper_bound(f.row_group_first_row.begin(),
+                                   f.row_group_first_row.end(), row);
+  const int32_t rg = static_cast<int32_t>(it - f.row_group_first_row.begin()) - 1;
+  *row_group = rg;
+  const int64_t rg_rows = f.row_group_rows[size_t(rg)];
+  const int64_t rg_bytes =
+      size_t(rg) < f.row_group_bytes.size() ? f.row_group_bytes[size_t(rg)] : 0;
+  const int64_t block_rows = BlockRows(
+      rg_rows, rg_bytes, config_.sources[size_t(source_index_)].shuffle_window_bytes);
+  const int64_t in_rg = row - f.row_group_first_row[size_t(rg)];
+  const int64_t block = block_rows == 0 ? 0 : in_rg / block_rows;
+  const auto key_tuple = std::make_tuple(file, rg, block);
+  auto found = cache_.find(key_tuple);
+  if (found != cache_.end()) {
+    lru_.splice(lru_.begin(), lru_, found->second.lru);
+    return &found->second;
+  }
+  Unit unit;
+  unit.first_row = f.row_group_first_row[size_t(rg)] + block * block_rows;
+  if (block_rows == 0) {
+    ARROW_ASSIGN_OR_RAISE(Columns cols, files_->ReadColumns(file, rg));
+    unit.chunks.push_back(std::move(cols));
+  } else {
+    ARROW_ASSIGN_OR_RAISE(unit.chunks, files_->ReadBlock(file, rg, block_rows, block));
+  }
+  int64_t first = 0;
+  for (const Columns& cols : unit.chunks) {
+    unit.chunk_first.push_back(first);
+    first += cols.empty() ? 0 : cols[0]->length();
+    unit.bytes += ColumnsBytes(cols);
+  }
+  // Make room, oldest first; the new unit stays even when it alone exceeds the bound.
+  while (!lru_.empty() && cached_ + unit.bytes > cache_bytes_) {
+    auto oldest = cache_.find(lru_.back());
+    cached_ -= oldest->second.bytes;
+    cache_.erase(oldest);
+    lru_.pop_back();
+  }
+  lru_.push_front(key_tuple);
+  unit.lru = lru_.begin();
+  cached_ += unit.bytes;
+  return &cache_.emplace(key_tuple, std::move(unit)).first->second;
+}
+
+Result<std::shared_ptr<Payload>> PayloadService::Row(int32_t file, int64_t row) {
+  int32_t rg = 0;
+  ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
+  const int64_t in_unit = row - unit->first_row;
+  const auto chunk_it =
+      std::upper_bound(unit->chunk_first.begin(), unit->chunk_first.end(), in_unit);
+  const size_t chunk = size_t(chunk_it - unit->chunk_first.begin()) - 1;
+  const Columns& cols = unit->chunks[chunk];
+  const int64_t index = in_unit - unit->chunk_first[chunk];
+  const SourceFiles::File& f = files_->files()[size_t(file)];
+  const RowLocation where{&f.path, rg, row};
+  RowOutput out;
+  ARROW_RETURN_NOT_OK(transform_->Apply(cols, index, /*want_payload=*/true, where, &out));
+  if (out.skip != SkipReason::kNone || out.payload == nullptr) {
+    return DataError(where.ToString(), "the row has no tokens now (" +
+                                           (out.null_what.empty() ? std::string("empty")
+                                                                  : out.null_what) +
+                                           ") but was planned; did the file change?");
+  }
+  if (out.deferred) {
+    const Status st = transform_->Finish(cols, index, where, out.payload.get());
+    if (!st.ok() && config_.sources[size_t(source_index_)].on_error != OnError::kSkip) {
+      return st;
+    }
+  }
+  return out.payload;
+}
+
+Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PieceReply reply;
+  reply.offsets.reserve(size_t(n) + 1);
+  bool masked = false;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t* q = requests + k * kRequestFields;
+    const int32_t file = static_cast<int32_t>(q[0]);
+    const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
+    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row));
+    const std::string& path = files_->files()[size_t(file)].path;
+    if (!payload->images.empty()) {
+      return DataError(DataLocation(path, -1, row),
+                       "image payloads are not served to other processes yet (use the "
+                       "embedded runtime for image sources)");
+    }
+    const int64_t have = static_cast<int64_t>(payload->tokens.size());
+    if (start < 0 || len < 0 || start + len > doc_tokens || doc_tokens > have) {
+      return DataError(DataLocation(path, -1, row),
+                       "the row holds " + std::to_string(have) + " tokens, the plan a " +
+                           "piece [" + std::to_string(start) + ", " +
+                           std::to_string(start + len) + ") of a " +
+                           std::to_string(doc_tokens) +
+                           "-token document; did the file change?");
+    }
+    const int64_t end = std::min(start + len + 1, doc_tokens);
+    reply.tokens.insert(reply.tokens.end(), payload->tokens.begin() + start,
+                        payload->tokens.begin() + end);
+    if (!payload->loss_mask.empty()) {
+      if (!masked) {  // earlier pieces had none: every token a target
+        reply.loss_mask.assign(reply.tokens.size() - size_t(end - start), 1);
+        masked = true;
+      }
+      reply.loss_mask.insert(reply.loss_mask.end(), payload->loss_mask.begin() + start,
+                             payload->loss_mask.begin() + end);
+    } else if (masked) {
+      reply.loss_mask.insert(reply.loss_mask.end(), size_t(end - start), 1);
+    }
+    reply.offsets.push_back(static_cast<int64_t>(reply.tokens.size()));
+  }
+  return reply;
+}
+
+}  // namespace braid

@@ -1,0 +1,246 @@
+// The roles as services, composed as the Ray runtime composes them (planner service ->
+// wire message -> decoded bucket -> payloads fetched by key -> BuildMicroBatch), give the
+// embedded runtime's micro-batches bit for bit; and the messages fail cleanly when bad.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "braid/construct/constructor.h"
+#include "braid/runtime/engine.h"
+#include "braid/service/payload_service.h"
+#include "braid/service/planner_service.h"
+#include "braid/service/wire.h"
+#include "braid/testing/parquet_fixture.h"
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ServicesTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::ScopedTempDir("braid-services");
+    // The demo: three sources, long-tail lengths (some longer than seq_len, so pieces
+    // are cut across sequences and steps), several files and row groups each.
+    auto demo = testing::MakeDemoDataset(dir_->path().string(), /*seed=*/5,
+                                         /*seq_len=*/512, /*dp=*/4,
+                                         /*micro_batches=*/2, /*scale=*/0.05);
+    ASSERT_TRUE(demo.ok()) << demo.status().ToString();
+    auto config = LoadConfigFile(demo->config_path);
+    ASSERT_TRUE(config.ok()) << config.status().ToString();
+    config_ = new Config(*config);
+  }
+  static void TearDownTestSuite() {
+    delete config_;
+    delete dir_;
+  }
+
+  // Every micro-batch of `steps` steps through the services, in (step, bucket,
+  // micro-batch) order, the payload cache bounded by `cache_bytes`.
+  static std::vector<Batch> ThroughServices(const Config& config, int64_t steps,
+                                            int64_t cache_bytes,
+                                            const PlannerState& start) {
+    std::vector<Batch> out;
+    auto planner = PlannerService::Make(config, start);
+    EXPECT_TRUE(planner.ok()) << planner.status().ToString();
+    if (!planner.ok()) return out;
+    std::vector<std::unique_ptr<PayloadService>> payloads;
+    for (size_t i = 0; i < config.sources.size(); ++i) {
+      auto p = PayloadService::Make(config, int32_t(i), cache_bytes);
+      EXPECT_TRUE(p.ok()) << p.status().ToString();
+      if (!p.ok()) return out;
+      payloads.push_back(std::move(*p));
+    }
+    const int32_t n = static_cast<int32_t>(config.sources.size());
+    for (int64_t s = 0; s < steps; ++s) {
+      auto plan = (*planner)->Next();
+      EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+      if (!plan.ok()) return out;
+      const std::vector<int64_t> message = EncodeStepPlan(*plan);
+      for (int64_t b = 0; b < config.topology.buckets(); ++b) {
+        auto part = DecodeBucket(message.data(), message.size(), b);
+        EXPECT_TRUE(part.ok()) << part.status().ToString();
+        if (!part.ok()) return out;
+        const auto requests = PieceRequests(*part, b, n);
+        for (int32_t i = 0; i < n; ++i) {
+          const auto& r = requests[size_t(i)];
+          if (r.empty()) continue;
+          auto reply = payloads[size_t(i)]->Fetch(
+              r.data(), static_cast<int64_t>(r.size()) / kRequestFields);
+          EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+          if (!reply.ok()) return out;
+          const Status st = AttachPieces(&*part, b, i,
+                                         std::make_shared<PieceReply>(std::move(*reply)));
+          EXPECT_TRUE(st.ok()) << st.ToString();
+        }
+        for (size_t mb = 0; mb < part->ranks[size_t(b)].micro_batches.size(); ++mb) {
+          auto batch = BuildMicroBatch(*part, b, int64_t(mb));
+          EXPECT_TRUE(batch.ok()) << batch.status().ToString();
+          if (!batch.ok()) return out;
+          out.push_back(std::move(*batch));
+        }
+      }
+    }
+    return out;
+  }
+
+  static std::vector<Batch> Embedded(const Config& config, int64_t steps,
+                                     const std::string& state = "") {
+    Engine::Options options;
+    options.state_json = state;
+    auto engine = Engine::Make(config, std::move(options));
+    EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+    std::vector<Batch> out;
+    if (!engine.ok()) return out;
+    const int64_t per_step =
+        config.MicroBatchesPerRankAt(0) * config.topology.buckets();
+    for (int64_t i = 0; i < steps * per_step; ++i) {
+      auto b = (*engine)->Next();
+      EXPECT_TRUE(b.ok()) << b.status().ToString();
+      if (!b.ok()) break;
+      out.push_back(**b);
+    }
+    return out;
+  }
+
+  static void ExpectSame(const std::vector<Batch>& a, const std::vector<Batch>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      EXPECT_EQ(a[k].step, b[k].step);
+      EXPECT_EQ(a[k].dp, b[k].dp);
+      EXPECT_EQ(a[k].micro_batch, b[k].micro_batch);
+      ASSERT_EQ(a[k].tensors.size(), b[k].tensors.size());
+      for (size_t t = 0; t < a[k].tensors.size(); ++t) {
+        EXPECT_EQ(a[k].tensors[t].name, b[k].tensors[t].name);
+        EXPECT_EQ(a[k].tensors[t].shape, b[k].tensors[t].shape);
+        EXPECT_EQ(*a[k].tensors[t].storage, *b[k].tensors[t].storage)
+            << a[k].tensors[t].name << " of step " << a[k].step << " bucket "
+            << a[k].dp << " micro-batch " << a[k].micro_batch;
+      }
+    }
+  }
+
+  static testing::ScopedTempDir* dir_;
+  static Config* config_;
+};
+
+testing::ScopedTempDir* ServicesTest::dir_ = nullptr;
+Config* ServicesTest::config_ = nullptr;
+
+TEST_F(ServicesTest, ServicesGiveTheEmbeddedRuntimesBatchesBitForBit) {
+  const int64_t steps = 6;
+  const auto embedded = Embedded(*config_, steps);
+  ASSERT_FALSE(embedded.empty());
+  // A cache of one byte keeps only the newest row group: every other request reads again.
+  for (int64_t cache : {int64_t{1}, int64_t{64} << 20}) {
+    SCOPED_TRACE("cache bytes " + std::to_string(cache));
+    ExpectSame(ThroughServices(*config_, steps, cache, Planner::InitialState(*config_)),
+               embedded);
+  }
+}
+
+TEST_F(ServicesTest, ServicesResumeFromAStepBoundaryAsTheEngineDoes) {
+  auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
+  ASSERT_TRUE(planner.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*planner)->Next().ok());
+  const PlannerState state = (*planner)->state();
+  ExpectSame(ThroughServices(*config_, 3, int64_t{8} << 20, state),
+             Embedded(*config_, 3, PlannerStateToJson(state, *config_)));
+}
+
+TEST_F(ServicesTest, EncodedPlansRoundTripEveryBucket) {
+  auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
+  ASSERT_TRUE(planner.ok());
+  auto plan = (*planner)->Next();
+  ASSERT_TRUE(plan.ok());
+  const auto message = EncodeStepPlan(*plan);
+  auto header = EncodedStepAndBuckets(message.data(), message.size());
+  ASSERT_TRUE(header.ok());
+  EXPECT_EQ(header->first, plan->step);
+  EXPECT_EQ(header->second, int64_t(plan->ranks.size()));
+  for (size_t b = 0; b < plan->ranks.size(); ++b) {
+    auto part = DecodeBucket(message.data(), message.size(), int64_t(b));
+    ASSERT_TRUE(part.ok()) << part.status().ToString();
+    const RankPlan& want = plan->ranks[b];
+    const RankPlan& got = part->ranks[b];
+    ASSERT_EQ(got.micro_batches.size(), want.micro_batches.size());
+    for (size_t m = 0; m < want.micro_batches.size(); ++m) {
+      ASSERT_EQ(got.micro_batches[m].sequences.size(),
+                want.micro_batches[m].sequences.size());
+      for (size_t q = 0; q < want.micro_batches[m].sequences.size(); ++q) {
+        const auto& wd = want.micro_batches[m].sequences[q].docs;
+        const auto& gd = got.micro_batches[m].sequences[q].docs;
+        ASSERT_EQ(gd.size(), wd.size());
+        for (size_t k = 0; k < wd.size(); ++k) {
+          EXPECT_EQ(gd[k].source, wd[k].source);
+          EXPECT_EQ(gd[k].file, wd[k].file);
+          EXPECT_EQ(gd[k].row, wd[k].row);
+          EXPECT_EQ(gd[k].epoch, wd[k].epoch);
+          EXPECT_EQ(gd[k].start, wd[k].start);
+          EXPECT_EQ(gd[k].len, wd[k].len);
+          EXPECT_EQ(gd[k].doc_tokens, wd[k].doc_tokens);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
+  auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
+  ASSERT_TRUE(planner.ok());
+  auto plan = (*planner)->Next();
+  ASSERT_TRUE(plan.ok());
+  auto message = EncodeStepPlan(*plan);
+  // Cut short, every length from 0 up: an error, never a crash or a partial plan.
+  for (size_t cut = 0; cut < message.size(); cut += 7) {
+    auto part = DecodeBucket(message.data(), cut, int64_t(plan->ranks.size()) - 1);
+    EXPECT_FALSE(part.ok()) << "cut at " << cut;
+  }
+  auto no_bucket = DecodeBucket(message.data(), message.size(), 1000);
+  ASSERT_FALSE(no_bucket.ok());
+  EXPECT_THAT(no_bucket.status().message(), HasSubstr("no bucket 1000"));
+
+  auto part = DecodeBucket(message.data(), message.size(), 0);
+  ASSERT_TRUE(part.ok());
+  // A reply with one token too few for the first piece is refused, naming the source.
+  const auto requests = PieceRequests(*part, 0, int32_t(config_->sources.size()));
+  for (int32_t i = 0; i < int32_t(requests.size()); ++i) {
+    if (requests[size_t(i)].empty()) continue;
+    auto service = PayloadService::Make(*config_, i, int64_t{8} << 20);
+    ASSERT_TRUE(service.ok());
+    auto reply = (*service)->Fetch(requests[size_t(i)].data(),
+                                   int64_t(requests[size_t(i)].size()) / kRequestFields);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    reply->tokens.pop_back();
+    for (size_t k = 1; k < reply->offsets.size(); ++k) {
+      reply->offsets[k] = std::max<int64_t>(0, reply->offsets[k] - 1);
+    }
+    const Status st = AttachPieces(&*part, 0, i, std::make_shared<PieceReply>(*reply));
+    ASSERT_FALSE(st.ok());
+    EXPECT_THAT(st.message(), HasSubstr("sources[" + std::to_string(i) + "]"));
+    break;
+  }
+}
+
+TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
+  auto service = PayloadService::Make(*config_, 0, int64_t{8} << 20);
+  ASSERT_TRUE(service.ok());
+  // Row 0 of file 0 with a document longer than any row: the file "changed".
+  const int64_t past[kRequestFields] = {0, 0, 0, 10, int64_t{1} << 40};
+  auto r = (*service)->Fetch(past, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("did the file change"));
+  EXPECT_THAT(r.status().message(), HasSubstr("row 0"));
+  const int64_t no_file[kRequestFields] = {99, 0, 0, 1, 1};
+  r = (*service)->Fetch(no_file, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("no file 99"));
+  const int64_t no_row[kRequestFields] = {0, int64_t{1} << 40, 0, 1, 1};
+  r = (*service)->Fetch(no_row, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("no row"));
+}
+
+}  // namespace
+}  // namespace braid

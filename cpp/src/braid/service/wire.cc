@@ -1,0 +1,176 @@
+#include "braid/service/wire.h"
+
+#include <string>
+
+namespace braid {
+namespace {
+
+Status Malformed(const std::string& what) {
+  return DataError("plan message", "malformed: " + what);
+}
+
+// Reads values from a message, failing past its end.
+class Reader {
+ public:
+  Reader(const int64_t* data, size_t size, size_t at) : data_(data), size_(size), at_(at) {}
+  Result<int64_t> Next(const char* what) {
+    if (at_ >= size_) return Malformed(std::string("ends before ") + what);
+    return data_[at_++];
+  }
+  Result<int64_t> Count(const char* what) {
+    ARROW_ASSIGN_OR_RAISE(int64_t n, Next(what));
+    if (n < 0 || static_cast<size_t>(n) > size_ - at_ + 1) {
+      return Malformed(std::string("bad count of ") + what);
+    }
+    return n;
+  }
+
+ private:
+  const int64_t* data_;
+  size_t size_;
+  size_t at_;
+};
+
+}  // namespace
+
+std::vector<int64_t> EncodeStepPlan(const StepPlan& plan) {
+  const int64_t buckets = static_cast<int64_t>(plan.ranks.size());
+  std::vector<int64_t> out = {plan.step, plan.seq_len, buckets};
+  const size_t offsets_at = out.size();
+  out.resize(out.size() + size_t(buckets) + 1);
+  for (int64_t b = 0; b < buckets; ++b) {
+    out[offsets_at + size_t(b)] = static_cast<int64_t>(out.size());
+    const RankPlan& rank = plan.ranks[size_t(b)];
+    out.push_back(static_cast<int64_t>(rank.micro_batches.size()));
+    for (const MicroBatch& mb : rank.micro_batches) {
+      out.push_back(static_cast<int64_t>(mb.sequences.size()));
+      for (const Sequence& seq : mb.sequences) {
+        out.push_back(static_cast<int64_t>(seq.docs.size()));
+        for (const DocPiece& d : seq.docs) {
+          out.insert(out.end(), {d.source, d.file, d.row, d.epoch, d.start, d.len,
+                                 d.doc_tokens, d.image_tokens});
+        }
+      }
+    }
+  }
+  out[offsets_at + size_t(buckets)] = static_cast<int64_t>(out.size());
+  return out;
+}
+
+Result<std::pair<int64_t, int64_t>> EncodedStepAndBuckets(const int64_t* data,
+                                                          size_t size) {
+  if (size < 3 || data[2] < 0 || size < 3 + size_t(data[2]) + 1) {
+    return Malformed("no header");
+  }
+  return std::make_pair(data[0], data[2]);
+}
+
+Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket) {
+  ARROW_ASSIGN_OR_RAISE(auto header, EncodedStepAndBuckets(data, size));
+  if (bucket < 0 || bucket >= header.second) {
+    return Malformed("no bucket " + std::to_string(bucket) + " (it holds " +
+                     std::to_string(header.second) + ")");
+  }
+  const int64_t at = data[3 + bucket];
+  if (at < 0 || static_cast<size_t>(at) >= size) return Malformed("bad bucket offset");
+  StepPlan plan;
+  plan.step = data[0];
+  plan.seq_len = data[1];
+  plan.ranks.resize(size_t(bucket) + 1);
+  RankPlan& rank = plan.ranks[size_t(bucket)];
+  rank.dp = bucket;
+  Reader in(data, size, size_t(at));
+  ARROW_ASSIGN_OR_RAISE(int64_t micro_batches, in.Count("micro-batches"));
+  rank.micro_batches.resize(size_t(micro_batches));
+  for (MicroBatch& mb : rank.micro_batches) {
+    ARROW_ASSIGN_OR_RAISE(int64_t sequences, in.Count("sequences"));
+    mb.sequences.resize(size_t(sequences));
+    for (Sequence& seq : mb.sequences) {
+      ARROW_ASSIGN_OR_RAISE(int64_t pieces, in.Count("pieces"));
+      seq.docs.resize(size_t(pieces));
+      for (DocPiece& d : seq.docs) {
+        int64_t f[kPieceFields];
+        for (int64_t& v : f) {
+          ARROW_ASSIGN_OR_RAISE(v, in.Next("a piece"));
+        }
+        d.source = static_cast<int32_t>(f[0]);
+        d.file = static_cast<int32_t>(f[1]);
+        d.row = f[2];
+        d.epoch = f[3];
+        d.start = f[4];
+        d.len = f[5];
+        d.doc_tokens = f[6];
+        d.image_tokens = f[7];
+        if (d.len < 0 || d.start < 0 || d.start + d.len > d.doc_tokens) {
+          return Malformed("a piece outside its document");
+        }
+        seq.tokens += d.len;
+        mb.tokens += d.len;
+        rank.tokens += d.len;
+      }
+    }
+  }
+  return plan;
+}
+
+std::vector<std::vector<int64_t>> PieceRequests(const StepPlan& plan, int64_t bucket,
+                                                int32_t num_sources) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(num_sources));
+  for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+    for (const Sequence& seq : mb.sequences) {
+      for (const DocPiece& d : seq.docs) {
+        if (d.source < 0 || d.source >= num_sources) continue;
+        out[size_t(d.source)].insert(out[size_t(d.source)].end(),
+                                     {d.file, d.row, d.start, d.len, d.doc_tokens});
+      }
+    }
+  }
+  return out;
+}
+
+Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
+                    std::shared_ptr<const PieceReply> reply) {
+  const std::string where = "step " + std::to_string(plan->step) + ": sources[" +
+                            std::to_string(source) + "] reply";
+  const bool masked = !reply->loss_mask.empty();
+  if (masked && reply->loss_mask.size() != reply->tokens.size()) {
+    return DataError(where, "loss mask and tokens differ in length");
+  }
+  size_t k = 0;
+  for (MicroBatch& mb : plan->ranks[size_t(bucket)].micro_batches) {
+    for (Sequence& seq : mb.sequences) {
+      for (DocPiece& d : seq.docs) {
+        if (d.source != source) continue;
+        if (k + 1 >= reply->offsets.size()) {
+          return DataError(where, "holds fewer pieces than requested");
+        }
+        const int64_t begin = reply->offsets[k];
+        const int64_t end = reply->offsets[k + 1];
+        ++k;
+        const int64_t want = std::min(d.start + d.len + 1, d.doc_tokens) - d.start;
+        if (begin < 0 || end < begin || end - begin != want ||
+            static_cast<size_t>(end) > reply->tokens.size()) {
+          return DataError(where, "piece " + std::to_string(k - 1) + " has " +
+                                      std::to_string(end - begin) + " tokens, expected " +
+                                      std::to_string(want));
+        }
+        auto payload = std::make_shared<Payload>();
+        payload->tokens =
+            TokenSpan::View(reply->tokens.data() + begin, size_t(end - begin), reply);
+        if (masked) {
+          payload->loss_mask.assign(reply->loss_mask.begin() + begin,
+                                    reply->loss_mask.begin() + end);
+        }
+        d.payload = PayloadRef(TokenPayload(std::move(payload)));
+        d.doc_tokens = want;
+        d.start = 0;
+      }
+    }
+  }
+  if (k + 1 != reply->offsets.size()) {
+    return DataError(where, "holds more pieces than requested");
+  }
+  return Status::OK();
+}
+
+}  // namespace braid

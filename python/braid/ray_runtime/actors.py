@@ -1,0 +1,293 @@
+"""The actors that host Braid's roles. Each wraps one C++ service; requests are keyed and
+idempotent (a retried call returns the same bytes), so Ray may re-run a call on a
+restarted actor (``max_task_retries=-1``).
+
+Threaded actors (``max_concurrency``): the C++ calls release the GIL, so requests for
+different sources, buckets and steps overlap.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from braid import _core
+from braid.ray_runtime._ray import ray
+
+
+# The planner keeps the state before every _CHECKPOINT_EVERY-th step (the last
+# _CHECKPOINTS of them, and the job's start) to replay a dropped step from.
+_CHECKPOINT_EVERY = 16
+_CHECKPOINTS = 64
+
+
+def _rss_bytes() -> int:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PlannerActor:
+    """The planner over metadata-only source loaders (``_core.PlannerService``).
+
+    Plans whole steps in order, ``steps_in_flight`` ahead of the newest step asked for,
+    and keeps the last ``keep_steps`` plans for constructors that ask again. An older
+    step is planned again from the nearest checkpoint state before it (a restarted
+    constructor, a rank far behind); a restarted planner starts again from the job's
+    start state. Either way the plan is a pure function of config, seed and state, so
+    a step comes back identical.
+    """
+
+    def __init__(self, config: "_core.Config", cwd: str, state_json: str,
+                 keep_steps: int) -> None:
+        os.chdir(cwd)  # relative source paths resolve as in the job's first rank
+        self._config = config
+        self._keep = keep_steps
+        self._ahead = int(config.runtime["steps_in_flight"]) + 1
+        self._service = _core.make_planner_service(config, state_json)
+        self._first = _core.state_position(config, state_json)[0]
+        self._plans: Dict[int, Dict[str, Any]] = {}
+        # States to replay dropped steps from: the start's and every
+        # _CHECKPOINT_EVERY-th step's (the last _CHECKPOINTS of them).
+        self._checkpoints: Dict[int, str] = {self._first: state_json}
+        self._replays = 0
+        self._next = self._first
+        self._horizon = self._first + self._ahead
+        self._error: Optional[BaseException] = None
+        self._clients: set = set()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="braid-planner",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped and self._next >= self._horizon:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+            try:
+                plan = self._service.next()
+            except BaseException as exc:  # reported to every waiter, in order
+                with self._cv:
+                    self._error = exc
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._plans[plan["step"]] = plan
+                if plan["step"] % _CHECKPOINT_EVERY == 0:
+                    self._checkpoints[plan["step"]] = plan["state_before"]
+                    for old in sorted(self._checkpoints)[1:-_CHECKPOINTS]:
+                        del self._checkpoints[old]  # the start stays
+                self._next = plan["step"] + 1
+                for old in [s for s in self._plans if s < self._next - self._keep]:
+                    del self._plans[old]
+                self._cv.notify_all()
+
+    def plan(self, step: int, timeout_s: float) -> Dict[str, Any]:
+        """Step ``step``'s plan (wire message and states); waits while it is planned."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._horizon = max(self._horizon, step + self._ahead)
+            self._cv.notify_all()
+            while step not in self._plans:
+                if step < self._first:
+                    raise _core.ConfigError(
+                        f"step {step}: before the job's first step {self._first}")
+                if step < self._next - self._keep:
+                    break  # dropped: replayed below, outside the lock
+                if self._error is not None:
+                    raise self._error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"step {step}: not planned within {timeout_s} s "
+                                       "(runtime.timeout_s)")
+                self._cv.wait(left)
+            if step in self._plans:
+                return self._plans[step]
+            start = max(k for k in self._checkpoints if k <= step)
+            state = self._checkpoints[start]
+        return self._replay(state, step)
+
+    def _replay(self, state_json: str, step: int) -> Dict[str, Any]:
+        # A step older than the held ones (a constructor far behind, or restarted): plan
+        # again from the newest checkpoint before it. The plan is a pure function of
+        # (config, state), so it is the one sent before.
+        service = _core.make_planner_service(self._config, state_json)
+        while True:
+            plan = service.next()
+            if plan["step"] == step:
+                self._replays += 1
+                return plan
+    def attach(self, client: str) -> int:
+        with self._cv:
+            self._clients.add(client)
+            return len(self._clients)
+
+    def detach(self, client: str) -> int:
+        with self._cv:
+            self._clients.discard(client)
+            return len(self._clients)
+
+    def status(self) -> Dict[str, Any]:
+        with self._cv:
+            return {"role": "planner", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
+                    "node": ray.get_runtime_context().get_node_id(),
+                    "planned_through": self._next - 1, "held_steps": len(self._plans),
+                    "replayed_steps": self._replays,
+                    "clients": len(self._clients)}
+
+
+class SourceActor:
+    """Payloads of the sources it hosts (``_core.PayloadService`` each), by key."""
+
+    def __init__(self, config: "_core.Config", cwd: str, sources: List[int]) -> None:
+        os.chdir(cwd)  # relative source paths resolve as in the job's first rank
+        self._services = {i: _core.make_payload_service(config, i) for i in sources}
+        self._requests = 0
+
+    def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
+        """Per source, ``(tokens, offsets, loss_mask or None)`` for its piece requests."""
+        self._requests += 1
+        return {i: self._services[i].fetch(r) for i, r in requests.items()}
+
+    def status(self) -> Dict[str, Any]:
+        return {"role": "sources", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
+                "node": ray.get_runtime_context().get_node_id(),
+                "sources": sorted(self._services), "requests": self._requests,
+                "cached_bytes": sum(s.cached_bytes for s in self._services.values())}
+
+
+class ConstructorActor:
+    """Builds the micro-batches of the buckets its node's trainer ranks ask for, once per
+    (step, bucket), and serves every rank of a DP group its view from that one build.
+
+    Each view is put in the object store once; TP peers (same view) get the same object.
+    Steps are built ``steps_in_flight`` ahead of the newest step asked for; built steps
+    older than ``keep_steps`` behind it are dropped.
+    """
+
+    def __init__(self, config: "_core.Config", job: str, namespace: str,
+                 source_actor_of: List[int], keep_steps: int) -> None:
+        self._config = config
+        self._job = job
+        self._namespace = namespace
+        self._source_actor_of = source_actor_of
+        self._keep = keep_steps
+        self._ahead = int(config.runtime["steps_in_flight"])
+        self._timeout = float(config.runtime["timeout_s"])
+        self._num_sources = len(config.source_names)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="braid-construct")
+        self._lock = threading.Lock()
+        self._plans: Dict[int, concurrent.futures.Future] = {}  # step -> plan
+        self._builds: Dict[Tuple[int, int], concurrent.futures.Future] = {}
+        self._views: Dict[Tuple, Any] = {}
+        self._newest = -1
+        self._built = 0
+        self._planner = None
+        self._sources: Dict[int, Any] = {}
+
+    def _actor(self, name: str):
+        return ray.get_actor(f"{self._job}.{name}", namespace=self._namespace)
+
+    def _plan(self, step: int) -> Dict[str, Any]:
+        # Fetched by the first thread that needs it (never through the pool, whose
+        # threads wait for plans); the others wait for that one.
+        with self._lock:
+            fut = self._plans.get(step)
+            owner = fut is None
+            if owner:
+                fut = concurrent.futures.Future()
+                self._plans[step] = fut
+        if owner:
+            try:
+                fut.set_result(self._fetch_plan(step))
+            except BaseException as exc:
+                with self._lock:  # a later request tries again
+                    if self._plans.get(step) is fut:
+                        del self._plans[step]
+                fut.set_exception(exc)
+        return fut.result(timeout=self._timeout)
+
+    def _fetch_plan(self, step: int) -> Dict[str, Any]:
+        if self._planner is None:
+            self._planner = self._actor("planner")
+        return ray.get(self._planner.plan.remote(step, self._timeout),
+                       timeout=self._timeout + 5)
+
+    def _build(self, step: int, bucket: int) -> concurrent.futures.Future:
+        with self._lock:
+            fut = self._builds.get((step, bucket))
+            if fut is None:
+                fut = self._pool.submit(self._construct, step, bucket)
+                self._builds[(step, bucket)] = fut
+                fut.add_done_callback(lambda f: self._forget_failed((step, bucket), f))
+            return fut
+
+    def _forget_failed(self, key: Tuple[int, int], fut: concurrent.futures.Future) -> None:
+        # A failed build is reported to its waiters, then forgotten so that a retried
+        # request (after an actor restart) builds again.
+        if fut.exception() is not None:
+            with self._lock:
+                if self._builds.get(key) is fut:
+                    del self._builds[key]
+
+    def _construct(self, step: int, bucket: int) -> Tuple[Dict[str, Any], List[Any]]:
+        plan = self._plan(step)
+        part = _core.decode_bucket(plan["plan"], bucket)
+        by_actor: Dict[int, Dict[int, np.ndarray]] = {}
+        for source, req in enumerate(part.requests(self._num_sources)):
+            if len(req):
+                by_actor.setdefault(self._source_actor_of[source], {})[source] = req
+        calls = []
+        for actor, reqs in by_actor.items():
+            if actor not in self._sources:
+                self._sources[actor] = self._actor(f"sources.{actor}")
+            calls.append(self._sources[actor].fetch.remote(reqs))
+        for replies in ray.get(calls, timeout=self._timeout):
+            for source, (tokens, offsets, mask) in replies.items():
+                part.attach(source, tokens, offsets, mask)
+        batches = [part.build(mb) for mb in range(part.micro_batches)]
+        self._built += 1
+        return plan, batches
+
+    def get(self, step: int, bucket: int, micro_batch: int, pp: int, cp: int,
+            split_context: bool) -> Tuple[List[Any], str, str]:
+        """``([ref to the view's arrays], state_before, state_after)`` of micro-batch
+        ``micro_batch`` of bucket ``bucket`` at step ``step`` for pipeline stage ``pp``,
+        context rank ``cp`` (the same for every TP rank)."""
+        with self._lock:
+            if step > self._newest:
+                self._newest = step
+                for key in [k for k in self._builds if k[0] < step - self._keep]:
+                    del self._builds[key]
+                for key in [k for k in self._plans if k < step - self._keep]:
+                    del self._plans[key]
+                for key in [k for k in self._views if k[0] < step - self._keep]:
+                    del self._views[key]
+        for ahead in range(1, self._ahead + 1):
+            self._build(step + ahead, bucket)
+        key = (step, bucket, micro_batch, pp, cp, split_context)
+        with self._lock:
+            ref = self._views.get(key)
+        plan, batches = self._build(step, bucket).result(timeout=self._timeout)
+        if ref is None:
+            view = batches[micro_batch].view(self._config, 0, pp, cp, split_context)
+            ref = ray.put(view)
+            with self._lock:
+                ref = self._views.setdefault(key, ref)
+        return [ref], plan["state_before"], plan["state_after"]
+
+    def status(self) -> Dict[str, Any]:
+        with self._lock:
+            return {"role": "constructor", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
+                    "node": ray.get_runtime_context().get_node_id(),
+                    "newest_step": self._newest, "built_buckets": self._built,
+                    "held_builds": len(self._builds), "held_views": len(self._views)}

@@ -1,0 +1,51 @@
+"""``braid run --runtime ray``: the whole job on Ray, every DP rank (bucket) simulated
+in this process as a trainer rank would receive it, measured like the local run."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional
+
+from braid import _core
+from braid.ray_runtime import job as jobs
+from braid.ray_runtime._ray import ray
+from braid.ray_runtime.client import RayStream
+
+
+def run_job(config: "_core.Config", steps: int,
+            progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+    """Runs ``steps`` steps; returns ``_core.run_job``'s summary plus ``runtime`` and
+    ``actors`` (each actor's status at the end). Starts a local Ray instance when
+    ``runtime.address`` has none."""
+    if steps <= 0:
+        raise _core.ConfigError("--steps: must be > 0")
+    state = _core.initial_state_json(config)
+    t0 = time.monotonic()
+    streams = [RayStream(config, b, (0, 0, 0), True, state, start_local=True)
+               for b in range(int(config.topology["buckets"]))]
+    job = streams[0].job
+    try:
+        recorder = _core.RunRecorder(config)
+        last = t0
+        for step in range(steps):
+            tokens = micro_batches = 0
+            for _ in range(config.micro_batches_per_rank_at(step)):
+                for stream in streams:
+                    tokens += stream.next()["input_ids"].size
+                    micro_batches += 1
+            now = time.monotonic()
+            plan = ray.get(job.planner.plan.remote(step, job.timeout_s),
+                           timeout=job.timeout_s)
+            recorder.add_step(plan["figures"], tokens, micro_batches, now - last, now - t0)
+            last = now
+            if progress is not None:
+                progress(recorder.summary(0))
+        actors = jobs.status(job.name, job.namespace)
+        summary = recorder.summary(sum(a.get("rss_bytes", 0) for a in actors))
+        summary["runtime"] = "ray"
+        summary["job"] = job.name
+        summary["actors"] = actors
+        return summary
+    finally:
+        for stream in streams:
+            stream.stop()

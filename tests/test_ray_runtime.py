@@ -1,0 +1,264 @@
+"""The Ray runtime on a real local Ray: every rank receives exactly the embedded runtime's
+tensors, TP peers share one build, states resume exactly (also across runtimes), actors
+killed mid-run lose and repeat nothing, and nothing is left after the job ends."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+import ray
+
+import braid
+from braid.ray_runtime import job as jobs
+
+NAMESPACE = "braid-test"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
+             log_to_driver=False, namespace=NAMESPACE, configure_logging=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def ray_config(config: dict, **runtime) -> dict:
+    out = copy.deepcopy(config)
+    out["runtime"] = {"kind": "ray", "namespace": NAMESPACE, "timeout_s": 60, **runtime}
+    return out
+
+
+def take_round_robin(loaders: List[braid.Loader], n: int) -> List[List[Dict]]:
+    """n micro-batches per loader, taken in turn as trainer ranks in lockstep would."""
+    its = [iter(l) for l in loaders]
+    out: List[List[Dict]] = [[] for _ in loaders]
+    for _ in range(n):
+        for k, it in enumerate(its):
+            out[k].append({name: t.numpy().copy() for name, t in next(it).items()})
+    return out
+
+
+def assert_same(a: List[Dict], b: List[Dict]) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert sorted(x) == sorted(y), i
+        for name in x:
+            assert x[name].dtype == y[name].dtype, (i, name)
+            np.testing.assert_array_equal(x[name], y[name], err_msg=f"{i} {name}")
+
+
+def tp_config(small_dataset) -> dict:
+    config = copy.deepcopy(small_dataset["config"])
+    config["topology"] = {"dp": 2, "tp": 2, "pp": 1, "cp": 1}
+    return config
+
+
+def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
+        ray_cluster, small_dataset):
+    config = tp_config(small_dataset)
+    world = 4
+    embedded = take_round_robin([braid.Loader(config, r, world) for r in range(world)], 12)
+    loaders = [braid.Loader(ray_config(config), r, world) for r in range(world)]
+    got = take_round_robin(loaders, 12)
+    for r in range(world):
+        assert_same(got[r], embedded[r])
+    # TP peers (ranks 0/1 and 2/3 share a DP rank) received one build: the constructor
+    # built each (step, bucket) once, not once per rank.
+    job = loaders[0]._engine.job
+    status = {a["role"]: a for a in jobs.status(job.name, job.namespace)}
+    steps = 12 // loaders[0].micro_batches_per_step
+    in_flight = 2
+    assert status["constructor"]["built_buckets"] <= 2 * (steps + in_flight + 1)
+    assert status["planner"]["clients"] == world
+    for l in loaders:
+        l.close()
+    assert jobs.actor_names(job.name, job.namespace) == []
+
+
+def test_state_resumes_exactly_and_across_runtimes(ray_cluster, small_dataset):
+    config = small_dataset["config"]
+    ranks = [0, 1]
+    full = take_round_robin([braid.Loader(config, r, 2) for r in ranks], 10)
+    first = [braid.Loader(ray_config(config), r, 2) for r in ranks]
+    head = take_round_robin(first, 3)  # mid-step: 2 micro-batches per rank per step
+    states = [l.state_dict() for l in first]
+    assert states[0] == states[1]
+    for l in first:
+        l.close()
+    # Resume on Ray ...
+    again = [braid.Loader(ray_config(config), r, 2) for r in ranks]
+    for l, s in zip(again, states):
+        l.load_state_dict(s)
+    tail = take_round_robin(again, 7)
+    for l in again:
+        l.close()
+    # ... and the same state on the embedded runtime.
+    local = [braid.Loader(config, r, 2) for r in ranks]
+    for l, s in zip(local, states):
+        l.load_state_dict(s)
+    local_tail = take_round_robin(local, 7)
+    for r in range(2):
+        assert_same(head[r] + tail[r], full[r])
+        assert_same(local_tail[r], tail[r])
+
+
+def test_actors_killed_mid_run_lose_and_repeat_nothing(ray_cluster, small_dataset):
+    config = small_dataset["config"]
+    embedded = take_round_robin([braid.Loader(config, r, 2) for r in range(2)], 24)
+    loaders = [braid.Loader(ray_config(config, job="kills"), r, 2) for r in range(2)]
+    its = [iter(l) for l in loaders]
+    rng = random.Random(3)
+    got: List[List[Dict]] = [[], []]
+    kills = []
+    for i in range(24):
+        if i in (3, 7, 11, 15, 19):
+            names = jobs.actor_names("kills", NAMESPACE)
+            victim = rng.choice(names)
+            ray.kill(ray.get_actor(victim, namespace=NAMESPACE), no_restart=False)
+            kills.append(victim)
+        for k, it in enumerate(its):
+            got[k].append({n: t.numpy().copy() for n, t in next(it).items()})
+    for r in range(2):
+        assert_same(got[r], embedded[r])
+    assert len(kills) == 5
+    for l in loaders:
+        l.close()
+    assert jobs.actor_names("kills", NAMESPACE) == []
+
+
+def test_each_role_killed_in_turn(ray_cluster, small_dataset):
+    config = small_dataset["config"]
+    config1 = copy.deepcopy(config)
+    config1["topology"] = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
+    embedded = take_round_robin([braid.Loader(config1, 0, 1)], 16)[0]
+    loader = braid.Loader(ray_config(config1, job="roles"), 0, 1)
+    it = iter(loader)
+    got = []
+    for i in range(16):
+        if i in (2, 6, 10):
+            role = {2: "planner", 6: "sources.0", 10: "constructor"}[i]
+            name = next(n for n in jobs.actor_names("roles", NAMESPACE)
+                        if n.startswith(f"roles.{role}"))
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
+        got.append({n: t.numpy().copy() for n, t in next(it).items()})
+    assert_same(got, embedded)
+    loader.close()
+
+
+def test_stop_removes_a_crashed_jobs_actors(ray_cluster, small_dataset, tmp_path):
+    """A trainer killed with SIGKILL never detaches: its job's actors stay until
+    `braid stop JOB` removes them."""
+    from conftest import braid_cli
+
+    cfg = json.dumps(ray_config(small_dataset["config"], address=ray_cluster,
+                                job="crashed"))
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, cfg, "1000000"],
+                            env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+
+        def receiving() -> bool:  # attached, and its first batches built
+            roles = {a.get("role"): a for a in jobs.status("crashed", NAMESPACE)}
+            return (roles.get("planner", {}).get("clients") == 1
+                    and roles.get("constructor", {}).get("built_buckets", 0) > 0)
+
+        while not receiving():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.3)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "crashed" in jobs.jobs(NAMESPACE)
+    status = braid_cli("status", "crashed", "--namespace", NAMESPACE,
+                       "--address", ray_cluster)
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert "crashed.planner" in status.stdout and "clients=1" in status.stdout, status.stdout
+    stop = braid_cli("stop", "crashed", "--namespace", NAMESPACE, "--address", ray_cluster)
+    assert stop.returncode == 0 and "stopped 3 actors" in stop.stdout, stop.stderr[-2000:]
+    assert jobs.actor_names("crashed", NAMESPACE) == []
+
+
+TRAINER = textwrap.dedent("""
+    import hashlib, json, os, sys
+    import braid
+    config = json.loads(sys.argv[1])
+    loader = braid.Loader(config)  # RANK and WORLD_SIZE from the environment
+    digests = []
+    for i, batch in zip(range(int(sys.argv[2])), loader):
+        h = hashlib.sha256()
+        for name in sorted(batch):
+            h.update(name.encode()); h.update(batch[name].numpy().tobytes())
+        digests.append(h.hexdigest())
+    loader.close()
+    print("DIGESTS " + json.dumps(digests))
+""")
+
+
+def digests(batches: List[Dict]) -> List[str]:
+    out = []
+    for b in batches:
+        h = hashlib.sha256()
+        for name in sorted(b):
+            h.update(name.encode())
+            h.update(b[name].tobytes())
+        out.append(h.hexdigest())
+    return out
+
+
+def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, tmp_path):
+    """Two fresh processes that import only braid, RANK/WORLD_SIZE from the environment,
+    join the running cluster by address and get the embedded runtime's batches."""
+    config = small_dataset["config"]
+    embedded = take_round_robin([braid.Loader(config, r, 2) for r in range(2)], 6)
+    cfg = json.dumps(ray_config(config, address=ray_cluster, job="procs"))
+    procs = [subprocess.Popen([sys.executable, "-c", TRAINER, cfg, "6"],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path)
+             for r in range(2)]
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+        line = next(l for l in out.splitlines() if l.startswith("DIGESTS "))
+        assert json.loads(line[len("DIGESTS "):]) == digests(embedded[r])
+    assert jobs.actor_names("procs", NAMESPACE) == []
+
+
+def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
+    from conftest import braid_cli, write_config
+
+    path = write_config(tmp_path / "job.json",
+                        ray_config(small_dataset["config"], address=ray_cluster))
+    run = braid_cli("run", path, "--steps", "4", "--report", tmp_path / "report")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "RSS of the job's 3 actors" in run.stdout
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["steps"] == 4
+    local = braid_cli("run", path, "--steps", "4", "--runtime", "local")
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    def line(out: str, key: str) -> str:
+        return next(l for l in out.splitlines() if l.strip().startswith(key))
+
+    # The same stream: the same tokens, padding, balance and shares.
+    for key in ("tokens ", "padding", "imbalance", "web", "code"):
+        assert line(run.stdout, key) == line(local.stdout, key), key
+    status = braid_cli("status", "--namespace", NAMESPACE, "--address", ray_cluster)
+    assert status.returncode == 0, status.stderr
+    stop = braid_cli("stop", "nothing-here", "--namespace", NAMESPACE,
+                     "--address", ray_cluster)
+    assert stop.returncode == 0 and "stopped 0 actors" in stop.stdout
