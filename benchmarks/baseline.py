@@ -34,8 +34,8 @@ from __future__ import annotations
 import os
 import sys
 
-# benchmarks/tokenize.py would shadow the standard library's tokenize (which inspect, so
-# dataclasses and torch, import) when this file runs as a script.
+# Never look up modules in this folder when this file runs as a script (a script there
+# named like a standard module would shadow it).
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 

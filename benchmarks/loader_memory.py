@@ -37,9 +37,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# benchmarks/tokenize.py would shadow the standard library's tokenize (which inspect, so
-# dataclasses and torch, import): never look up modules in this folder; load the siblings
-# by path (_sibling).
+# Never look up modules in this folder (a script there named like a standard module would
+# shadow it); load the siblings by path (_sibling).
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 
 import argparse

@@ -14,8 +14,7 @@ groups are read in blocks) and prints the seconds and the rate in M tokens/s of:
   run              with payloads (the tokens), for scale
   arrow scan       pyarrow reading the token column row group by row group (one thread)
 
-Every figure is the best of --repeat runs (`-P`: benchmarks/tokenize.py must not shadow
-the standard module). Run it against a build without the length path
+Every figure is the best of --repeat runs. Run it against a build without the length path
 to see what planning read before (`plan (length)` then prints n/a: the key is unknown).
 
     PYTHONPATH=build/<dir>/stage .venv/bin/python -P benchmarks/plan_read.py \

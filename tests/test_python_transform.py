@@ -54,6 +54,41 @@ MODULE = textwrap.dedent('''
         return encode(text)
 
     not_callable = 42
+
+    # A thread's threading.local lives in its Python thread state: `fresh` records, per
+    # call, whether the calling thread's state was new (no earlier call had seen it).
+    import threading
+    _local = threading.local()
+    fresh = []
+
+    def count_states(text):
+        fresh.append(not hasattr(_local, "calls"))
+        _local.calls = getattr(_local, "calls", 0) + 1
+        return encode(text)
+
+    # Batched forms: one list per column, one result per row.
+    batch_sizes = []
+
+    def encode_batch(texts):
+        assert isinstance(texts, list), type(texts)
+        batch_sizes.append(len(texts))
+        return [encode(t) for t in texts]
+
+    def with_mask_batch(texts, prompt_lens):
+        assert len(texts) == len(prompt_lens)
+        return (with_mask(t, p) for t, p in zip(texts, prompt_lens))  # any iterable
+
+    def strict_batch(texts):
+        return [strict(t) for t in texts]  # one bad row fails the whole call
+
+    def numpy_batch(texts):
+        return [encode_numpy(t) for t in texts]
+
+    def short_batch(texts):
+        return [encode(t) for t in texts][1:]
+
+    def text_batch(texts):
+        return "not a list"
     ''')
 
 DOCS = 48
@@ -257,3 +292,183 @@ def test_transform_config_is_checked(data):
         iter(loader)
     with pytest.raises(braid.ConfigError, match=r"sources\[0\].loaders"):
         braid.load_config(config(data, {"python": "m:f", "columns": ["text"]}, loaders=0))
+
+
+def source_stream(data: Dict, transform: Dict, samples: int, **source) -> List[Dict]:
+    cfg = _core.parse_config(json.dumps(config(data, transform, **source)), "/")
+    return _core.source_samples(cfg, 0, samples)
+
+
+def test_pool_threads_keep_one_python_thread_state(data):
+    import braid_user_tx  # noqa: E402 (on sys.path via the fixture)
+
+    before = _core._kept_thread_states()
+    braid_user_tx.fresh.clear()
+    cfg = _core.parse_config(json.dumps(config(
+        data, {"python": "braid_user_tx:count_states", "columns": ["text"]},
+        on_error="skip", workers=2)), "/")
+    result = _core.read_source(cfg, 0, 3 * DOCS)
+    assert result["samples"] == 3 * DOCS
+    calls = len(braid_user_tx.fresh)
+    assert calls >= 3 * DOCS
+    # The loader's pool has workers + 1 = 3 threads: at most 3 new states for all calls
+    # (a state per call would make every call's state new).
+    assert 1 <= sum(braid_user_tx.fresh) <= 3, (sum(braid_user_tx.fresh), calls)
+    # The loader is gone: its threads ended and freed their states.
+    assert _core._kept_thread_states() == before
+
+
+@pytest.mark.parametrize("per_row, batched", [
+    ("braid_user_tx:strict", "braid_user_tx:strict_batch"),
+    ("braid_user_tx:encode_numpy", "braid_user_tx:numpy_batch"),
+])
+def test_batched_stream_is_the_per_row_stream_for_any_worker_count(data, per_row, batched):
+    import braid_user_tx  # noqa: E402
+
+    n = 3 * DOCS
+    base = source_stream(data, {"python": per_row, "columns": ["text"]}, n,
+                         on_error="skip", workers=1)
+    assert len(base) == n
+    assert sum(s["skip"] != 0 for s in base) == 9  # rows 9, 17, 30 (they fail or drop)
+    for workers in (1, 2, 3):
+        del braid_user_tx.batch_sizes[:]
+        got = source_stream(data, {"python": batched, "columns": ["text"],
+                                   "batched": True}, n, on_error="skip", workers=workers)
+        assert got == base, workers
+
+
+def test_batched_function_gets_one_list_per_column(data):
+    import braid_user_tx  # noqa: E402
+
+    del braid_user_tx.batch_sizes[:]
+    got = source_stream(data, {"python": "braid_user_tx:encode_batch", "columns": ["text"],
+                               "batched": True}, DOCS, on_error="skip")
+    assert len(got) == DOCS
+    sizes = list(braid_user_tx.batch_sizes)
+    assert max(sizes) > 1 and sum(sizes) >= DOCS, sizes
+    # Two columns, a generator for a result, end to end through the Loader.
+    tx = {"python": "braid_user_tx:with_mask", "columns": ["text", "prompt_len"]}
+    txb = {"python": "braid_user_tx:with_mask_batch", "columns": ["text", "prompt_len"],
+           "batched": True}
+    base = batches(config(data, tx, on_error="skip"), 8, rank=1)
+    for workers in (1, 3):
+        other = batches(config(data, txb, on_error="skip", workers=workers), 8, rank=1)
+        assert len(other) == len(base) == 8
+        for a, b in zip(base, other):
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=f"{workers} {k}")
+
+
+def test_batched_exception_names_source_file_row_group_and_row(data, capfd):
+    tx = {"python": "braid_user_tx:strict_batch", "columns": ["text"], "batched": True}
+    with pytest.raises(braid.DataError) as info:
+        batches(config(data, tx), 40)
+    msg = str(info.value)
+    assert "source 'user'" in msg
+    assert data["path"] in msg
+    assert "(row group 1, row 9)" in msg or "(row group 3, row 30)" in msg, msg
+    assert "sources[0].transform.python ('braid_user_tx:strict_batch', batched)" in msg
+    assert "ValueError: cannot use bad ro" in msg or "ValueError: cannot use bad to" in msg
+    # With skip, only the failing rows go (the rest of their batches arrive).
+    cfg = _core.parse_config(json.dumps(config(data, tx, on_error="skip")), "/")
+    result = _core.read_source(cfg, 0, DOCS)
+    assert result["skipped"] == 3
+    assert result["tokens"] == sum(n for d, n in enumerate(data["lengths"])
+                                   if d not in (9, 17, 30))
+    assert "(row group 1, row 9)" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("fn, what", [
+    ("short_batch", "the batched transform returned 0 results for 1 rows"),
+    ("text_batch", "returns a list of one result per row, not str"),
+])
+def test_batched_result_of_the_wrong_shape_is_a_row_error(data, fn, what):
+    tx = {"python": "braid_user_tx:" + fn, "columns": ["text"], "batched": True}
+    with pytest.raises(braid.DataError, match="row group") as info:
+        batches(config(data, tx), 2)
+    assert what in str(info.value)
+
+
+def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    """Runs `body` in a fresh interpreter with the user module importable; a hang fails
+    the test (timeout) instead of hanging the suite."""
+    script = f"import sys\nsys.path.insert(0, {str(tmp_path / 'usermods')!r})\n" + body
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ))
+
+
+@pytest.mark.parametrize("fn, batched", [("slow", False), ("encode_batch", True),
+                                         ("count_states", False)])
+def test_exit_with_loaders_running_python_is_clean(data, tmp_path, fn, batched):
+    # Loaders still alive (and busy, for `slow`) when the interpreter exits: their pool
+    # threads hold kept thread states; no crash, no hang, exit status 0.
+    cfg = config(data, {"python": "braid_user_tx:" + fn, "columns": ["text"],
+                        "batched": batched}, on_error="skip", workers=3)
+    proc = run_script(tmp_path, textwrap.dedent(f"""
+        import json
+        import braid
+        from braid import _core
+        cfg = json.loads({json.dumps(json.dumps(cfg))})
+        loaders = [braid.Loader(cfg, rank=r, world_size=2) for r in (0, 1)]
+        its = [iter(l) for l in loaders]
+        for it in its:
+            next(it)
+        assert _core._kept_thread_states() > 0
+        print("done", flush=True)
+        """))
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+    assert "Fatal" not in proc.stderr, proc.stderr
+
+
+def test_dropped_loader_frees_its_threads_states(data, tmp_path):
+    # Dropped by Python (the GIL held): the pool joins with the GIL released, so its
+    # threads can free their states, and none is left behind.
+    cfg = config(data, {"python": "braid_user_tx:encode", "columns": ["text"]},
+                 on_error="skip", workers=3)
+    proc = run_script(tmp_path, textwrap.dedent(f"""
+        import json
+        import braid
+        from braid import _core
+        cfg = json.loads({json.dumps(json.dumps(cfg))})
+        for round in range(3):
+            loader = braid.Loader(cfg, rank=0, world_size=2)
+            it = iter(loader)
+            next(it)
+            kept = _core._kept_thread_states()
+            assert kept > 0, kept
+            del it
+            loader._engine = None
+            assert _core._kept_thread_states() == 0, _core._kept_thread_states()
+        print("done", flush=True)
+        """))
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+
+
+def test_exit_while_daemon_threads_pull_batches_is_clean(data, tmp_path):
+    # Daemon threads blocked in next() (the GIL released) while the pool threads call
+    # Python when the main thread exits: no crash, no hang.
+    tx = {"python": "braid_user_tx:slow", "columns": ["text"]}
+    txb = {"python": "braid_user_tx:encode_batch", "columns": ["text"], "batched": True}
+    cfgs = [config(data, t, on_error="skip", workers=3) for t in (tx, txb)]
+    proc = run_script(tmp_path, textwrap.dedent(f"""
+        import json, threading
+        import braid
+        cfgs = json.loads({json.dumps(json.dumps(cfgs))})
+        started = [threading.Event() for _ in cfgs]
+
+        def pull(cfg, event):
+            it = iter(braid.Loader(cfg, rank=0, world_size=2))
+            while True:
+                next(it)
+                event.set()
+
+        for cfg, event in zip(cfgs, started):
+            threading.Thread(target=pull, args=(cfg, event), daemon=True).start()
+        assert all(e.wait(60) for e in started)
+        print("done", flush=True)
+        """))
+    assert proc.returncode == 0, proc.stderr
+    assert "done" in proc.stdout
+    assert "Fatal" not in proc.stderr, proc.stderr

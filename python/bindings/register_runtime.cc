@@ -13,6 +13,7 @@
 #include "braid/runtime/job.h"
 #include "numpy_util.h"
 #include "status_caster.h"
+#include "thread_states.h"
 
 namespace nb = nanobind;
 
@@ -62,16 +63,12 @@ void RegisterRuntime(nb::module_& m) {
                      "micro-batches as dicts of NumPy arrays (no copy).")
       .def("next",
            [](Engine& e) {
-             std::shared_ptr<const Batch> batch;
+             Result<std::shared_ptr<const Batch>> result;
              {
-               nb::gil_scoped_release release;
-               auto result = e.Next();
-               if (!result.ok()) {
-                 nb::gil_scoped_acquire acquire;
-                 ThrowStatus(result.status());
-               }
-               batch = *result;
+               GilRelease release;  // at exit, a daemon thread sleeps here
+               result = e.Next();
              }
+             const std::shared_ptr<const Batch> batch = ValueOrThrow(std::move(result));
              nb::dict d;
              for (const Tensor& t : batch->tensors) d[t.name.c_str()] = ToNumpy(t);
              return d;
@@ -85,7 +82,7 @@ void RegisterRuntime(nb::module_& m) {
              }
              Result<std::vector<std::shared_ptr<const Batch>>> result;
              {
-               nb::gil_scoped_release release;
+               GilRelease release;
                result = e.NextViews(ranks);
              }
              nb::list out;
@@ -106,7 +103,7 @@ void RegisterRuntime(nb::module_& m) {
       .def("stop",
            [](Engine& e) {
              // Loader threads may wait for the GIL (Python transforms) before they end.
-             nb::gil_scoped_release release;
+             GilRelease release;
              e.Stop();
            },
            "Stops and joins every thread; later next() calls raise. Idempotent.");
@@ -125,7 +122,7 @@ void RegisterRuntime(nb::module_& m) {
           options.split_context = split_context;
           Result<std::unique_ptr<Engine>> engine;
           {
-            nb::gil_scoped_release release;
+            GilRelease release;
             engine = Engine::Make(config, std::move(options));
           }
           return ValueOrThrow(std::move(engine));
@@ -160,7 +157,7 @@ void RegisterRuntime(nb::module_& m) {
           // KeyboardInterrupt), raised again as it was once the planner is gone.
           std::optional<nb::python_error> output_error;
           {
-            nb::gil_scoped_release release;
+            GilRelease release;
             result = RunPlanJob(config, steps, state_in, [&](const std::string& line) {
               nb::gil_scoped_acquire acquire;
               try {
@@ -184,7 +181,7 @@ void RegisterRuntime(nb::module_& m) {
            const std::function<void(nb::dict)>& progress) {
           Result<RunSummary> result;
           {
-            nb::gil_scoped_release release;
+            GilRelease release;
             result = RunJob(config, steps, [&](const RunSummary& s) {
               if (!progress) return;
               nb::gil_scoped_acquire acquire;

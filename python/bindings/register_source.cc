@@ -1,9 +1,11 @@
 // Source loaders on their own: pull samples (benchmarks, tests), SentencePiece helpers
 // (train a tiny model, raw encoding as a benchmark baseline), and the Python side of user
 // transforms (`sources[].transform.python`, source/user_transform.h): a RowCallback that
-// converts a row to Python values and calls the user's function holding the GIL only
-// around that, installed as the core's factory when the module is imported; and the same
-// for Hugging Face tokenizers (`tokenizer: {type: huggingface}`, source/tokenizer.h).
+// converts a chunk of rows to Python values and calls the user's function (once per
+// row, or once for the chunk when `batched`) holding the GIL only around that, installed
+// as the core's factory when the module is imported; and the same for Hugging Face
+// tokenizers (`tokenizer: {type: huggingface}`, source/tokenizer.h). Pool threads keep
+// their Python thread states (thread_states.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -23,6 +25,7 @@
 #include "braid/source/user_transform.h"
 #include "braid/testing/sentencepiece_fixture.h"
 #include "status_caster.h"
+#include "thread_states.h"
 
 namespace nb = nanobind;
 
@@ -34,15 +37,6 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 }
 
 // --- User transforms (docs/sources.md, "User transforms") ---
-
-// False once the interpreter is shutting down (Python objects must not be touched).
-bool PythonAlive() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsInitialized() && !Py_IsFinalizing();
-#else
-  return Py_IsInitialized() && !_Py_IsFinalizing();
-#endif
-}
 
 // Cancels a Python callback: later calls fail at once; calls in flight are waited for. If
 // this thread holds the GIL (an Engine dropped by Python), calls waiting for it would never
@@ -79,8 +73,11 @@ void Track(std::vector<std::weak_ptr<const T>>* list, const std::shared_ptr<cons
 }
 
 // Cancels every live caller; each Cancel waits (the GIL released) for its calls in
-// flight. REQUIRES: the GIL (an atexit hook).
+// flight. Before that, no thread may enter Python any more (new callers are refused
+// too), and ending pool threads leave their thread states to finalization. REQUIRES: the
+// GIL (an atexit hook).
 void CancelPythonCallers() {
+  BeginPythonExit();
   std::vector<std::shared_ptr<const RowCallback>> callbacks;
   std::vector<std::shared_ptr<const HfEncoder>> encoders;
   {
@@ -199,22 +196,9 @@ bool ReadIntBuffer(PyObject* obj, std::vector<int64_t>* out) {
   return true;
 }
 
-// The integers of a list, tuple, array or other iterable of ints. REQUIRES: the GIL.
-Status ReadInts(nb::handle obj, const char* what, std::vector<int64_t>* out) {
-  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr())) {
-    return Status::Invalid(what, " must be a list or array of ints, not ",
-                           Py_TYPE(obj.ptr())->tp_name);
-  }
-  if (ReadIntBuffer(obj.ptr(), out)) return Status::OK();
-  PyObject* seq = PySequence_Fast(obj.ptr(), "");
-  if (seq == nullptr) {
-    PyErr_Clear();
-    return Status::Invalid(what, " must be a list or array of ints, not ",
-                           Py_TYPE(obj.ptr())->tp_name);
-  }
-  nb::object keep = nb::steal(seq);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
+// The integers of a Python list or tuple. REQUIRES: the GIL.
+Status ReadIntItems(PyObject** items, Py_ssize_t n, const char* what,
+                    std::vector<int64_t>* out) {
   out->resize(size_t(n));
   for (Py_ssize_t k = 0; k < n; ++k) {
     int overflow = 0;
@@ -231,7 +215,40 @@ Status ReadInts(nb::handle obj, const char* what, std::vector<int64_t>* out) {
   return Status::OK();
 }
 
-// The user function's result as tokens and loss mask. REQUIRES: the GIL.
+// The integers of a list, tuple, array or other iterable of ints. REQUIRES: the GIL.
+Status ReadInts(nb::handle obj, const char* what, std::vector<int64_t>* out) {
+  PyObject* p = obj.ptr();
+  // Lists first: most functions return one, and asking a list for a buffer raises.
+  if (PyList_Check(p) || PyTuple_Check(p)) {
+    return ReadIntItems(PySequence_Fast_ITEMS(p), PySequence_Fast_GET_SIZE(p), what, out);
+  }
+  if (PyUnicode_Check(p) || PyBytes_Check(p) || PyDict_Check(p)) {
+    return Status::Invalid(what, " must be a list or array of ints, not ",
+                           Py_TYPE(p)->tp_name);
+  }
+  if (ReadIntBuffer(p, out)) return Status::OK();
+  PyObject* seq = PySequence_Fast(p, "");
+  if (seq == nullptr) {
+    PyErr_Clear();
+    return Status::Invalid(what, " must be a list or array of ints, not ",
+                           Py_TYPE(p)->tp_name);
+  }
+  nb::object keep = nb::steal(seq);
+  return ReadIntItems(PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), what,
+                      out);
+}
+
+// The keys of a dict result, interned once. REQUIRES: the GIL.
+PyObject* TokensKey() {
+  static PyObject* key = PyUnicode_InternFromString("tokens");  // never freed
+  return key;
+}
+PyObject* LossMaskKey() {
+  static PyObject* key = PyUnicode_InternFromString("loss_mask");  // never freed
+  return key;
+}
+
+// The user function's result for one row as tokens and loss mask. REQUIRES: the GIL.
 Status ReadResult(nb::handle result, RowCallbackResult* out) {
   if (result.is_none()) {
     out->none = true;
@@ -239,17 +256,22 @@ Status ReadResult(nb::handle result, RowCallbackResult* out) {
   }
   nb::handle tokens = result, mask;
   if (PyDict_Check(result.ptr())) {
-    nb::dict d = nb::borrow<nb::dict>(result);
-    for (auto [key, value] : d) {
-      const std::string k = nb::cast<std::string>(nb::str(key));
-      if (k != "tokens" && k != "loss_mask") {
-        return Status::Invalid("the result has the key '", k,
-                               "'; expected 'tokens' and optionally 'loss_mask'");
+    PyObject* d = result.ptr();
+    PyObject* t = PyDict_GetItemWithError(d, TokensKey());
+    PyObject* m = t != nullptr ? PyDict_GetItemWithError(d, LossMaskKey()) : nullptr;
+    if (PyErr_Occurred()) throw nb::python_error();
+    if (PyDict_GET_SIZE(d) != (t != nullptr) + (m != nullptr)) {
+      for (auto [key, value] : nb::borrow<nb::dict>(result)) {
+        const std::string k = nb::cast<std::string>(nb::str(key));
+        if (k != "tokens" && k != "loss_mask") {
+          return Status::Invalid("the result has the key '", k,
+                                 "'; expected 'tokens' and optionally 'loss_mask'");
+        }
       }
     }
-    if (!d.contains("tokens")) return Status::Invalid("the result dict has no 'tokens'");
-    tokens = d["tokens"];
-    if (d.contains("loss_mask")) mask = d["loss_mask"];
+    if (t == nullptr) return Status::Invalid("the result dict has no 'tokens'");
+    tokens = t;
+    mask = m;
   }
   std::vector<int64_t> values;
   ARROW_RETURN_NOT_OK(ReadInts(tokens, "tokens", &values));
@@ -268,6 +290,13 @@ Status ReadResult(nb::handle result, RowCallbackResult* out) {
   return Status::OK();
 }
 
+// The error of a Python call that failed: "TypeName: message". REQUIRES: the GIL and an
+// error set.
+Status CallError() {
+  nb::python_error e;
+  return Status::Invalid(ErrorText(e));
+}
+
 class PyRowCallback : public RowCallback {
  public:
   explicit PyRowCallback(nb::object fn) : fn_(std::move(fn)) {}
@@ -281,21 +310,24 @@ class PyRowCallback : public RowCallback {
   }
 
   Status Call(const std::vector<RowValue>& row, RowCallbackResult* out) const override {
+    Status row_status;
+    const Status st = CallRows({row}, /*batched=*/false, out, &row_status);
+    return st.ok() ? row_status : st;
+  }
+
+  Status CallRows(const std::vector<std::vector<RowValue>>& rows, bool batched,
+                  RowCallbackResult* out, Status* row_status) const override {
     // Counted before the check, so that Cancel sees either this call or the flag.
     in_flight_.fetch_add(1);
     Status st;
-    if (cancelled_.load()) {
+    if (cancelled_.load() || PythonExiting()) {
       st = Status::Cancelled("stopping");
     } else {
+      KeepThreadState();
       nb::gil_scoped_acquire gil;
       try {
-        nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(row.size())));
-        for (size_t c = 0; c < row.size(); ++c) {
-          PyTuple_SET_ITEM(args.ptr(), Py_ssize_t(c), ToPython(row[c]).release().ptr());
-        }
-        PyObject* result = PyObject_Call(fn_.ptr(), args.ptr(), nullptr);
-        if (result == nullptr) throw nb::python_error();
-        st = ReadResult(nb::steal(result), out);
+        st = batched ? CallBatchLocked(rows, out, row_status)
+                     : CallEachLocked(rows, out, row_status);
       } catch (nb::python_error& e) {
         st = Status::Invalid(ErrorText(e));
       } catch (const std::exception& e) {
@@ -309,6 +341,70 @@ class PyRowCallback : public RowCallback {
   void Cancel() const override { CancelCalls(&cancelled_, &in_flight_); }
 
  private:
+  // fn(*row) per row. REQUIRES: the GIL.
+  Status CallEachLocked(const std::vector<std::vector<RowValue>>& rows,
+                        RowCallbackResult* out, Status* row_status) const {
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (cancelled_.load(std::memory_order_relaxed)) return Status::Cancelled("stopping");
+      const std::vector<RowValue>& row = rows[k];
+      try {
+        nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(row.size())));
+        for (size_t c = 0; c < row.size(); ++c) {
+          PyTuple_SET_ITEM(args.ptr(), Py_ssize_t(c), ToPython(row[c]).release().ptr());
+        }
+        PyObject* result = PyObject_Call(fn_.ptr(), args.ptr(), nullptr);
+        row_status[k] =
+            result == nullptr ? CallError() : ReadResult(nb::steal(result), &out[k]);
+      } catch (nb::python_error& e) {
+        row_status[k] = Status::Invalid(ErrorText(e));
+      }
+    }
+    return Status::OK();
+  }
+
+  // fn(*columns), each a list of the rows' values, once. REQUIRES: the GIL.
+  Status CallBatchLocked(const std::vector<std::vector<RowValue>>& rows,
+                         RowCallbackResult* out, Status* row_status) const {
+    const Py_ssize_t n = Py_ssize_t(rows.size());
+    const size_t columns = rows.empty() ? 0 : rows[0].size();
+    nb::tuple args = nb::steal<nb::tuple>(PyTuple_New(Py_ssize_t(columns)));
+    for (size_t c = 0; c < columns; ++c) {
+      PyObject* list = PyList_New(n);
+      if (list == nullptr) throw nb::python_error();
+      PyTuple_SET_ITEM(args.ptr(), Py_ssize_t(c), list);
+      for (Py_ssize_t k = 0; k < n; ++k) {
+        PyList_SET_ITEM(list, k, ToPython(rows[size_t(k)][c]).release().ptr());
+      }
+    }
+    PyObject* result = PyObject_Call(fn_.ptr(), args.ptr(), nullptr);
+    if (result == nullptr) return CallError();
+    nb::object keep = nb::steal(result);
+    if (PyUnicode_Check(result) || PyBytes_Check(result) || PyDict_Check(result)) {
+      return Status::Invalid("a batched transform returns a list of one result per row, "
+                             "not ", Py_TYPE(result)->tp_name);
+    }
+    PyObject* seq = PySequence_Fast(result, "");
+    if (seq == nullptr) {
+      PyErr_Clear();
+      return Status::Invalid("a batched transform returns a list of one result per row, "
+                             "not ", Py_TYPE(result)->tp_name);
+    }
+    nb::object keep_seq = nb::steal(seq);
+    if (PySequence_Fast_GET_SIZE(seq) != n) {
+      return Status::Invalid("the batched transform returned ",
+                             PySequence_Fast_GET_SIZE(seq), " results for ", n, " rows");
+    }
+    PyObject** items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t k = 0; k < n; ++k) {
+      try {
+        row_status[k] = ReadResult(nb::handle(items[k]), &out[size_t(k)]);
+      } catch (nb::python_error& e) {
+        row_status[k] = Status::Invalid(ErrorText(e));
+      }
+    }
+    return Status::OK();
+  }
+
   nb::object fn_;
   mutable std::atomic<int64_t> in_flight_{0};
   mutable std::atomic<bool> cancelled_{false};
@@ -386,9 +482,10 @@ class PyHfEncoder : public HfEncoder {
     // Counted before the check, so that Cancel sees either this call or the flag.
     in_flight_.fetch_add(1);
     Status st;
-    if (cancelled_.load() || !PythonAlive()) {
+    if (cancelled_.load() || PythonExiting() || !PythonAlive()) {
       st = Status::Cancelled("stopping");
     } else {
+      KeepThreadState();
       nb::gil_scoped_acquire gil;
       try {
         st = EncodeLocked(texts, add_special_tokens, out);
@@ -492,12 +589,15 @@ Result<std::shared_ptr<const HfEncoder>> MakePyHfEncoder(const TokenizerConfig& 
 }  // namespace
 
 void RegisterSource(nb::module_& m) {
+  InstallPoolJoinHook();
   SetRowCallbackFactory(MakePythonCallback);
   SetHfEncoderFactory(MakePyHfEncoder);
   m.def("_cancel_python_calls", &CancelPythonCallers,
         "Cancels the Python calls of every loader's worker threads (user transforms, "
         "Hugging Face tokenizers) and waits for those in flight; registered with atexit.");
   nb::module_::import_("atexit").attr("register")(m.attr("_cancel_python_calls"));
+  m.def("_kept_thread_states", &KeptThreadStates,
+        "How many pool threads alive now keep a Python thread state (for tests).");
   m.def(
       "read_source",
       [](const Config& config, int32_t source_index, int64_t samples, bool payloads) {
@@ -508,7 +608,7 @@ void RegisterSource(nb::module_& m) {
         double seconds = 0;
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           const auto start = std::chrono::steady_clock::now();
           SourceLoader::Options options;
           options.read_payloads = payloads;
@@ -562,7 +662,7 @@ void RegisterSource(nb::module_& m) {
         std::vector<Sample> got;
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           auto loader = ShardedSource::Make(config, source_index, StreamPos{}, {},
                                             config.sources[size_t(source_index)].loaders);
           st = loader.status();
@@ -610,7 +710,7 @@ void RegisterSource(nb::module_& m) {
          int32_t vocab_size) {
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           st = testing::TrainTinySentencePiece(sentences, model_prefix, vocab_size);
         }
         ThrowIfError(st);
@@ -653,7 +753,7 @@ void RegisterSource(nb::module_& m) {
         double seconds = 0;
         Status st;
         {
-          nb::gil_scoped_release release;
+          GilRelease release;
           TokenizerConfig tc;
           tc.model = model;
           auto tok = Tokenizer::Make(tc);

@@ -6,7 +6,9 @@ row with the values of those columns (``str``, ``bytes``, ``int``, ``float``, ``
 holding the GIL only around the call. ``SPEC`` is ``"package.module:function"`` (imported
 when the loader is made) or the name of a function registered here. The function returns
 a list or array of token ids, a dict ``{"tokens": ..., "loss_mask": ...}``, or ``None`` to
-drop the row (see docs/sources.md, "User transforms").
+drop the row. With ``batched: true`` it is called once per chunk of rows with one list per
+column (``fn(texts)`` rather than ``fn(text)``) and returns a list of one such result per
+row (see docs/sources.md, "User transforms").
 """
 
 from __future__ import annotations

@@ -433,7 +433,7 @@ Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
   // --- User transform and sharding (docs/sources.md) ---
   if (const YAML::Node t = node["transform"]) {
     const std::string key = Join(path, "transform");
-    ARROW_RETURN_NOT_OK(CheckMap(t, key, {"python", "columns"}));
+    ARROW_RETURN_NOT_OK(CheckMap(t, key, {"python", "columns", "batched"}));
     if (!t["python"]) return ConfigError(Join(key, "python"), "is required");
     ARROW_ASSIGN_OR_RAISE(src->user_transform.python,
                           non_empty(t["python"], Join(key, "python")));
@@ -447,6 +447,10 @@ Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
     for (size_t i = 0; i < cols.size(); ++i) {
       ARROW_ASSIGN_OR_RAISE(auto name, non_empty(cols[i], Index(ckey, i)));
       src->user_transform.columns.push_back(std::move(name));
+    }
+    if (t["batched"]) {
+      ARROW_ASSIGN_OR_RAISE(src->user_transform.batched,
+                            Scalar<bool>(t["batched"], Join(key, "batched"), "a boolean"));
     }
   }
   if (node["loaders"]) {

@@ -106,6 +106,9 @@ struct SourceConfig {
   struct UserTransform {
     std::string python;  ///< "package.module:function", or a registered name
     std::vector<std::string> columns;
+    /// The function takes a batch (one list per column) and returns one result per row,
+    /// rather than one row per call. The stream is the same either way.
+    bool batched = false;
     bool enabled() const { return !python.empty(); }
   };
   UserTransform user_transform;

@@ -351,7 +351,10 @@ TEST(ConfigTest, UserTransformAndLoadersParseAndAreChecked) {
   EXPECT_EQ(c->sources[0].user_transform.columns,
             (std::vector<std::string>{"text", "id"}));
   EXPECT_EQ(c->sources[0].loaders, 3);
+  EXPECT_FALSE(c->sources[0].user_transform.batched);
   ExpectConfigError(source + "transform: {columns: [t]}}\n", "sources[0].transform.python");
+  ExpectConfigError(source + "transform: {python: 'm:f', columns: [t], batched: 2}}\n",
+                    "sources[0].transform.batched");
   ExpectConfigError(source + "transform: {python: 'm:f'}}\n",
                     "sources[0].transform.columns");
   ExpectConfigError(source + "transform: {python: 'm:f', columns: []}}\n",
@@ -368,8 +371,15 @@ TEST(ConfigTest, UserTransformAndLoadersParseAndAreChecked) {
       source + "transform: {python: 'pkg.mod:fn', columns: [text, id]}}\n", "/base");
   auto renamed = ParseConfig(
       source + "transform: {python: 'pkg.mod:fn2', columns: [text, id]}}\n", "/base");
+  // Batched or not calls the same function differently but gives the same stream.
+  auto batched = ParseConfig(
+      source + "transform: {python: 'pkg.mod:fn', columns: [text, id], batched: true}}\n",
+      "/base");
   ASSERT_TRUE(other.ok() && renamed.ok());
+  ASSERT_TRUE(batched.ok()) << batched.status().ToString();
+  EXPECT_TRUE(batched->sources[0].user_transform.batched);
   EXPECT_EQ(other->Fingerprint(), c->Fingerprint());
+  EXPECT_EQ(batched->Fingerprint(), c->Fingerprint());
   EXPECT_NE(renamed->Fingerprint(), c->Fingerprint());
 }
 

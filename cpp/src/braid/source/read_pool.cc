@@ -3,6 +3,28 @@
 #include <algorithm>
 
 namespace braid {
+namespace {
+
+thread_local bool on_pool_thread = false;
+
+std::mutex& JoinHookMutex() {
+  static auto* mu = new std::mutex();  // never destroyed: pools may end at exit
+  return *mu;
+}
+
+ReadPool::JoinHook& TheJoinHook() {
+  static auto* hook = new ReadPool::JoinHook();  // GUARDED_BY(JoinHookMutex())
+  return *hook;
+}
+
+}  // namespace
+
+bool ReadPool::OnPoolThread() { return on_pool_thread; }
+
+void ReadPool::SetJoinHook(JoinHook hook) {
+  std::lock_guard<std::mutex> lock(JoinHookMutex());
+  TheJoinHook() = std::move(hook);
+}
 
 int64_t ReadPool::DefaultThreads() {
   return std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
@@ -10,7 +32,10 @@ int64_t ReadPool::DefaultThreads() {
 
 ReadPool::ReadPool(int64_t threads) {
   for (int64_t i = 0; i < std::max<int64_t>(1, threads); ++i) {
-    threads_.emplace_back([this] { Loop(); });
+    threads_.emplace_back([this] {
+      on_pool_thread = true;
+      Loop();
+    });
   }
 }
 
@@ -20,7 +45,19 @@ ReadPool::~ReadPool() {
     stop_ = true;
   }
   cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  JoinHook hook;
+  {
+    std::lock_guard<std::mutex> lock(JoinHookMutex());
+    hook = TheJoinHook();
+  }
+  const std::function<void()> join = [this] {
+    for (auto& t : threads_) t.join();
+  };
+  if (hook) {
+    hook(join);
+  } else {
+    join();
+  }
 }
 
 void ReadPool::Submit(std::function<void()> task, bool urgent) {

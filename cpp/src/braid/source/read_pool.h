@@ -12,6 +12,12 @@
 // step whose queue ran dry, loop helpers) run before the others, each queue in
 // submission order.
 //
+// Runtimes that attach per-thread state to the pool's threads (the Python extension keeps
+// one Python thread state on each pool thread that calls Python, source/user_transform.h)
+// use OnPoolThread to tell the pool's threads, whose end they can observe, from others,
+// and SetJoinHook to run the destructor's joins in their own way (the extension releases
+// the GIL around them, since an ending thread takes it to free its thread state).
+//
 // Thread-safe. The destructor runs every task already submitted, then joins.
 #pragma once
 
@@ -48,6 +54,16 @@ class ReadPool {
   void ParallelFor(int64_t n, int64_t max_threads, const std::function<void(int64_t)>& fn);
 
   int64_t threads() const { return static_cast<int64_t>(threads_.size()); }
+
+  /// True on a thread of some ReadPool (for its whole life, its last thread-local
+  /// destructors included), false on every other thread.
+  static bool OnPoolThread();
+
+  /// How destructors join their threads from now on: hook(join) must call join() once
+  /// (which blocks until every thread of the pool has ended) and return after it. nullptr
+  /// restores a plain join() call. Thread-safe; the hook runs on the destroying thread.
+  using JoinHook = std::function<void(const std::function<void()>& join)>;
+  static void SetJoinHook(JoinHook hook);
 
  private:
   void Loop();

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace braid {
@@ -65,6 +67,82 @@ TEST(ReadPoolTest, ParallelForFromEveryPoolThreadAtOnceDoesNotDeadlock) {
   ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(60)),
             std::future_status::ready);
   EXPECT_EQ(sum.load(), 8 * 4950);
+}
+
+TEST(ReadPoolTest, OnPoolThreadTellsThePoolsThreadsFromOthers) {
+  EXPECT_FALSE(ReadPool::OnPoolThread());
+  bool other = true;
+  std::thread([&] { other = ReadPool::OnPoolThread(); }).join();
+  EXPECT_FALSE(other);
+  ReadPool pool(2);
+  std::atomic<int> on{0}, off{0};
+  for (int i = 0; i < 20; ++i) {
+    pool.Submit([&] { (ReadPool::OnPoolThread() ? on : off).fetch_add(1); });
+  }
+  // ParallelFor runs indices on the caller too: there it is false.
+  std::mutex mu;
+  std::vector<std::pair<std::thread::id, bool>> seen;
+  pool.ParallelFor(200, 3, [&](int64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(std::this_thread::get_id(), ReadPool::OnPoolThread());
+  });
+  for (const auto& [id, flag] : seen) EXPECT_EQ(flag, id != std::this_thread::get_id());
+  std::promise<void> done;
+  pool.Submit([&] { done.set_value(); });
+  ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  EXPECT_EQ(on.load(), 20);
+  EXPECT_EQ(off.load(), 0);
+}
+
+// Counts the pool threads whose thread-local state was destroyed (the thread ended).
+std::atomic<int> ended{0};
+struct EndMarker {
+  bool touched = false;
+  ~EndMarker() {
+    if (touched) ended.fetch_add(1);
+  }
+};
+thread_local EndMarker end_marker;
+
+TEST(ReadPoolTest, JoinHookRunsTheJoinOnceAndThreadsHaveEndedWhenItReturns) {
+  std::atomic<int> hooked{0};
+  std::atomic<int> ended_in_hook{-1};
+  ended.store(0);
+  struct Unhook {
+    ~Unhook() { ReadPool::SetJoinHook(nullptr); }
+  } unhook;  // also when an assertion returns early
+  ReadPool::SetJoinHook([&](const std::function<void()>& join) {
+    hooked.fetch_add(1);
+    join();
+    ended_in_hook.store(ended.load());
+  });
+  {
+    ReadPool pool(3);
+    std::atomic<int> started{0};
+    std::promise<void> go;
+    std::shared_future<void> open = go.get_future().share();
+    for (int t = 0; t < 3; ++t) {  // one task on each thread: each marks its thread
+      pool.Submit([&, open] {
+        end_marker.touched = true;
+        started.fetch_add(1);
+        open.wait();
+      });
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (started.load() < 3 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    go.set_value();
+    ASSERT_EQ(started.load(), 3);
+  }
+  ReadPool::SetJoinHook(nullptr);
+  EXPECT_EQ(hooked.load(), 1);
+  EXPECT_EQ(ended_in_hook.load(), 3);  // every thread's thread-locals were gone
+  {
+    ReadPool pool(1);  // without a hook: a plain join
+  }
+  EXPECT_EQ(hooked.load(), 1);
 }
 
 }  // namespace

@@ -567,20 +567,37 @@ Status SourceLoader::LoadWindow() {
       precomputed_ = true;
       return Status::OK();
     }
-    pool_->ParallelFor(n, std::max<int64_t>(1, source_.workers), [&](int64_t i) {
+    // Chunks of consecutive rows, one ApplyBatch call each, as in ReadStep (a Hugging
+    // Face tokenizer or a Python transform then enters Python once per chunk).
+    const int64_t workers = std::max<int64_t>(1, source_.workers);
+    const int64_t chunk = std::clamp<int64_t>(
+        (n + workers - 1) / workers, 1, std::max<int64_t>(1, transform_->batch_rows()));
+    pool_->ParallelFor((n + chunk - 1) / chunk, workers, [&](int64_t c) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
-      const RowRef& r = rows_[size_t(i)];
-      if (!unread_[size_t(r.arrays_slot)].empty()) {
-        outputs_[size_t(i)].skip = SkipReason::kError;
-        outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
-        return;
+      std::vector<BatchRow> batch;
+      std::vector<int64_t> is;
+      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
+        const RowRef& r = rows_[size_t(i)];
+        if (!unread_[size_t(r.arrays_slot)].empty()) {
+          outputs_[size_t(i)].skip = SkipReason::kError;
+          outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
+          continue;
+        }
+        const Columns& cols = arrays_[size_t(r.arrays_slot)];
+        estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
+        batch.push_back(BatchRow{
+            &cols, r.array_index,
+            RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row}});
+        is.push_back(i);
       }
-      const Columns& cols = arrays_[size_t(r.arrays_slot)];
-      estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
-      output_status_[size_t(i)] = transform_->Apply(
-          cols, r.array_index, /*want_payload=*/false,
-          RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row},
-          &outputs_[size_t(i)]);
+      if (batch.empty()) return;
+      std::vector<RowOutput> o(batch.size());
+      std::vector<Status> st(batch.size());
+      transform_->ApplyBatch(batch, /*want_payload=*/false, o.data(), st.data());
+      for (size_t b = 0; b < is.size(); ++b) {
+        outputs_[size_t(is[b])] = std::move(o[b]);
+        output_status_[size_t(is[b])] = std::move(st[b]);
+      }
     });
     if (stop_requested_.load(std::memory_order_relaxed)) {
       return Status::Cancelled("stopping");

@@ -191,6 +191,12 @@ int64_t RoughBytes(const arrow::Array& a, int64_t i) {
   }
 }
 
+// Rows per CallRows: one GIL hold per chunk of a loader batch (256 rows per worker). Row
+// by row, 64 spread a batch over the workers for functions that release the GIL; batched,
+// 256 give the function a batch worth vectorizing.
+constexpr int64_t kRowChunk = 64;
+constexpr int64_t kBatchedChunk = 256;
+
 class UserTransform : public Transform {
  public:
   UserTransform(const SourceConfig& s, std::string key,
@@ -199,6 +205,7 @@ class UserTransform : public Transform {
         spec_(s.user_transform.python),
         key_(std::move(key)),
         columns_(s.user_transform.columns),
+        batched_(s.user_transform.batched),
         callback_(std::move(callback)) {}
 
   std::vector<ColumnSpec> columns() const override {
@@ -218,15 +225,65 @@ class UserTransform : public Transform {
 
   Status Apply(const Columns& cols, int64_t i, bool want_payload,
                const RowLocation& where, RowOutput* out) const override {
-    std::vector<RowValue> row(cols.size());
-    for (size_t c = 0; c < cols.size(); ++c) {
-      const Status st = ToRowValue(*cols[c], i, &row[c]);
-      if (!st.ok()) return Fail("column '" + columns_[c] + "': " + st.message(), out);
+    Status st;
+    ApplyBatch({BatchRow{&cols, i, where}}, want_payload, out, &st);
+    return st;
+  }
+
+  int64_t batch_rows() const override { return batched_ ? kBatchedChunk : kRowChunk; }
+
+  void ApplyBatch(const std::vector<BatchRow>& rows, bool want_payload, RowOutput* out,
+                  Status* status) const override {
+    std::vector<std::vector<RowValue>> values;  // the rows that converted
+    std::vector<size_t> which;                  // their indices in `rows`
+    values.reserve(rows.size());
+    which.reserve(rows.size());
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const Columns& cols = *rows[k].cols;
+      std::vector<RowValue> row(cols.size());
+      Status st;
+      for (size_t c = 0; c < cols.size() && st.ok(); ++c) {
+        st = ToRowValue(*cols[c], rows[k].index, &row[c]);
+        if (!st.ok()) Fail("column '" + columns_[c] + "': " + st.message(), &out[k]);
+      }
+      if (!st.ok()) continue;
+      values.push_back(std::move(row));
+      which.push_back(k);
     }
-    RowCallbackResult result;
-    const Status st = callback_->Call(row, &result);
-    if (st.IsCancelled()) return st;  // the loader is stopping
-    if (!st.ok()) return Fail(st.message(), out);
+    if (values.empty()) return;
+    const size_t n = values.size();
+    std::vector<RowCallbackResult> results(n);
+    std::vector<Status> row_status(n);
+    Status st = callback_->CallRows(values, batched_, results.data(), row_status.data());
+    if (!st.ok() && !st.IsCancelled()) {
+      // The batch failed as a whole: each row alone, so the error names its row.
+      for (size_t r = 0; r < n && !st.IsCancelled(); ++r) {
+        results[r] = RowCallbackResult{};
+        const std::vector<std::vector<RowValue>> one{values[r]};
+        const Status alone =
+            callback_->CallRows(one, batched_, &results[r], &row_status[r]);
+        if (alone.IsCancelled()) st = alone;
+        if (!alone.ok()) row_status[r] = alone;
+      }
+    }
+    if (st.IsCancelled()) {  // the loader is stopping
+      for (size_t k : which) status[k] = st;
+      return;
+    }
+    for (size_t r = 0; r < n; ++r) {
+      status[which[r]] =
+          Finish(row_status[r], std::move(results[r]), want_payload, &out[which[r]]);
+    }
+  }
+
+  void Cancel() const override { callback_->Cancel(); }
+
+ private:
+  // Row `out` from the function's result (or its failure).
+  Status Finish(const Status& called, RowCallbackResult result, bool want_payload,
+                RowOutput* out) const {
+    if (called.IsCancelled()) return called;
+    if (!called.ok()) return Fail(called.message(), out);
     if (result.none || result.tokens.empty()) {
       out->skip = SkipReason::kEmpty;
       out->null_what = result.none ? "the transform returned None"
@@ -250,19 +307,15 @@ class UserTransform : public Transform {
       payload->loss_mask = std::move(result.loss_mask);
       out->payload = std::move(payload);
     }
-    (void)where;  // the loader names the row when it applies on_error
     return Status::OK();
   }
 
-  void Cancel() const override { callback_->Cancel(); }
-
- private:
   // A failed row follows on_error: the loader fails naming file, row group and row, or
   // counts a skip.
   Status Fail(const std::string& what, RowOutput* out) const {
     out->skip = SkipReason::kError;
     out->null_what = "source '" + source_name_ + "': transform " + key_ + ".python ('" +
-                     spec_ + "') failed: " + what;
+                     spec_ + "'" + (batched_ ? ", batched" : "") + ") failed: " + what;
     return Status::OK();
   }
 
@@ -270,10 +323,21 @@ class UserTransform : public Transform {
   const std::string spec_;
   const std::string key_;  // "sources[i].transform"
   const std::vector<std::string> columns_;
+  const bool batched_;
   const std::shared_ptr<const RowCallback> callback_;
 };
 
 }  // namespace
+
+Status RowCallback::CallRows(const std::vector<std::vector<RowValue>>& rows,
+                             bool /*batched*/, RowCallbackResult* out,
+                             Status* row_status) const {
+  for (size_t k = 0; k < rows.size(); ++k) {
+    row_status[k] = Call(rows[k], &out[k]);
+    if (row_status[k].IsCancelled()) return row_status[k];
+  }
+  return Status::OK();
+}
 
 void SetRowCallbackFactory(RowCallbackFactory factory) {
   std::lock_guard<std::mutex> lock(FactoryMutex());

@@ -8,8 +8,17 @@
 // the Python extension installs a RowCallbackFactory that turns SPEC into a callback that
 // holds the GIL only around the user's function; C++ users (and tests) install their own.
 //
+// The loader hands the transform chunks of consecutive rows of its batch (ApplyBatch),
+// and the transform hands each chunk to the callback in one CallRows: with `batched:
+// false` the callback calls the function once per row (the Python callback takes the GIL
+// once for the chunk), with `batched: true` once for the chunk, which returns one result
+// per row. Chunk boundaries depend on `workers` and on row sizes; results land in per-row
+// slots, so the stream does not (given a function that treats each row on its own). A
+// batched call that fails as a whole is repeated row by row (batches of one), so that an
+// error names its row and `on_error: skip` skips only that row.
+//
 // Thread-safety: SetRowCallbackFactory and MakeRowCallback are thread-safe. A
-// RowCallback's Call runs concurrently on a loader's worker threads and must be
+// RowCallback's Call / CallRows run concurrently on a loader's worker threads and must be
 // thread-safe; Cancel may be called from any thread.
 #pragma once
 
@@ -59,6 +68,16 @@ class RowCallback {
   /// the function is a non-OK status whose message is its error text (for Python, the
   /// exception type and message); the transform adds the source, file and row.
   virtual Status Call(const std::vector<RowValue>& row, RowCallbackResult* out) const = 0;
+  /// Calls the function on rows[0, n) with one entry into its runtime (for Python, one
+  /// hold of the GIL): with `batched` false once per row, out[k] and row_status[k] as
+  /// Call would give them; with `batched` true once for all the rows
+  /// (`transform.batched`), the function returning one result per row, row_status[k]
+  /// saying whether out[k] is a valid result. Returns Cancelled when stopping, or
+  /// (batched only) the failure of the call as a whole (the function raised, or did not
+  /// return one result per row); out and row_status are then unspecified. The default calls Call row by row in both modes
+  /// (a C++ function has no batch form unless it overrides this).
+  virtual Status CallRows(const std::vector<std::vector<RowValue>>& rows, bool batched,
+                          RowCallbackResult* out, Status* row_status) const;
   /// Called by the loader's Stop() before it joins its threads, possibly on a thread
   /// that holds a lock a Call waits for (the GIL): from then on Call must return promptly
   /// (Cancelled), and Cancel must not return while a Call could still block on it.

@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 #include <parquet/arrow/writer.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "braid/source/source_loader.h"
 #include "braid/source/transform.h"
@@ -51,6 +54,36 @@ class BytesCallback : public RowCallback {
   mutable std::atomic<int64_t> calls{0};
 };
 
+// BytesCallback with a batch form: a batch that holds a text containing "boom" fails as a
+// whole (as a Python function that raises does), and fails alone too; other batches give
+// each row BytesCallback's result. Records every CallRows (batched, rows).
+class BatchCallback : public BytesCallback {
+ public:
+  Status CallRows(const std::vector<std::vector<RowValue>>& rows, bool batched,
+                  RowCallbackResult* out, Status* row_status) const override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      entries.emplace_back(batched, rows.size());
+    }
+    if (batched) {
+      for (const auto& row : rows) {
+        if (row[0].kind == RowValue::Kind::kString &&
+            row[0].bytes.find("boom") != std::string_view::npos) {
+          return Status::Invalid(rows.size() == 1 ? "ValueError: boom alone"
+                                                  : "RuntimeError: the batch failed");
+        }
+      }
+    }
+    return RowCallback::CallRows(rows, batched, out, row_status);
+  }
+  std::vector<std::pair<bool, size_t>> Entries() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return entries;
+  }
+  mutable std::mutex mu;
+  mutable std::vector<std::pair<bool, size_t>> entries;  // GUARDED_BY(mu)
+};
+
 // Writes columns text (string) and weight (int64) in row groups of 4.
 Status WriteRows(const std::string& path, const std::vector<std::string>& texts,
                  int64_t row_group_rows = 4) {
@@ -75,7 +108,7 @@ Status WriteRows(const std::string& path, const std::vector<std::string>& texts,
 class UserTransformTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    callback_ = std::make_shared<BytesCallback>();
+    callback_ = std::make_shared<BatchCallback>();
     SetRowCallbackFactory([cb = callback_](const std::string& spec,
                                            const std::string& key)
                               -> Result<std::shared_ptr<const RowCallback>> {
@@ -111,8 +144,40 @@ class UserTransformTest : public ::testing::Test {
   }
 
   testing::ScopedTempDir dir_{"braid-user-transform"};
-  std::shared_ptr<BytesCallback> callback_;
+  std::shared_ptr<BatchCallback> callback_;
 };
+
+using Stream = std::vector<std::tuple<int64_t, SkipReason, std::vector<int32_t>>>;
+
+// (row, skip, ids) of the first `n` samples; stops at the first error (EXPECTed ok).
+Stream Pull(SourceLoader* loader, int n) {
+  Stream out;
+  for (int i = 0; i < n && loader != nullptr; ++i) {
+    auto s = loader->Next();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) break;
+    std::vector<int32_t> ids;
+    if (s->payload) {
+      const auto& tokens = (*s->payload.Get())->tokens;
+      ids.assign(tokens.begin(), tokens.end());
+    }
+    out.emplace_back(s->meta.row, s->meta.skip, std::move(ids));
+  }
+  return out;
+}
+
+// 300 texts of 1-9 letters with failing rows ("bad"; "boom, bad" also fails any batch it
+// is in) and dropped rows among them.
+std::vector<std::string> MixedTexts() {
+  std::vector<std::string> texts;
+  for (int i = 0; i < 300; ++i) {
+    texts.push_back(i % 17 == 0   ? "bad"
+                    : i % 23 == 0 ? "boom, bad " + std::to_string(i)
+                    : i % 13 == 0 ? "drop"
+                                  : std::string(1 + i % 9, char('a' + i % 26)));
+  }
+  return texts;
+}
 
 TEST_F(UserTransformTest, TokensAndLossMaskComeFromTheCallback) {
   auto loader = MakeLoader(MakeConfig({"ab|c", "xyz"}, OnError::kFail));
@@ -207,6 +272,89 @@ TEST_F(UserTransformTest, StreamIsTheSameForAnyWorkerCount) {
   const auto one = run(1);
   ASSERT_EQ(one.size(), 450u);
   EXPECT_EQ(run(4), one);
+}
+
+TEST_F(UserTransformTest, RowsReachTheCallbackInChunksWithAndWithoutPayloads) {
+  for (bool payloads : {true, false}) {
+    auto cb = std::make_shared<BatchCallback>();
+    SetRowCallbackFactory([cb](const std::string&, const std::string&)
+                              -> Result<std::shared_ptr<const RowCallback>> { return cb; });
+    Config c = MakeConfig(MixedTexts(), OnError::kSkip);
+    c.sources[0].shuffle_window_rows = 300;
+    SourceLoader::Options options;
+    options.read_payloads = payloads;
+    auto loader = SourceLoader::Make(c, 0, {}, options);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    ASSERT_EQ(Pull(loader->get(), 300).size(), 300u);
+    (*loader)->Stop();  // no call in flight from here on (it reads ahead)
+    const auto entries = cb->Entries();
+    size_t rows = 0, largest = 0;
+    for (const auto& [batched, n] : entries) {
+      EXPECT_FALSE(batched);
+      rows += n;
+      largest = std::max(largest, n);
+    }
+    // Up to 64 rows per call: a window of 300 rows is 5 calls (4 x 64 + 44).
+    EXPECT_GE(rows, 300u) << payloads;
+    EXPECT_EQ(largest, 64u) << payloads;
+    EXPECT_LE(entries.size() * 50, rows) << payloads;
+  }
+}
+
+TEST_F(UserTransformTest, BatchedStreamIsThePerRowStreamForAnyWorkerCount) {
+  auto run = [&](bool batched, int64_t workers) {
+    Config c = MakeConfig(MixedTexts(), OnError::kSkip, workers);
+    c.sources[0].shuffle_window_rows = 50;
+    c.sources[0].user_transform.batched = batched;
+    auto loader = MakeLoader(c);
+    return Pull(loader.get(), 450);
+  };
+  const Stream per_row = run(false, 1);
+  ASSERT_EQ(per_row.size(), 450u);
+  int64_t failed = 0;
+  for (const auto& [row, skip, ids] : per_row) failed += skip == SkipReason::kError;
+  EXPECT_GT(failed, 20);
+  for (int64_t workers : {1, 2, 3}) {
+    const size_t before = callback_->Entries().size();
+    EXPECT_EQ(run(true, workers), per_row) << workers;
+    const auto entries = callback_->Entries();
+    size_t largest = 0;
+    for (size_t e = before; e < entries.size(); ++e) {
+      EXPECT_TRUE(entries[e].first);
+      largest = std::max(largest, entries[e].second);
+    }
+    EXPECT_GT(largest, 1u) << workers;  // batches, not rows
+  }
+}
+
+TEST_F(UserTransformTest, FailedBatchIsRetriedRowByRowAndTheErrorNamesTheRow) {
+  // Row 6 fails its batch; rows 0-5 still arrive, then the error names row 6 (row group
+  // 1, row 2 of it) and what the function said about that row alone.
+  Config c = MakeConfig({"a", "b", "c", "d", "e", "f", "boom", "g"}, OnError::kFail);
+  c.sources[0].user_transform.batched = true;
+  c.sources[0].shuffle_window_rows = 8;
+  auto loader = MakeLoader(c);
+  ASSERT_NE(loader, nullptr);
+  Result<Sample> s = loader->Next();
+  int good = 0;
+  for (; s.ok() && good < 8; ++good) s = loader->Next();
+  ASSERT_FALSE(s.ok());
+  EXPECT_LT(good, 8);
+  const std::string msg = s.status().message();
+  EXPECT_THAT(msg, HasSubstr("rows.parquet (row group 1, row 6)"));
+  EXPECT_THAT(msg, HasSubstr("source 'custom'"));
+  EXPECT_THAT(msg, HasSubstr("sources[0].transform.python ('tests:bytes', batched)"));
+  EXPECT_THAT(msg, HasSubstr("ValueError: boom alone"));
+  // With skip, only that row is skipped.
+  c.sources[0].on_error = OnError::kSkip;
+  loader = MakeLoader(c);
+  ASSERT_NE(loader, nullptr);
+  int errors = 0;
+  for (const auto& [row, skip, ids] : Pull(loader.get(), 8)) {
+    EXPECT_EQ(skip == SkipReason::kError, row == 6) << row;
+    errors += skip == SkipReason::kError;
+  }
+  EXPECT_EQ(errors, 1);
 }
 
 TEST_F(UserTransformTest, UnresolvableSpecAndMissingFactoryNameTheKey) {

@@ -14,30 +14,24 @@ that `workers` is the number of threads encoding on both sides; `--parallelism` 
 on for both. Every rate is the best of --repeat runs; the tokenizer is a byte-level BPE
 with a regex pre-tokenizer trained on the texts at start (no download).
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/tokenize.py \\
+    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/tokenize_hf.py \\
         [--texts 20000] [--workers 1 2] [--repeat 3] [--parallelism]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import random
+import string
 import sys
+import tempfile
+import threading
+import time
 
-# This file shares its name with the standard library's `tokenize`, which pyarrow and
-# others import: keep this script's folder off the import path.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import string  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 
 def make_texts(n: int, seed: int):
