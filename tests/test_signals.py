@@ -41,8 +41,8 @@ LOADER_SCRIPT = textwrap.dedent("""
     loader = braid.Loader(sys.argv[1], rank=0, world_size=2)
     it = iter(loader)
     next(it)
-    print("ready", flush=True)
-    try:
+    try:  # the SIGINT may land as soon as "ready" is written, inside print()
+        print("ready", flush=True)
         while True:
             next(it)
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@
 #include "braid/source/budget.h"
 #include "numpy_util.h"
 #include "status_caster.h"
+#include "thread_states.h"
 
 namespace nb = nanobind;
 
@@ -85,7 +86,7 @@ void RegisterService(nb::module_& m) {
              Result<StepPlan> plan;
              std::vector<int64_t> encoded;
              {
-               nb::gil_scoped_release release;
+               GilRelease release;
                plan = h.service->Next();
                if (plan.ok()) encoded = EncodeStepPlan(*plan);
              }
@@ -129,7 +130,7 @@ void RegisterService(nb::module_& m) {
           }
           Result<std::unique_ptr<PlannerService>> service;
           {
-            nb::gil_scoped_release release;
+            GilRelease release;
             service = PlannerService::Make(config, start);
           }
           handle->service = ValueOrThrow(std::move(service));
@@ -150,7 +151,7 @@ void RegisterService(nb::module_& m) {
              }
              Result<PieceReply> reply;
              {
-               nb::gil_scoped_release release;
+               GilRelease release;
                reply = s.Fetch(requests.data(),
                                int64_t(requests.shape(0)) / kRequestFields);
              }
@@ -171,7 +172,7 @@ void RegisterService(nb::module_& m) {
           if (cache_bytes <= 0) cache_bytes = SourceShares(config)[size_t(source)];
           Result<std::unique_ptr<PayloadService>> service;
           {
-            nb::gil_scoped_release release;
+            GilRelease release;
             service = PayloadService::Make(config, source, cache_bytes);
           }
           return ValueOrThrow(std::move(service));
@@ -235,7 +236,7 @@ void RegisterService(nb::module_& m) {
              }
              Result<Batch> batch;
              {
-               nb::gil_scoped_release release;
+               GilRelease release;
                batch = BuildMicroBatch(b.plan, b.bucket, micro_batch);
              }
              return ValueOrThrow(std::move(batch));
