@@ -87,6 +87,23 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
     assert jobs.actor_names(job.name, job.namespace) == []
 
 
+def test_the_planner_can_serve_the_payloads_itself(ray_cluster, small_dataset):
+    """runtime.source_actors: 0: two actor processes (planner, constructor), same stream."""
+    config = small_dataset["config"]
+    embedded = take_round_robin([braid.Loader(config, r, 2) for r in range(2)], 8)
+    loaders = [braid.Loader(ray_config(config, job="colocated", source_actors=0), r, 2)
+               for r in range(2)]
+    got = take_round_robin(loaders, 8)
+    for r in range(2):
+        assert_same(got[r], embedded[r])
+    status = {a["role"]: a for a in jobs.status("colocated", NAMESPACE)}
+    assert sorted(status) == ["constructor", "planner"]
+    assert status["planner"]["sources"] == [0, 1] and status["planner"]["requests"] > 0
+    for l in loaders:
+        l.close()
+    assert jobs.actor_names("colocated", NAMESPACE) == []
+
+
 def test_state_resumes_exactly_and_across_runtimes(ray_cluster, small_dataset):
     config = small_dataset["config"]
     ranks = [0, 1]

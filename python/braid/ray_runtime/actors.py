@@ -31,7 +31,24 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class PlannerActor:
+class _PayloadHost:
+    """Serves the payloads of the sources it hosts (``_core.PayloadService`` each)."""
+
+    def _host(self, config: "_core.Config", sources: List[int]) -> None:
+        self._services = {i: _core.make_payload_service(config, i) for i in sources}
+        self._requests = 0
+
+    def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
+        """Per source, ``(tokens, offsets, loss_mask or None)`` for its piece requests."""
+        self._requests += 1
+        return {i: self._services[i].fetch(r) for i, r in requests.items()}
+
+    def _payload_status(self) -> Dict[str, Any]:
+        return {"sources": sorted(self._services), "requests": self._requests,
+                "cached_bytes": sum(s.cached_bytes for s in self._services.values())}
+
+
+class PlannerActor(_PayloadHost):
     """The planner over metadata-only source loaders (``_core.PlannerService``).
 
     Plans whole steps in order, ``steps_in_flight`` ahead of the newest step asked for,
@@ -43,8 +60,9 @@ class PlannerActor:
     """
 
     def __init__(self, config: "_core.Config", cwd: str, state_json: str,
-                 keep_steps: int) -> None:
+                 keep_steps: int, sources: List[int]) -> None:
         os.chdir(cwd)  # relative source paths resolve as in the job's first rank
+        self._host(config, sources)  # runtime.source_actors: 0 serves them here
         self._config = config
         self._keep = keep_steps
         self._ahead = int(config.runtime["steps_in_flight"]) + 1
@@ -141,27 +159,20 @@ class PlannerActor:
                     "node": ray.get_runtime_context().get_node_id(),
                     "planned_through": self._next - 1, "held_steps": len(self._plans),
                     "replayed_steps": self._replays,
-                    "clients": len(self._clients)}
+                    "clients": len(self._clients),
+                    **(self._payload_status() if self._services else {})}
 
 
-class SourceActor:
-    """Payloads of the sources it hosts (``_core.PayloadService`` each), by key."""
+class SourceActor(_PayloadHost):
+    """Payloads of the sources it hosts, by key."""
 
     def __init__(self, config: "_core.Config", cwd: str, sources: List[int]) -> None:
         os.chdir(cwd)  # relative source paths resolve as in the job's first rank
-        self._services = {i: _core.make_payload_service(config, i) for i in sources}
-        self._requests = 0
-
-    def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
-        """Per source, ``(tokens, offsets, loss_mask or None)`` for its piece requests."""
-        self._requests += 1
-        return {i: self._services[i].fetch(r) for i, r in requests.items()}
+        self._host(config, sources)
 
     def status(self) -> Dict[str, Any]:
         return {"role": "sources", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
-                "node": ray.get_runtime_context().get_node_id(),
-                "sources": sorted(self._services), "requests": self._requests,
-                "cached_bytes": sum(s.cached_bytes for s in self._services.values())}
+                "node": ray.get_runtime_context().get_node_id(), **self._payload_status()}
 
 
 class ConstructorActor:
@@ -248,8 +259,9 @@ class ConstructorActor:
                 by_actor.setdefault(self._source_actor_of[source], {})[source] = req
         calls = []
         for actor, reqs in by_actor.items():
-            if actor not in self._sources:
-                self._sources[actor] = self._actor(f"sources.{actor}")
+            if actor not in self._sources:  # -1: the planner serves them
+                self._sources[actor] = self._actor(
+                    "planner" if actor < 0 else f"sources.{actor}")
             calls.append(self._sources[actor].fetch.remote(reqs))
         for replies in ray.get(calls, timeout=self._timeout):
             for source, (tokens, offsets, mask) in replies.items():

@@ -1,7 +1,7 @@
 """A Braid job on Ray: its named, detached actors, found by every rank of the job.
 
 Names: ``JOB.planner``, ``JOB.sources.K`` (K < runtime.source_actors; source i lives in
-actor i % source_actors) and ``JOB.constructor.NODE`` (one per node that hosts trainer
+actor i % source_actors; with source_actors 0 the planner serves the payloads) and ``JOB.constructor.NODE`` (one per node that hosts trainer
 ranks, pinned to it), all in ``runtime.namespace``. ``JOB`` is ``runtime.job`` or
 ``braid-`` and a hash of the config's fingerprint, topology and start state, so the ranks
 of one job (same config, same state) find the same actors and another job never does.
@@ -87,8 +87,10 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     """Creates the job's actors if they do not exist yet, and attaches ``client``."""
     rt = config.runtime
     name, ns = job_name(config, state_json), rt["namespace"]
-    n_actors = min(int(rt["source_actors"]), len(config.source_names))
-    source_actor_of = [i % n_actors for i in range(len(config.source_names))]
+    n = len(config.source_names)
+    n_actors = min(int(rt["source_actors"]), n)
+    # Source i's payloads: actor i % source_actors, or the planner's (-1) with 0 actors.
+    source_actor_of = [i % n_actors if n_actors else -1 for i in range(n)]
     keep = keep_steps(config)
     node = ray.get_runtime_context().get_node_id()
     affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
@@ -97,7 +99,7 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     # constructor stays on its node.
     shared = {"resources": dict(rt["actor_resources"])} if rt["actor_resources"] else {}
     planner = _Planner.options(**_options(f"{name}.planner", ns, **shared)).remote(
-        config, os.getcwd(), state_json, keep)
+        config, os.getcwd(), state_json, keep, [i for i in range(n) if not n_actors])
     sources = [
         _Sources.options(**_options(f"{name}.sources.{k}", ns, **shared)).remote(
             config, os.getcwd(), [i for i, a in enumerate(source_actor_of) if a == k])

@@ -858,7 +858,12 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     }
     if (rt["source_actors"]) {
       ARROW_ASSIGN_OR_RAISE(c.runtime.source_actors,
-                            PositiveInt(rt["source_actors"], "runtime.source_actors"));
+                            Scalar<int64_t>(rt["source_actors"], "runtime.source_actors",
+                                            "an integer"));
+      if (c.runtime.source_actors < 0) {
+        return ConfigError("runtime.source_actors",
+                           "must be >= 0 (0: the planner actor serves the payloads)");
+      }
     }
     if (rt["steps_in_flight"]) {
       ARROW_ASSIGN_OR_RAISE(c.runtime.steps_in_flight,

@@ -288,8 +288,9 @@ TEST(ConfigTest, RayRuntimeKeys) {
   EXPECT_EQ(again->runtime.job, "run7");
 
   ExpectConfigError("runtime: {kind: ray, timeout_s: 0}\n" + Minimal(), "runtime.timeout_s");
-  ExpectConfigError("runtime: {kind: ray, source_actors: 0}\n" + Minimal(),
+  ExpectConfigError("runtime: {kind: ray, source_actors: -1}\n" + Minimal(),
                     "runtime.source_actors");
+  EXPECT_TRUE(ParseConfig("runtime: {kind: ray, source_actors: 0}\n" + Minimal(), "/b").ok());
   ExpectConfigError("runtime: {kind: ray, address: ''}\n" + Minimal(), "runtime.address");
   ExpectConfigError("runtime: {kind: ray, actor_resources: [1]}\n" + Minimal(),
                     "runtime.actor_resources");
