@@ -7,8 +7,12 @@ namespace braid {
 arrow::MemoryPool* ReadMemoryPool() {
   static arrow::MemoryPool* const pool = [] {
     const char* named = std::getenv("ARROW_DEFAULT_MEMORY_POOL");
-    return named != nullptr && *named != '\0' ? arrow::default_memory_pool()
-                                              : arrow::system_memory_pool();
+    if (named != nullptr && *named != '\0') return arrow::default_memory_pool();
+    // jemalloc where Arrow was built with it (the pyarrow wheels are), else the system
+    // allocator.
+    arrow::MemoryPool* jemalloc = nullptr;
+    if (arrow::jemalloc_memory_pool(&jemalloc).ok() && jemalloc != nullptr) return jemalloc;
+    return arrow::system_memory_pool();
   }();
   return pool;
 }

@@ -8,6 +8,13 @@
 // Arrow's default pool, as every other Arrow user in the process does
 // (docs/decisions.md, 31).
 //
+// Which allocator: jemalloc (arrow::jemalloc_memory_pool) when Arrow has it, as the
+// pyarrow wheels do, else the system allocator. Both return freed pages (~10 MB per
+// process above the bytes in use); glibc's malloc serves the large blocks of a row group
+// with fresh mmaps whose page faults cut the token-column read rate to ~0.63 of a raw
+// Arrow scan, against ~1.0 with jemalloc (benchmarks/source_read.py). jemalloc's cost is
+// two background threads per process.
+//
 // Thread-safe: the choice is made once, on the first call.
 #pragma once
 
