@@ -8,7 +8,7 @@ kill, and the median `next()` without kills, from one run. The stream itself is 
 against the embedded runtime by the tests (tests/test_ray_faults.py).
 
     PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/ray_stall.py \
-        [--kills 3] [--step-ms 200] [--window 16] [--dir out/ray_stall]
+        [--kills 3] [--step-ms 200] [--window 16] [--dir out/ray_stall] [--shadow]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=200)
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--dir", default=os.path.join("out", "ray_stall"))
+    ap.add_argument("--shadow", action="store_true",
+                    help="runtime.shadow: hot-standby source actors")
     args = ap.parse_args()
 
     import ray
@@ -49,7 +51,8 @@ def main() -> None:
         s["path"] = os.path.join(base, s["path"])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, namespace="stall")
-    config["runtime"] = {"kind": "ray", "namespace": "stall", "job": "stall"}
+    config["runtime"] = {"kind": "ray", "namespace": "stall", "job": "stall",
+                         "shadow": args.shadow}
     loader = braid.Loader(config, 0, 1)
     sleep = args.step_ms / 1000 / loader.micro_batches_per_step
     roles = ["planner", "sources.0", "constructor"]
@@ -66,7 +69,7 @@ def main() -> None:
     for i in range(total):
         if i in plan:
             name = next(n for n in jobs.actor_names("stall", "stall")
-                        if n.startswith(f"stall.{plan[i]}"))
+                        if n.startswith(f"stall.{plan[i]}") and not n.endswith(".shadow"))
             ray.kill(ray.get_actor(name, namespace="stall"), no_restart=False)
             last_kill = (plan[i], i, [])
         t0 = time.perf_counter()
@@ -80,15 +83,17 @@ def main() -> None:
         elif i >= args.window:
             waits.append(dt)
         time.sleep(sleep)
+    failovers = sum(a.get("shadow_failovers", 0) for a in jobs.status("stall", "stall"))
     loader.close()
     ray.shutdown()
     out = {"median_next_s": statistics.median(waits),
            "max_next_after_kill_s": {r: max(v) for r, v in stalls.items()},
-           "each_kill_s": stalls}
+           "each_kill_s": stalls, "shadow_failovers": failovers}
     print(f"median next() without kills: {1000 * out['median_next_s']:.2f} ms")
     for r, v in stalls.items():
         print(f"{r:<12} longest next() after a kill: " +
               ", ".join(f"{x:.2f} s" for x in v))
+    print(f"requests also sent to a shadow: {failovers}")
     print(json.dumps(out))
 
 

@@ -1,7 +1,7 @@
 """Faults on the Ray runtime, on a 3-node local cluster (ray.cluster_utils.Cluster): a
 node that hosts the planner and the source actors is removed mid-run, actors of every
-role are killed at random micro-batches, and a whole job is restored from a saved state
-at another dp. Every rank's stream stays the embedded runtime's, tensor for tensor."""
+role are killed at random micro-batches, shadow source actors answer while a killed one
+restarts, and a whole job is restored from a saved state at another dp. Every rank's stream stays the embedded runtime's, tensor for tensor."""
 
 from __future__ import annotations
 
@@ -116,6 +116,31 @@ def test_many_random_kills_of_every_role_lose_and_repeat_nothing(cluster, small_
     for l in loaders:
         l.close()
     assert jobs.actor_names("random-kills", NAMESPACE) == []
+
+
+def test_shadow_source_actors_answer_while_a_killed_one_restarts(cluster, small_dataset):
+    config = small_dataset["config"]
+    n = 24
+    embedded = take([braid.Loader(config, r, 2) for r in range(2)], n)
+    cfg = ray_config(config, job="shadowed", shadow=True)
+    loaders = [braid.Loader(cfg, r, 2) for r in range(2)]
+
+    def kill_primary(i: int) -> None:
+        if i in (3, 8, 13, 18):
+            ray.kill(ray.get_actor("shadowed.sources.0", namespace=NAMESPACE),
+                     no_restart=False)
+
+    got = take(loaders, n, kill_primary)
+    for r in range(2):
+        assert_same(got[r], embedded[r])
+    status = {a["name"]: a for a in jobs.status("shadowed", NAMESPACE)}
+    assert "shadowed.sources.0.shadow" in status
+    constructor = next(a for name, a in status.items() if ".constructor." in name)
+    assert constructor["shadow_failovers"] >= 1
+    assert status["shadowed.sources.0.shadow"]["requests"] >= 1
+    for l in loaders:
+        l.close()
+    assert jobs.actor_names("shadowed", NAMESPACE) == []
 
 
 def test_a_whole_job_restored_at_another_dp_continues_the_stream(cluster, small_dataset):

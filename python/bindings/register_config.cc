@@ -72,6 +72,7 @@ void RegisterConfig(nb::module_& m) {
                        resources[name.c_str()] = amount;
                      }
                      d["actor_resources"] = resources;
+                     d["shadow"] = r.shadow;
                      d["memory_bytes"] = MemoryBudgetBytes(c);
                      d["threads"] = ReadThreads(c);
                      return d;

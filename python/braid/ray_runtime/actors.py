@@ -203,7 +203,10 @@ class ConstructorActor:
         self._newest = -1
         self._built = 0
         self._planner = None
-        self._sources: Dict[int, Any] = {}
+        self._sources: Dict[str, Any] = {}  # actor name -> handle
+        self._shadow = bool(config.runtime["shadow"])
+        self._failovers = 0  # requests also sent to a shadow
+        self._fetch_s = 0.05  # a source actor's usual answer time (moving average)
 
     def _actor(self, name: str):
         return ray.get_actor(f"{self._job}.{name}", namespace=self._namespace)
@@ -250,6 +253,47 @@ class ConstructorActor:
                 if self._builds.get(key) is fut:
                     del self._builds[key]
 
+    def _handle(self, name: str):
+        with self._lock:
+            actor = self._sources.get(name)
+        if actor is None:
+            actor = self._actor(name)
+            with self._lock:
+                self._sources[name] = actor
+        return actor
+
+    def _fetch(self, actor: int, reqs: Dict[int, np.ndarray]):
+        # -1: the planner serves the payloads (runtime.source_actors: 0).
+        return self._handle("planner" if actor < 0 else f"sources.{actor}").fetch.remote(reqs)
+
+    def _hedged(self, actor: int, reqs: Dict[int, np.ndarray], call) -> Dict[int, Tuple]:
+        # A hedged request: when the source actor has not answered within a few times its
+        # usual time (dead, restarting, or slow), the same request goes to its shadow,
+        # and the first good answer wins. Requests are keyed, so both answers are the
+        # same bytes.
+        start = time.monotonic()
+        ready, _ = ray.wait([call], timeout=max(0.05, 4 * self._fetch_s))
+        pending = [call]
+        if not ready:
+            self._failovers += 1
+            pending.append(self._handle(f"sources.{actor}.shadow").fetch.remote(reqs))
+        deadline = start + self._timeout
+        error: Optional[BaseException] = None
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            try:
+                replies = ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                error = exc
+                continue
+            if ready[0] == call:  # the usual time, from the primary's answers only
+                self._fetch_s = 0.8 * self._fetch_s + 0.2 * (time.monotonic() - start)
+            return replies
+        raise error or TimeoutError(f"sources.{actor}: no answer within {self._timeout} s")
+
     def _construct(self, step: int, bucket: int) -> Tuple[Dict[str, Any], List[Any]]:
         plan = self._plan(step)
         part = _core.decode_bucket(plan["plan"], bucket)
@@ -257,13 +301,12 @@ class ConstructorActor:
         for source, req in enumerate(part.requests(self._num_sources)):
             if len(req):
                 by_actor.setdefault(self._source_actor_of[source], {})[source] = req
-        calls = []
-        for actor, reqs in by_actor.items():
-            if actor not in self._sources:  # -1: the planner serves them
-                self._sources[actor] = self._actor(
-                    "planner" if actor < 0 else f"sources.{actor}")
-            calls.append(self._sources[actor].fetch.remote(reqs))
-        for replies in ray.get(calls, timeout=self._timeout):
+        calls = [(actor, reqs, self._fetch(actor, reqs)) for actor, reqs in by_actor.items()]
+        for actor, reqs, call in calls:
+            if self._shadow and actor >= 0:
+                replies = self._hedged(actor, reqs, call)
+            else:
+                replies = ray.get(call, timeout=self._timeout)
             for source, (tokens, offsets, mask) in replies.items():
                 part.attach(source, tokens, offsets, mask)
         batches = [part.build(mb) for mb in range(part.micro_batches)]
@@ -302,4 +345,5 @@ class ConstructorActor:
             return {"role": "constructor", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
                     "node": ray.get_runtime_context().get_node_id(),
                     "newest_step": self._newest, "built_buckets": self._built,
+                    "shadow_failovers": self._failovers,
                     "held_builds": len(self._builds), "held_views": len(self._views)}

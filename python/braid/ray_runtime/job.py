@@ -1,7 +1,8 @@
 """A Braid job on Ray: its named, detached actors, found by every rank of the job.
 
 Names: ``JOB.planner``, ``JOB.sources.K`` (K < runtime.source_actors; source i lives in
-actor i % source_actors; with source_actors 0 the planner serves the payloads) and ``JOB.constructor.NODE`` (one per node that hosts trainer
+actor i % source_actors; with source_actors 0 the planner serves the payloads;
+``JOB.sources.K.shadow`` with runtime.shadow) and ``JOB.constructor.NODE`` (one per node that hosts trainer
 ranks, pinned to it), all in ``runtime.namespace``. ``JOB`` is ``runtime.job`` or
 ``braid-`` and a hash of the config's fingerprint, topology and start state, so the ranks
 of one job (same config, same state) find the same actors and another job never does.
@@ -104,6 +105,12 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
         _Sources.options(**_options(f"{name}.sources.{k}", ns, **shared)).remote(
             config, os.getcwd(), [i for i, a in enumerate(source_actor_of) if a == k])
         for k in range(n_actors)]
+    if rt["shadow"]:  # hot standbys, spread over the nodes (docs/distributed.md)
+        sources += [
+            _Sources.options(**_options(f"{name}.sources.{k}.shadow", ns,
+                                        scheduling_strategy="SPREAD", **shared)).remote(
+                config, os.getcwd(), [i for i, a in enumerate(source_actor_of) if a == k])
+            for k in range(n_actors)]
     constructor = _Constructor.options(
         **_options(f"{name}.constructor.{node[:16]}", ns,
                    scheduling_strategy=affinity(node_id=node, soft=False))

@@ -833,7 +833,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
                                  "threads", "memory_bytes", "address", "namespace", "job",
                                  "source_actors", "steps_in_flight", "timeout_s",
-                                 "actor_resources"}));
+                                 "actor_resources", "shadow"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
@@ -884,6 +884,14 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
         ARROW_ASSIGN_OR_RAISE(double amount, Scalar<double>(kv.second, key, "a number"));
         if (!(amount > 0) || amount > 1e9) return ConfigError(key, "must be > 0");
         c.runtime.actor_resources.emplace_back(kv.first.Scalar(), amount);
+      }
+    }
+    if (rt["shadow"]) {
+      ARROW_ASSIGN_OR_RAISE(c.runtime.shadow,
+                            Scalar<bool>(rt["shadow"], "runtime.shadow", "true or false"));
+      if (c.runtime.shadow && c.runtime.source_actors == 0) {
+        return ConfigError("runtime.shadow",
+                           "needs source actors (runtime.source_actors >= 1) to shadow");
       }
     }
     if (rt["timeout_s"]) {

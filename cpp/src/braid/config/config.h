@@ -248,6 +248,9 @@ struct RuntimeConfig {
   /// runtime.actor_resources: Ray resources the planner and source actors require (to
   /// place them on chosen nodes), in config order.
   std::vector<std::pair<std::string, double>> actor_resources;
+  /// runtime.shadow: a hot-standby copy of each source actor, spread to another node;
+  /// a constructor whose fetch finds the source actor dead asks its shadow at once.
+  bool shadow = false;
   // --- end distributed runtime ---
 };
 

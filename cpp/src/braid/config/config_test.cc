@@ -296,8 +296,13 @@ TEST(ConfigTest, RayRuntimeKeys) {
                     "runtime.actor_resources");
   ExpectConfigError("runtime: {kind: ray, actor_resources: {gpu: -1}}\n" + Minimal(),
                     "runtime.actor_resources.gpu");
-  ExpectConfigError("runtime: {kind: ray, shadow: true}\n" + Minimal(), "runtime.shadow",
-                    "unknown key");
+  ExpectConfigError("runtime: {kind: ray, shadowing: true}\n" + Minimal(),
+                    "runtime.shadowing", "unknown key");
+  EXPECT_TRUE(ParseConfig("runtime: {kind: ray, shadow: true}\n" + Minimal(), "/b").ok());
+  ExpectConfigError("runtime: {kind: ray, shadow: yes please}\n" + Minimal(),
+                    "runtime.shadow");
+  ExpectConfigError("runtime: {kind: ray, source_actors: 0, shadow: true}\n" + Minimal(),
+                    "runtime.shadow");
 }
 
 TEST(WeightScheduleTest, PiecewiseLinearBetweenPointsConstantOutside) {
