@@ -73,3 +73,26 @@ def braid_cli(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedPro
     return subprocess.run([sys.executable, "-m", "braid.cli", *map(str, args)],
                           capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def take_batches(loaders, n: int, on_micro_batch=None) -> List[List[Dict]]:
+    """n micro-batches per loader (NumPy copies), taken in turn as trainer ranks in
+    lockstep would; `on_micro_batch(i)` runs before the i-th round."""
+    its = [iter(l) for l in loaders]
+    out: List[List[Dict]] = [[] for _ in loaders]
+    for i in range(n):
+        if on_micro_batch is not None:
+            on_micro_batch(i)
+        for k, it in enumerate(its):
+            out[k].append({name: t.numpy().copy() for name, t in next(it).items()})
+    return out
+
+
+def assert_same_batches(a: List[Dict], b: List[Dict]) -> None:
+    """Every micro-batch holds the same tensors, bit for bit."""
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert sorted(x) == sorted(y), i
+        for name in x:
+            assert x[name].dtype == y[name].dtype, (i, name)
+            np.testing.assert_array_equal(x[name], y[name], err_msg=f"{i} {name}")

@@ -6,17 +6,16 @@ restarts, and a whole job is restored from a saved state at another dp. Every ra
 from __future__ import annotations
 
 import copy
-import os
 import random
-from typing import Dict, List
+from typing import List
 
-import numpy as np
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
 import braid
 from braid.ray_runtime import job as jobs
+from conftest import assert_same_batches, take_batches
 
 NAMESPACE = "braid-faults"
 
@@ -42,32 +41,13 @@ def ray_config(config: dict, **runtime) -> dict:
     return out
 
 
-def take(loaders: List[braid.Loader], n: int, on_micro_batch=None) -> List[List[Dict]]:
-    its = [iter(l) for l in loaders]
-    out: List[List[Dict]] = [[] for _ in loaders]
-    for i in range(n):
-        if on_micro_batch is not None:
-            on_micro_batch(i)
-        for k, it in enumerate(its):
-            out[k].append({name: t.numpy().copy() for name, t in next(it).items()})
-    return out
-
-
-def assert_same(a: List[Dict], b: List[Dict]) -> None:
-    assert len(a) == len(b)
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert sorted(x) == sorted(y), i
-        for name in x:
-            np.testing.assert_array_equal(x[name], y[name], err_msg=f"{i} {name}")
-
-
 def test_removing_the_node_of_the_planner_and_sources_loses_nothing(cluster,
                                                                     small_dataset):
     """The shared actors run on the two worker nodes (runtime.actor_resources); the one
     that hosts the planner is removed mid-run, the actors come back on the other."""
     c, workers = cluster
     config = small_dataset["config"]
-    embedded = take([braid.Loader(config, r, 2) for r in range(2)], 16)
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 16)
     cfg = ray_config(config, job="node-loss", actor_resources={"loaders": 0.01})
     loaders = [braid.Loader(cfg, r, 2) for r in range(2)]
     removed = []
@@ -79,9 +59,9 @@ def test_removing_the_node_of_the_planner_and_sources_loses_nothing(cluster,
             c.remove_node(victim)
             removed.append(victim.node_id)
 
-    got = take(loaders, 16, remove_at)
+    got = take_batches(loaders, 16, remove_at)
     for r in range(2):
-        assert_same(got[r], embedded[r])
+        assert_same_batches(got[r], embedded[r])
     moved = {a["name"]: a.get("node") for a in jobs.status("node-loss", NAMESPACE)}
     assert moved["node-loss.planner"] not in (removed[0], None)
     for l in loaders:
@@ -95,7 +75,7 @@ KILLS = 42
 def test_many_random_kills_of_every_role_lose_and_repeat_nothing(cluster, small_dataset):
     config = copy.deepcopy(small_dataset["config"])
     n = 3 * KILLS
-    embedded = take([braid.Loader(config, r, 2) for r in range(2)], n)
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], n)
     cfg = ray_config(config, job="random-kills", source_actors=2)
     loaders = [braid.Loader(cfg, r, 2) for r in range(2)]
     rng = random.Random(20261201)
@@ -108,9 +88,9 @@ def test_many_random_kills_of_every_role_lose_and_repeat_nothing(cluster, small_
             ray.kill(ray.get_actor(victim, namespace=NAMESPACE), no_restart=False)
             killed.append(victim.split(".")[1])
 
-    got = take(loaders, n, kill)
+    got = take_batches(loaders, n, kill)
     for r in range(2):
-        assert_same(got[r], embedded[r])
+        assert_same_batches(got[r], embedded[r])
     assert len(killed) == KILLS
     assert {"planner", "sources", "constructor"} <= set(killed)
     for l in loaders:
@@ -121,7 +101,7 @@ def test_many_random_kills_of_every_role_lose_and_repeat_nothing(cluster, small_
 def test_shadow_source_actors_answer_while_a_killed_one_restarts(cluster, small_dataset):
     config = small_dataset["config"]
     n = 24
-    embedded = take([braid.Loader(config, r, 2) for r in range(2)], n)
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], n)
     cfg = ray_config(config, job="shadowed", shadow=True)
     loaders = [braid.Loader(cfg, r, 2) for r in range(2)]
 
@@ -130,9 +110,9 @@ def test_shadow_source_actors_answer_while_a_killed_one_restarts(cluster, small_
             ray.kill(ray.get_actor("shadowed.sources.0", namespace=NAMESPACE),
                      no_restart=False)
 
-    got = take(loaders, n, kill_primary)
+    got = take_batches(loaders, n, kill_primary)
     for r in range(2):
-        assert_same(got[r], embedded[r])
+        assert_same_batches(got[r], embedded[r])
     status = {a["name"]: a for a in jobs.status("shadowed", NAMESPACE)}
     assert "shadowed.sources.0.shadow" in status
     constructor = next(a for name, a in status.items() if ".constructor." in name)
@@ -147,7 +127,7 @@ def test_a_whole_job_restored_at_another_dp_continues_the_stream(cluster, small_
     config = small_dataset["config"]
     first = [braid.Loader(ray_config(config), r, 2) for r in range(2)]
     per_step = first[0].micro_batches_per_step
-    take(first, 3 * per_step)  # three whole steps: a step boundary
+    take_batches(first, 3 * per_step)  # three whole steps: a step boundary
     state = first[0].state_dict()
     assert state == first[1].state_dict()
     for l in first:
@@ -160,12 +140,12 @@ def test_a_whole_job_restored_at_another_dp_continues_the_stream(cluster, small_
     local = [braid.Loader(wide, r, 4) for r in range(4)]
     for l in local:
         l.load_state_dict(state)
-    want = take(local, 4)
+    want = take_batches(local, 4)
     again = [braid.Loader(ray_config(wide), r, 4) for r in range(4)]
     for l in again:
         l.load_state_dict(state)
-    got = take(again, 4)
+    got = take_batches(again, 4)
     for r in range(4):
-        assert_same(got[r], want[r])
+        assert_same_batches(got[r], want[r])
     for l in again:
         l.close()

@@ -13,15 +13,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 from typing import Dict, List
 
-import numpy as np
 import pytest
 import ray
 
 import braid
 from braid.ray_runtime import job as jobs
+from conftest import assert_same_batches, take_batches
 
 NAMESPACE = "braid-test"
 
@@ -40,25 +39,6 @@ def ray_config(config: dict, **runtime) -> dict:
     return out
 
 
-def take_round_robin(loaders: List[braid.Loader], n: int) -> List[List[Dict]]:
-    """n micro-batches per loader, taken in turn as trainer ranks in lockstep would."""
-    its = [iter(l) for l in loaders]
-    out: List[List[Dict]] = [[] for _ in loaders]
-    for _ in range(n):
-        for k, it in enumerate(its):
-            out[k].append({name: t.numpy().copy() for name, t in next(it).items()})
-    return out
-
-
-def assert_same(a: List[Dict], b: List[Dict]) -> None:
-    assert len(a) == len(b)
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert sorted(x) == sorted(y), i
-        for name in x:
-            assert x[name].dtype == y[name].dtype, (i, name)
-            np.testing.assert_array_equal(x[name], y[name], err_msg=f"{i} {name}")
-
-
 def tp_config(small_dataset) -> dict:
     config = copy.deepcopy(small_dataset["config"])
     config["topology"] = {"dp": 2, "tp": 2, "pp": 1, "cp": 1}
@@ -69,11 +49,11 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
         ray_cluster, small_dataset):
     config = tp_config(small_dataset)
     world = 4
-    embedded = take_round_robin([braid.Loader(config, r, world) for r in range(world)], 12)
+    embedded = take_batches([braid.Loader(config, r, world) for r in range(world)], 12)
     loaders = [braid.Loader(ray_config(config), r, world) for r in range(world)]
-    got = take_round_robin(loaders, 12)
+    got = take_batches(loaders, 12)
     for r in range(world):
-        assert_same(got[r], embedded[r])
+        assert_same_batches(got[r], embedded[r])
     # TP peers (ranks 0/1 and 2/3 share a DP rank) received one build: the constructor
     # built each (step, bucket) once, not once per rank.
     job = loaders[0]._engine.job
@@ -90,12 +70,12 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
 def test_the_planner_can_serve_the_payloads_itself(ray_cluster, small_dataset):
     """runtime.source_actors: 0: two actor processes (planner, constructor), same stream."""
     config = small_dataset["config"]
-    embedded = take_round_robin([braid.Loader(config, r, 2) for r in range(2)], 8)
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 8)
     loaders = [braid.Loader(ray_config(config, job="colocated", source_actors=0), r, 2)
                for r in range(2)]
-    got = take_round_robin(loaders, 8)
+    got = take_batches(loaders, 8)
     for r in range(2):
-        assert_same(got[r], embedded[r])
+        assert_same_batches(got[r], embedded[r])
     status = {a["role"]: a for a in jobs.status("colocated", NAMESPACE)}
     assert sorted(status) == ["constructor", "planner"]
     assert status["planner"]["sources"] == [0, 1] and status["planner"]["requests"] > 0
@@ -107,9 +87,9 @@ def test_the_planner_can_serve_the_payloads_itself(ray_cluster, small_dataset):
 def test_state_resumes_exactly_and_across_runtimes(ray_cluster, small_dataset):
     config = small_dataset["config"]
     ranks = [0, 1]
-    full = take_round_robin([braid.Loader(config, r, 2) for r in ranks], 10)
+    full = take_batches([braid.Loader(config, r, 2) for r in ranks], 10)
     first = [braid.Loader(ray_config(config), r, 2) for r in ranks]
-    head = take_round_robin(first, 3)  # mid-step: 2 micro-batches per rank per step
+    head = take_batches(first, 3)  # mid-step: 2 micro-batches per rank per step
     states = [l.state_dict() for l in first]
     assert states[0] == states[1]
     for l in first:
@@ -118,22 +98,22 @@ def test_state_resumes_exactly_and_across_runtimes(ray_cluster, small_dataset):
     again = [braid.Loader(ray_config(config), r, 2) for r in ranks]
     for l, s in zip(again, states):
         l.load_state_dict(s)
-    tail = take_round_robin(again, 7)
+    tail = take_batches(again, 7)
     for l in again:
         l.close()
     # ... and the same state on the embedded runtime.
     local = [braid.Loader(config, r, 2) for r in ranks]
     for l, s in zip(local, states):
         l.load_state_dict(s)
-    local_tail = take_round_robin(local, 7)
+    local_tail = take_batches(local, 7)
     for r in range(2):
-        assert_same(head[r] + tail[r], full[r])
-        assert_same(local_tail[r], tail[r])
+        assert_same_batches(head[r] + tail[r], full[r])
+        assert_same_batches(local_tail[r], tail[r])
 
 
 def test_actors_killed_mid_run_lose_and_repeat_nothing(ray_cluster, small_dataset):
     config = small_dataset["config"]
-    embedded = take_round_robin([braid.Loader(config, r, 2) for r in range(2)], 24)
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 24)
     loaders = [braid.Loader(ray_config(config, job="kills"), r, 2) for r in range(2)]
     its = [iter(l) for l in loaders]
     rng = random.Random(3)
@@ -148,7 +128,7 @@ def test_actors_killed_mid_run_lose_and_repeat_nothing(ray_cluster, small_datase
         for k, it in enumerate(its):
             got[k].append({n: t.numpy().copy() for n, t in next(it).items()})
     for r in range(2):
-        assert_same(got[r], embedded[r])
+        assert_same_batches(got[r], embedded[r])
     assert len(kills) == 5
     for l in loaders:
         l.close()
@@ -159,7 +139,7 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
     config = small_dataset["config"]
     config1 = copy.deepcopy(config)
     config1["topology"] = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
-    embedded = take_round_robin([braid.Loader(config1, 0, 1)], 16)[0]
+    embedded = take_batches([braid.Loader(config1, 0, 1)], 16)[0]
     loader = braid.Loader(ray_config(config1, job="roles"), 0, 1)
     it = iter(loader)
     got = []
@@ -170,7 +150,7 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
                         if n.startswith(f"roles.{role}"))
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
         got.append({n: t.numpy().copy() for n, t in next(it).items()})
-    assert_same(got, embedded)
+    assert_same_batches(got, embedded)
     loader.close()
 
 
@@ -240,7 +220,7 @@ def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, t
     """Two fresh processes that import only braid, RANK/WORLD_SIZE from the environment,
     join the running cluster by address and get the embedded runtime's batches."""
     config = small_dataset["config"]
-    embedded = take_round_robin([braid.Loader(config, r, 2) for r in range(2)], 6)
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 6)
     cfg = json.dumps(ray_config(config, address=ray_cluster, job="procs"))
     procs = [subprocess.Popen([sys.executable, "-c", TRAINER, cfg, "6"],
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2"},
