@@ -502,16 +502,7 @@ def write_config(path: str, base: str, args, extra: dict) -> dict:
                      "tokens_column": "input_ids", "weight": float(1 + s % 4)}
                     for s in range(args.sources)],
     }
-    for key, value in extra.items():
-        if key.startswith("sources."):
-            for source in config["sources"]:
-                source[key[len("sources."):]] = value
-            continue
-        node = config
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
+    _sibling("many_sources").apply_overrides(config, extra)
     with open(path, "w") as f:
         json.dump(config, f, indent=1)
     return config

@@ -110,6 +110,14 @@ def write_config(path: str, base: str, sources: int, extra: dict) -> None:
                      "tokens_column": "input_ids",
                      "weight": float(1 + (s % 7))} for s in range(sources)],
     }
+    apply_overrides(config, extra)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def apply_overrides(config: dict, extra: dict) -> None:
+    """Sets each `--set KEY=VALUE` in `config`: a dotted key path, or `sources.KEY` on
+    every source."""
     for key, value in extra.items():
         if key.startswith("sources."):  # every source
             for source in config["sources"]:
@@ -120,8 +128,6 @@ def write_config(path: str, base: str, sources: int, extra: dict) -> None:
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
-    with open(path, "w") as f:
-        json.dump(config, f, indent=1)
 
 
 def proc_status(pid: int):
