@@ -18,8 +18,9 @@ so shared libraries and copy-on-write pages after a fork count once.
 Modes (MODES below): `baseline` (benchmarks/baseline.py: a DataLoader with --workers
 forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer, the
 embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
-this script starts: the trainers are Ray drivers, and Ray's daemons and the job's actors
-count as extra processes). A mode is a `Mode`: what it changes in the config, how a
+this script starts: Ray's daemons and the job's actors count as extra processes; the
+trainers receive through node delivery), `braid-ray-store` (the same with
+runtime.delivery: object_store: the trainers are Ray drivers). A mode is a `Mode`: what it changes in the config, how a
 trainer starts its loader, which extra PIDs count.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
@@ -163,10 +164,12 @@ def _start_braid(config_path, rank, world_size, args):
     return iter(loader), loader.close
 
 
-def _prepare_ray(config: dict, args, state: dict) -> dict:
+def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
     """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
     a small object store, token authentication off on loopback) and points the config
-    at it; the trainers join it as Ray drivers."""
+    at it. With `delivery` node the trainers attach through a short-lived helper process
+    (counted while it lives: it is a trainer's child) and receive through the node's
+    constructor; with object_store each trainer is a Ray driver."""
     import tempfile
 
     temp = tempfile.mkdtemp(prefix="braid-ray-bench-")
@@ -179,7 +182,7 @@ def _prepare_ray(config: dict, args, state: dict) -> dict:
                    check=True, capture_output=True, text=True)
     state["temp"] = temp
     runtime = {"kind": "ray", "address": f"127.0.0.1:{port}",
-               "namespace": f"bench{os.getpid()}"}
+               "namespace": f"bench{os.getpid()}", "delivery": delivery}
     return dict(config, runtime={**config.get("runtime", {}), **runtime})
 
 
@@ -224,6 +227,11 @@ MODES: Dict[str, Mode] = {
     # actors (planner, source actors, the node's constructor), all counted.
     "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
                       extra_pids=_ray_pids, cleanup=_cleanup_ray),
+    # The same with runtime.delivery: object_store (every trainer a Ray driver).
+    "braid-ray-store": Mode(
+        "braid-ray-store", _start_braid,
+        prepare=lambda c, a, s: _prepare_ray(c, a, s, delivery="object_store"),
+        extra_pids=_ray_pids, cleanup=_cleanup_ray),
 }
 
 

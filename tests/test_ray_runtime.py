@@ -45,12 +45,20 @@ def tp_config(small_dataset) -> dict:
     return config
 
 
+def node_sockets() -> List[str]:
+    """Braid's abstract Unix socket names open on this machine (node delivery)."""
+    with open("/proc/net/unix") as f:
+        return [line.split()[-1] for line in f if line.split()[-1].startswith("@braid-")]
+
+
+@pytest.mark.parametrize("delivery", ["node", "object_store"])
 def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
-        ray_cluster, small_dataset):
+        ray_cluster, small_dataset, delivery):
     config = tp_config(small_dataset)
     world = 4
     embedded = take_batches([braid.Loader(config, r, world) for r in range(world)], 12)
-    loaders = [braid.Loader(ray_config(config), r, world) for r in range(world)]
+    loaders = [braid.Loader(ray_config(config, delivery=delivery), r, world)
+               for r in range(world)]
     got = take_batches(loaders, 12)
     for r in range(world):
         assert_same_batches(got[r], embedded[r])
@@ -62,9 +70,15 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
     in_flight = 2
     assert status["constructor"]["built_buckets"] <= 2 * (steps + in_flight + 1)
     assert status["planner"]["clients"] == world
+    delivered = status["constructor"]["delivered"]
+    assert delivered >= 12 * world if delivery == "node" else delivered == 0
     for l in loaders:
         l.close()
     assert jobs.actor_names(job.name, job.namespace) == []
+    deadline = time.monotonic() + 30  # the killed constructor's socket goes with it
+    while node_sockets() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert node_sockets() == []
 
 
 def test_the_planner_can_serve_the_payloads_itself(ray_cluster, small_dataset):
@@ -111,10 +125,13 @@ def test_state_resumes_exactly_and_across_runtimes(ray_cluster, small_dataset):
         assert_same_batches(local_tail[r], tail[r])
 
 
-def test_actors_killed_mid_run_lose_and_repeat_nothing(ray_cluster, small_dataset):
+@pytest.mark.parametrize("delivery", ["node", "object_store"])
+def test_actors_killed_mid_run_lose_and_repeat_nothing(ray_cluster, small_dataset,
+                                                       delivery):
     config = small_dataset["config"]
     embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 24)
-    loaders = [braid.Loader(ray_config(config, job="kills"), r, 2) for r in range(2)]
+    loaders = [braid.Loader(ray_config(config, job="kills", delivery=delivery), r, 2)
+               for r in range(2)]
     its = [iter(l) for l in loaders]
     rng = random.Random(3)
     got: List[List[Dict]] = [[], []]
@@ -151,7 +168,12 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=False)
         got.append({n: t.numpy().copy() for n, t in next(it).items()})
     assert_same_batches(got, embedded)
+    # The restarted planner still knows the attached rank (Ray's key-value store), so a
+    # rank detaching after a restart stops the job only when it is the last one.
+    status = {a["role"]: a for a in jobs.status("roles", NAMESPACE)}
+    assert status["planner"]["clients"] == 1
     loader.close()
+    assert jobs.actor_names("roles", NAMESPACE) == []
 
 
 def test_stop_removes_a_crashed_jobs_actors(ray_cluster, small_dataset, tmp_path):
@@ -202,6 +224,7 @@ TRAINER = textwrap.dedent("""
         digests.append(h.hexdigest())
     loader.close()
     print("DIGESTS " + json.dumps(digests))
+    print("IMPORTED-RAY " + json.dumps("ray" in sys.modules))
 """)
 
 
@@ -232,6 +255,8 @@ def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, t
         assert p.returncode == 0, err[-3000:]
         line = next(l for l in out.splitlines() if l.startswith("DIGESTS "))
         assert json.loads(line[len("DIGESTS "):]) == digests(embedded[r])
+        # Node delivery (the default): the trainer never ran a Ray driver.
+        assert "IMPORTED-RAY false" in out.splitlines()
     assert jobs.actor_names("procs", NAMESPACE) == []
 
 

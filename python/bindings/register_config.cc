@@ -73,6 +73,9 @@ void RegisterConfig(nb::module_& m) {
                      }
                      d["actor_resources"] = resources;
                      d["shadow"] = r.shadow;
+                     d["delivery"] = r.delivery == RuntimeConfig::Delivery::kNode
+                                         ? "node"
+                                         : "object_store";
                      d["memory_bytes"] = MemoryBudgetBytes(c);
                      d["threads"] = ReadThreads(c);
                      return d;

@@ -8,7 +8,9 @@ between processes and supervises the actors:
   ``ConstructorActor`` (builds each bucket's micro-batches once per node).
 - ``job.py``: a job's named, detached actors: create or attach, status, stop.
 - ``client.py``: the trainer side, what ``braid.Loader`` iterates with
-  ``runtime: {kind: ray}``.
+  ``runtime: {kind: ray}``; ``node_delivery.py``, ``names.py`` and ``attach.py``: its
+  default channel (``runtime.delivery: node``), a Unix socket and shared-memory files
+  from the node's constructor, so the trainer process never imports Ray.
 
 Importing ``braid`` never imports Ray; this package imports it and fails with a clear
 message when it is missing (``pip install 'braid[ray]'``).

@@ -9,6 +9,7 @@ different sources, buckets and steps overlap.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import threading
 import time
@@ -17,13 +18,25 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from braid import _core
+from braid.ray_runtime import names as node_names
+from braid.ray_runtime import node_delivery
 from braid.ray_runtime._ray import ray
+# Ray's internal key-value store (private API of the pinned Ray version): the only
+# state of a job that outlives its actors' restarts (clients_key).
+from ray.experimental import internal_kv
 
 
 # The planner keeps the state before every _CHECKPOINT_EVERY-th step (the last
 # _CHECKPOINTS of them, and the job's start) to replay a dropped step from.
 _CHECKPOINT_EVERY = 16
 _CHECKPOINTS = 64
+
+
+def clients_key(namespace: str, job: str) -> str:
+    """The key, in Ray's internal key-value store (kept by the GCS), of the ids of the
+    ranks attached to job ``job``: a restarted planner still knows them, so the last rank
+    to detach, and only it, stops the job."""
+    return f"braid/{namespace}/{job}/clients"
 
 
 def _rss_bytes() -> int:
@@ -76,7 +89,11 @@ class PlannerActor(_PayloadHost):
         self._next = self._first
         self._horizon = self._first + self._ahead
         self._error: Optional[BaseException] = None
-        self._clients: set = set()
+        context = ray.get_runtime_context()
+        self._clients_key = clients_key(context.namespace,
+                                        context.get_actor_name().rsplit(".planner", 1)[0])
+        held = internal_kv._internal_kv_get(self._clients_key)
+        self._clients: set = set(json.loads(held)) if held else set()
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="braid-planner",
@@ -146,12 +163,21 @@ class PlannerActor(_PayloadHost):
     def attach(self, client: str) -> int:
         with self._cv:
             self._clients.add(client)
+            self._save_clients()
             return len(self._clients)
 
     def detach(self, client: str) -> int:
         with self._cv:
             self._clients.discard(client)
+            self._save_clients()
             return len(self._clients)
+
+    def _save_clients(self) -> None:
+        if self._clients:
+            internal_kv._internal_kv_put(self._clients_key,
+                                         json.dumps(sorted(self._clients)))
+        else:  # the job ends
+            internal_kv._internal_kv_del(self._clients_key)
 
     def status(self) -> Dict[str, Any]:
         with self._cv:
@@ -207,6 +233,10 @@ class ConstructorActor:
         self._shadow = bool(config.runtime["shadow"])
         self._failovers = 0  # requests also sent to a shadow
         self._fetch_s = 0.05  # a source actor's usual answer time (moving average)
+        self._delivered = 0  # views sent through node delivery
+        self._socket_name = ""
+        if config.runtime["delivery"] == "node":
+            self._listen()
 
     def _actor(self, name: str):
         return ray.get_actor(f"{self._job}.{name}", namespace=self._namespace)
@@ -313,32 +343,133 @@ class ConstructorActor:
         self._built += 1
         return plan, batches
 
+    def _view(self, key: Tuple, make) -> Tuple[Any, str, str]:
+        # (what `make` made of the view of `key`, state_before, state_after); the view
+        # is made once per key, for every TP rank that asks.
+        step, bucket, micro_batch, pp, cp, split_context = key
+        with self._lock:
+            if step > self._newest:
+                self._newest = step
+                for old in [k for k in self._builds if k[0] < step - self._keep]:
+                    del self._builds[old]
+                for old in [k for k in self._plans if k < step - self._keep]:
+                    del self._plans[old]
+                for old in [k for k in self._views if k[0] < step - self._keep]:
+                    self._release(self._views.pop(old))
+        for ahead in range(1, self._ahead + 1):
+            self._build(step + ahead, bucket)
+        with self._lock:
+            held = self._views.get(key)
+        plan, batches = self._build(step, bucket).result(timeout=self._timeout)
+        if held is None:
+            made = make(batches[micro_batch].view(self._config, 0, pp, cp, split_context),
+                        plan)
+            with self._lock:
+                held = self._views.setdefault(key, made)
+            if held is not made:
+                self._release(made)
+        return held, plan["state_before"], plan["state_after"]
+
+    @staticmethod
+    def _release(held: Any) -> None:
+        if isinstance(held, tuple):  # a view file of node delivery: (fd, size)
+            os.close(held[0])
+
     def get(self, step: int, bucket: int, micro_batch: int, pp: int, cp: int,
             split_context: bool) -> Tuple[List[Any], str, str]:
         """``([ref to the view's arrays], state_before, state_after)`` of micro-batch
         ``micro_batch`` of bucket ``bucket`` at step ``step`` for pipeline stage ``pp``,
-        context rank ``cp`` (the same for every TP rank)."""
-        with self._lock:
-            if step > self._newest:
-                self._newest = step
-                for key in [k for k in self._builds if k[0] < step - self._keep]:
-                    del self._builds[key]
-                for key in [k for k in self._plans if k < step - self._keep]:
-                    del self._plans[key]
-                for key in [k for k in self._views if k[0] < step - self._keep]:
-                    del self._views[key]
-        for ahead in range(1, self._ahead + 1):
-            self._build(step + ahead, bucket)
-        key = (step, bucket, micro_batch, pp, cp, split_context)
-        with self._lock:
-            ref = self._views.get(key)
-        plan, batches = self._build(step, bucket).result(timeout=self._timeout)
-        if ref is None:
-            view = batches[micro_batch].view(self._config, 0, pp, cp, split_context)
-            ref = ray.put(view)
-            with self._lock:
-                ref = self._views.setdefault(key, ref)
-        return [ref], plan["state_before"], plan["state_after"]
+        context rank ``cp`` (the same for every TP rank): ``delivery: object_store``."""
+        ref, before, after = self._view(
+            (step, bucket, micro_batch, pp, cp, split_context),
+            lambda view, plan: ray.put(view))
+        return [ref], before, after
+
+    # --- runtime.delivery: node (node_delivery.py) ---
+
+    def socket_name(self) -> str:
+        """The abstract socket name this node's trainer ranks connect to."""
+        return self._socket_name
+
+    def _listen(self) -> None:
+        # The host's name for this job, or (taken by another simulated node's
+        # constructor on this host) this node's; a restarted constructor takes its name
+        # back once its dead process released it.
+        names = [node_names.constructor_socket(self._namespace, self._job),
+                 node_names.node_constructor_socket(
+                     self._namespace, self._job, ray.get_runtime_context().get_node_id())]
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                self._listener = node_delivery.listen(names[0])
+                self._socket_name = names[0]
+                break
+            except OSError:
+                try:
+                    self._listener = node_delivery.listen(names[1])
+                    self._socket_name = names[1]
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+        threading.Thread(target=self._accept, name="braid-deliver-accept",
+                         daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            conn, _ = self._listener.accept()
+            threading.Thread(target=self._serve, args=(conn,), name="braid-deliver",
+                             daemon=True).start()
+
+    def _serve(self, conn) -> None:
+        # One trainer rank's connection: its requests answered in order.
+        with conn:
+            while True:
+                try:
+                    request, _ = node_delivery.receive(conn)
+                except OSError:
+                    return
+                if request is None:
+                    return
+                fds: List[int] = []
+                try:
+                    if request["op"] == "get":
+                        (fd, size), _, _ = self._view(tuple(request["key"]), self._file)
+                        reply, fds = {"size": size}, [fd]
+                        self._delivered += 1
+                    elif request["op"] == "attach":
+                        reply = {"clients": self._call_planner("attach", request["client"])}
+                    else:  # detach; the last one stops the job, this actor last
+                        reply = {"clients": self._call_planner("detach", request["client"])}
+                        if reply["clients"] == 0:
+                            self._stop_job(but_me=True)
+                except Exception as exc:  # noqa: BLE001 - raised again in the trainer
+                    reply = {"error": type(exc).__name__, "message": str(exc)[:8000]}
+                try:
+                    node_delivery.send(conn, reply, fds)
+                except OSError:
+                    return
+                if request["op"] == "detach" and reply.get("clients") == 0:
+                    self._stop_job(but_me=False)  # the rank waits for the socket to close
+
+    @staticmethod
+    def _file(view: Dict[str, np.ndarray], plan: Dict[str, Any]) -> Tuple[int, int]:
+        return node_delivery.write_view(view, plan["state_before"], plan["state_after"])
+
+    def _call_planner(self, method: str, client: str) -> int:
+        # A rank attaching or detaching through node delivery (it runs no Ray driver).
+        return ray.get(getattr(self._actor("planner"), method).remote(client),
+                       timeout=self._timeout)
+
+    def _stop_job(self, but_me: bool) -> None:
+        # The last rank detached: every other actor of the job, then this one.
+        from braid.ray_runtime import job as jobs
+        me = ray.get_runtime_context().get_actor_name()
+        if but_me:
+            jobs.stop(self._job, self._namespace, skip=me)
+        else:
+            ray.kill(ray.get_actor(me, namespace=self._namespace), no_restart=True)
 
     def status(self) -> Dict[str, Any]:
         with self._lock:
@@ -346,4 +477,5 @@ class ConstructorActor:
                     "node": ray.get_runtime_context().get_node_id(),
                     "newest_step": self._newest, "built_buckets": self._built,
                     "shadow_failovers": self._failovers,
-                    "held_builds": len(self._builds), "held_views": len(self._views)}
+                    "held_builds": len(self._builds), "held_views": len(self._views),
+                    "delivered": self._delivered}

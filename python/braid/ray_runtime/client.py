@@ -1,23 +1,253 @@
 """The trainer side of the Ray runtime: one rank's micro-batches from its node's
-constructor, in the embedded runtime's order, with the same state protocol."""
+constructor, in the embedded runtime's order, with the same state protocol.
+
+Two channels carry them (``runtime.delivery``): ``NodeChannel`` (a Unix socket and
+shared-memory files from the node's constructor; the trainer runs no Ray driver) and
+``ObjectStoreChannel`` (Ray's object store; the trainer joins Ray). This module imports
+Ray only for the second.
+"""
 
 from __future__ import annotations
 
 import atexit
+import collections
+import json
+import os
+import pickle
 import queue
+import subprocess
+import sys
 import threading
+import time
 import uuid
-from typing import Any, Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Deque, Dict, Optional, Tuple
 
 import numpy as np
 
 from braid import _core
-from braid.ray_runtime import job as jobs
-from braid.ray_runtime._ray import ray
+from braid.ray_runtime import names, node_delivery
 
 # Requests of one micro-batch before its error is raised: each retry follows the loss of
 # the constructor that held it (ray.exceptions.ObjectLostError).
 _ATTEMPTS = 4
+# What the attach helper process prints before its answer (Ray may log to stdout too).
+ATTACH_MARK = "BRAID-ATTACH "
+
+Key = Tuple[int, int, int, int, int, bool]  # step, bucket, micro-batch, pp, cp, split
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Which job a stream belongs to."""
+    name: str
+    namespace: str
+
+
+def _error(kind: str, message: str) -> BaseException:
+    # An error raised in another process, raised here as the same Braid error type.
+    cls = {"ConfigError": _core.ConfigError, "DataError": _core.DataError,
+           "TimeoutError": TimeoutError}.get(kind, RuntimeError)
+    return cls(message)
+
+
+def _ray_in_process() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+class ObjectStoreChannel:
+    """``runtime.delivery: object_store``: this process is a Ray driver and fetches each
+    view from the object store (zero-copy on the constructor's node)."""
+
+    def __init__(self, config: "_core.Config", state_json: str, client: str,
+                 start_local: bool) -> None:
+        from braid.ray_runtime import job as jobs
+        from braid.ray_runtime._ray import ray
+        self._ray, self._jobs = ray, jobs
+        self._timeout = float(config.runtime["timeout_s"])
+        jobs.connect(config, start_local=start_local)
+        self._client = client
+        self._job = jobs.attach(config, state_json, client)
+        self.job = JobRef(self._job.name, self._job.namespace)
+
+    def request(self, key: Key):
+        return self._job.constructor.get.remote(*key)
+
+    def fetch(self, key: Key, ref) -> Tuple[Dict[str, np.ndarray], str, str]:
+        ray = self._ray
+        for attempt in range(_ATTEMPTS):
+            (inner,), before, after = ray.get(ref, timeout=self._timeout)
+            try:
+                arrays = ray.get(inner, timeout=self._timeout)
+                break
+            except ray.exceptions.ObjectLostError:
+                # The constructor that put it died (its objects went with it): ask the
+                # restarted one, which builds the same bytes again.
+                if attempt + 1 == _ATTEMPTS:
+                    raise
+                ref = self.request(key)
+        # Copies: the stored view is shared by the group's TP ranks and read-only.
+        return {name: np.array(a) for name, a in arrays.items()}, before, after
+
+    def close(self) -> None:
+        self._jobs.detach(self._job, self._client)
+
+
+def attach_in_helper(config: "_core.Config", state_json: str, client: str,
+                     timeout_s: float) -> Dict[str, str]:
+    """Attaches ``client`` from a short-lived helper process that joins Ray, creates or
+    finds the job's actors and prints the node constructor's socket name; this process
+    never imports Ray. Returns ``{"job", "namespace", "socket"}``."""
+    payload = pickle.dumps({"config": config, "state": state_json, "client": client,
+                            "timeout_s": timeout_s})
+    try:
+        done = subprocess.run([sys.executable, "-m", "braid.ray_runtime.attach"],
+                              input=payload, capture_output=True, timeout=timeout_s + 60,
+                              cwd=os.getcwd())
+    except subprocess.TimeoutExpired as exc:
+        raise TimeoutError(f"runtime: attaching to the Ray job took over "
+                           f"{timeout_s + 60:.0f} s") from exc
+    for line in done.stdout.decode(errors="replace").splitlines():
+        if line.startswith(ATTACH_MARK):
+            answer = json.loads(line[len(ATTACH_MARK):])
+            if "error" in answer:
+                raise _error(answer["error"], answer["message"])
+            return answer
+    tail = done.stderr.decode(errors="replace").strip().splitlines()[-20:]
+    raise RuntimeError("runtime: the Ray attach helper exited with status "
+                       f"{done.returncode} and no answer:\n" + "\n".join(tail))
+
+
+class NodeChannel:
+    """``runtime.delivery: node``: micro-batches from the node's constructor through a
+    Unix socket, each view in a shared-memory file (``node_delivery``).
+
+    Requests go out as soon as they are made; replies come back in order. When the
+    constructor dies, the channel connects to its restarted process (same socket name)
+    and sends the unanswered requests again: they are keyed, so the bytes are the same.
+    """
+
+    def __init__(self, config: "_core.Config", state_json: str, client: str,
+                 start_local: bool) -> None:
+        self._timeout = float(config.runtime["timeout_s"])
+        self._client = client
+        if _ray_in_process() or start_local:
+            # This process already is (or must be) a Ray driver: attach from here.
+            from braid.ray_runtime import job as jobs
+            from braid.ray_runtime._ray import ray
+            jobs.connect(config, start_local=start_local)
+            job = jobs.attach(config, state_json, client)
+            answer = {"job": job.name, "namespace": job.namespace,
+                      "socket": ray.get(job.constructor.socket_name.remote(),
+                                        timeout=self._timeout)}
+        else:
+            answer = self._attach_without_ray(config, state_json)
+        self.job = JobRef(answer["job"], answer["namespace"])
+        self._name = answer["socket"]
+        self._unanswered: Deque[Key] = collections.deque()
+        self._sock = self._connect()
+
+    def _attach_without_ray(self, config: "_core.Config", state_json: str) -> Dict[str, str]:
+        # Through the job's constructor on this host when it runs; else one rank of the
+        # host (the one that binds the attach lock) starts the job from a helper process
+        # while the others wait for the constructor's socket.
+        ns, job = config.runtime["namespace"], names.job_name(config, state_json)
+        name = names.constructor_socket(ns, job)
+        deadline = time.monotonic() + self._timeout + 60
+        while True:
+            answer = self._attach_through(name, ns, job)
+            if answer is not None:
+                return answer
+            try:
+                lock = node_delivery.bind(names.attach_lock(ns, job))
+            except OSError:  # another rank is starting the job
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"runtime: job {job} did not start on this host "
+                                       f"within {self._timeout + 60:.0f} s") from None
+                time.sleep(0.05)
+                continue
+            with lock:
+                return (self._attach_through(name, ns, job)
+                        or attach_in_helper(config, state_json, self._client,
+                                            self._timeout))
+
+    def _attach_through(self, name: str, ns: str, job: str) -> Optional[Dict[str, str]]:
+        try:
+            sock = node_delivery.connect(name, self._timeout)
+        except OSError:
+            return None
+        with sock:
+            node_delivery.send(sock, {"op": "attach", "client": self._client})
+            reply, _ = node_delivery.receive(sock)
+        if reply is None:
+            return None  # the constructor died meanwhile
+        if "error" in reply:
+            raise _error(reply["error"], reply["message"])
+        return {"job": job, "namespace": ns, "socket": name}
+
+    def _connect(self):
+        # The constructor may be restarting: try until runtime.timeout_s.
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                return node_delivery.connect(self._name, self._timeout)
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"runtime: no constructor of job {self.job.name} on this node "
+                        f"answered within {self._timeout} s ({exc})") from exc
+                time.sleep(0.05)
+
+    def _reconnect(self) -> None:
+        self._sock.close()
+        self._sock = self._connect()
+        for key in self._unanswered:
+            node_delivery.send(self._sock, {"op": "get", "key": list(key)})
+
+    def request(self, key: Key) -> None:
+        self._unanswered.append(key)
+        try:
+            node_delivery.send(self._sock, {"op": "get", "key": list(key)})
+        except OSError:
+            self._reconnect()
+
+    def fetch(self, key: Key, _handle: None) -> Tuple[Dict[str, np.ndarray], str, str]:
+        assert self._unanswered[0] == key, "replies come in request order"
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                reply, fds = node_delivery.receive(self._sock)
+            except TimeoutError as exc:  # socket.timeout
+                raise TimeoutError(f"runtime: step {key[0]} micro-batch {key[2]}: no "
+                                   f"answer within {self._timeout} s") from exc
+            except ConnectionError:
+                reply, fds = None, []
+            if reply is not None:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"runtime: step {key[0]}: the constructor kept "
+                                   f"closing the connection for {self._timeout} s")
+            self._reconnect()  # the constructor died: ask its restarted process
+        self._unanswered.popleft()
+        if "error" in reply:
+            raise _error(reply["error"], reply["message"])
+        return node_delivery.read_view(fds[0], int(reply["size"]))
+
+    def close(self) -> None:
+        # Detached through the constructor (the last rank to detach stops the job).
+        try:
+            sock = node_delivery.connect(self._name, self._timeout)
+            with sock:
+                node_delivery.send(sock, {"op": "detach", "client": self._client})
+                reply, _ = node_delivery.receive(sock)
+                if reply is not None and reply.get("clients") == 0:
+                    # The last rank: the constructor stopped the job's other actors
+                    # and now ends itself; its socket closes when it is gone.
+                    node_delivery.receive(sock)
+        except OSError:
+            pass  # the job is gone, or stopped by `braid stop`
+        self._sock.close()
 
 
 class RayStream:
@@ -26,8 +256,7 @@ class RayStream:
     Duck-types ``_core.Engine`` for ``braid.Loader``: ``next()``, ``state_json()``,
     ``stop()``. A receiver thread keeps about two steps of micro-batches requested and
     fetched ahead, so ``next()`` only takes a ready one (the trainer's compute overlaps
-    the transfers). Arrays are copied out of the object store, writable, as the
-    embedded runtime's are (the stored view is shared by the group's TP ranks).
+    the transfers). Arrays are writable copies, as the embedded runtime's are.
     """
 
     def __init__(self, config: "_core.Config", bucket: int, coords: Tuple[int, int, int],
@@ -39,9 +268,10 @@ class RayStream:
         self._state_json = state_json
         self._received: Optional[Tuple[str, str, int, int]] = None
         self._timeout = float(config.runtime["timeout_s"])
-        jobs.connect(config, start_local=start_local)
-        self._client = uuid.uuid4().hex
-        self._job = jobs.attach(config, state_json, self._client)
+        self._client: Optional[str] = uuid.uuid4().hex
+        channel = NodeChannel if config.runtime["delivery"] == "node" \
+            else ObjectStoreChannel
+        self._channel = channel(config, state_json, self._client, start_local)
         atexit.register(self.stop)
         step, index = _core.state_position(config, state_json)
         depth = max(4, 2 * config.micro_batches_per_rank_at(step))
@@ -53,26 +283,17 @@ class RayStream:
         self._receiver.start()
 
     @property
-    def job(self) -> "jobs.Job":
-        return self._job
+    def job(self) -> JobRef:
+        return self._channel.job
+
+    def _key(self, step: int, index: int) -> Key:
+        return (step, self._bucket, index, self._pp, self._cp, self._split)
 
     def _request(self, step: int, index: int):
-        return self._job.constructor.get.remote(step, self._bucket, index, self._pp,
-                                                self._cp, self._split)
+        return self._channel.request(self._key(step, index))
 
-    def _fetch(self, step: int, index: int, ref) -> Tuple[Any, ...]:
-        for attempt in range(_ATTEMPTS):
-            (inner,), before, after = ray.get(ref, timeout=self._timeout)
-            try:
-                arrays = ray.get(inner, timeout=self._timeout)
-                break
-            except ray.exceptions.ObjectLostError:
-                # The constructor that put it died (its objects went with it): ask the
-                # restarted one, which builds the same bytes again.
-                if attempt + 1 == _ATTEMPTS:
-                    raise
-                ref = self._request(step, index)
-        out = {name: np.array(a) for name, a in arrays.items()}
+    def _fetch(self, step: int, index: int, handle) -> Tuple[Any, ...]:
+        out, before, after = self._channel.fetch(self._key(step, index), handle)
         return step, index, out, before, after
 
     def _put(self, item: Tuple[Any, ...]) -> bool:
@@ -143,5 +364,5 @@ class RayStream:
         self._receiver.join(timeout=self._timeout)
         atexit.unregister(self.stop)
         if self._client is not None:
-            client, self._client = self._client, None
-            jobs.detach(self._job, client)
+            self._client = None
+            self._channel.close()

@@ -14,29 +14,19 @@ the job. ``stop(JOB)`` removes a crashed job's actors.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from braid import _core
 from braid.ray_runtime._ray import ray
-from braid.ray_runtime.actors import ConstructorActor, PlannerActor, SourceActor
+from braid.ray_runtime.actors import (ConstructorActor, PlannerActor, SourceActor,
+                                     clients_key, internal_kv)
+from braid.ray_runtime.names import job_name
 
 _Planner = ray.remote(PlannerActor)
 _Sources = ray.remote(SourceActor)
 _Constructor = ray.remote(ConstructorActor)
-
-
-def job_name(config: "_core.Config", state_json: str) -> str:
-    """``runtime.job``, else derived from what makes the stream (see the module doc)."""
-    rt = config.runtime
-    if rt["job"]:
-        return rt["job"]
-    key = json.dumps([config.fingerprint(), config.topology, json.loads(state_json)],
-                     sort_keys=True)
-    return "braid-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def keep_steps(config: "_core.Config") -> int:
@@ -137,9 +127,11 @@ def actor_names(name: str, namespace: str) -> List[str]:
                   if a["namespace"] == namespace and a["name"].startswith(name + "."))
 
 
-def stop(name: str, namespace: str) -> List[str]:
-    """Kills every actor of job ``name`` (also a crashed job's); returns their names."""
-    names = actor_names(name, namespace)
+def stop(name: str, namespace: str, skip: Optional[str] = None) -> List[str]:
+    """Kills every actor of job ``name`` (also a crashed job's) but ``skip`` (the
+    caller's own, when an actor stops its job); returns their names."""
+    names = [n for n in actor_names(name, namespace) if n != skip]
+    internal_kv._internal_kv_del(clients_key(namespace, name))
     for actor_name in names:
         try:
             ray.kill(ray.get_actor(actor_name, namespace=namespace), no_restart=True)

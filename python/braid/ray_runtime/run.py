@@ -24,6 +24,8 @@ def run_job(config: "_core.Config", steps: int,
     streams = [RayStream(config, b, (0, 0, 0), True, state, start_local=True)
                for b in range(int(config.topology["buckets"]))]
     job = streams[0].job
+    planner = ray.get_actor(f"{job.name}.planner", namespace=job.namespace)
+    timeout_s = float(config.runtime["timeout_s"])
     try:
         recorder = _core.RunRecorder(config)
         last = t0
@@ -34,8 +36,7 @@ def run_job(config: "_core.Config", steps: int,
                     tokens += stream.next()["input_ids"].size
                     micro_batches += 1
             now = time.monotonic()
-            plan = ray.get(job.planner.plan.remote(step, job.timeout_s),
-                           timeout=job.timeout_s)
+            plan = ray.get(planner.plan.remote(step, timeout_s), timeout=timeout_s)
             recorder.add_step(plan["figures"], tokens, micro_batches, now - last, now - t0)
             last = now
             if progress is not None:

@@ -833,7 +833,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
                                  "threads", "memory_bytes", "address", "namespace", "job",
                                  "source_actors", "steps_in_flight", "timeout_s",
-                                 "actor_resources", "shadow"}));
+                                 "actor_resources", "shadow", "delivery"}));
     if (rt["kind"]) {
       ARROW_ASSIGN_OR_RAISE(std::string kind,
                             Scalar<std::string>(rt["kind"], "runtime.kind", "a string"));
@@ -864,6 +864,14 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
         return ConfigError("runtime.source_actors",
                            "must be >= 0 (0: the planner actor serves the payloads)");
       }
+    }
+    if (rt["delivery"]) {
+      ARROW_ASSIGN_OR_RAISE(
+          c.runtime.delivery,
+          Enum<RuntimeConfig::Delivery>(
+              rt["delivery"], "runtime.delivery",
+              {{"node", RuntimeConfig::Delivery::kNode},
+               {"object_store", RuntimeConfig::Delivery::kObjectStore}}));
     }
     if (rt["steps_in_flight"]) {
       ARROW_ASSIGN_OR_RAISE(c.runtime.steps_in_flight,

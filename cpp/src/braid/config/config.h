@@ -251,6 +251,11 @@ struct RuntimeConfig {
   /// runtime.shadow: a hot-standby copy of each source actor, spread to another node;
   /// a constructor whose fetch finds the source actor dead asks its shadow at once.
   bool shadow = false;
+  /// runtime.delivery: how a trainer receives its micro-batches from its node's
+  /// constructor. kNode: a Unix socket and one shared-memory file per view, so the
+  /// trainer runs no Ray driver; kObjectStore: Ray's object store (the trainer joins Ray).
+  enum class Delivery : int8_t { kNode, kObjectStore };
+  Delivery delivery = Delivery::kNode;
   // --- end distributed runtime ---
 };
 

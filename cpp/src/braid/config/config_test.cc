@@ -275,6 +275,7 @@ TEST(ConfigTest, RayRuntimeKeys) {
   EXPECT_EQ(c->runtime.source_actors, 3);
   EXPECT_EQ(c->runtime.steps_in_flight, 4);
   EXPECT_DOUBLE_EQ(c->runtime.timeout_s, 30.5);
+  EXPECT_EQ(c->runtime.delivery, RuntimeConfig::Delivery::kNode);  // the default
   ASSERT_EQ(c->runtime.actor_resources.size(), 2u);
   EXPECT_EQ(c->runtime.actor_resources[0].first, "loaders");
   EXPECT_DOUBLE_EQ(c->runtime.actor_resources[1].second, 1.0);
@@ -296,6 +297,10 @@ TEST(ConfigTest, RayRuntimeKeys) {
                     "runtime.actor_resources");
   ExpectConfigError("runtime: {kind: ray, actor_resources: {gpu: -1}}\n" + Minimal(),
                     "runtime.actor_resources.gpu");
+  auto store = ParseConfig("runtime: {kind: ray, delivery: object_store}\n" + Minimal(), "/b");
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ(store->runtime.delivery, RuntimeConfig::Delivery::kObjectStore);
+  ExpectConfigError("runtime: {kind: ray, delivery: tcp}\n" + Minimal(), "runtime.delivery");
   ExpectConfigError("runtime: {kind: ray, shadowing: true}\n" + Minimal(),
                     "runtime.shadowing", "unknown key");
   EXPECT_TRUE(ParseConfig("runtime: {kind: ray, shadow: true}\n" + Minimal(), "/b").ok());
