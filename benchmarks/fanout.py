@@ -8,8 +8,9 @@ Per rank count (dp = ranks / tp, --ranks-per-node ranks per node, one constructo
 node serving the buckets of its ranks) and per scheme:
 
   direct/bucket  what the runtime does today: each node's constructor asks the planner
-                 for the whole step plan, then per bucket it builds calls each source
-                 actor that hosts a source with pieces in that bucket
+                 for the slice of the step plan holding its buckets, then per bucket
+                 it builds calls each source actor that hosts a source with pieces in
+                 that bucket
   direct/node    the same fetches batched per node and step: one call per (node, source
                  actor) with pieces in any of the node's buckets
   fwd/G          nodes in groups of G; the group's first node is its relay: it asks the
@@ -88,7 +89,7 @@ class Tally:
         self.total_msgs = 0
         self.total_bytes = 0
         self.piece_bytes = 0  # piece replies out of the source actors
-        self.sliced_plan_bytes = 0  # direct: the planner's bytes with per-node slices
+        self.whole_plan_bytes = 0  # direct: the planner's bytes with whole plans
 
     def call(self, caller, callee, request_bytes: int, reply_bytes: int) -> None:
         self.msgs[caller] += 2
@@ -114,7 +115,7 @@ class Tally:
             "peers": max(len(self.callers[("src", k)]) for k in range(actors)),
             "src_bytes": self.piece_bytes,
             "plan_bytes": self.bytes_out["planner"], "total_bytes": self.total_bytes,
-            "sliced_plan_bytes": self.sliced_plan_bytes,
+            "whole_plan_bytes": self.whole_plan_bytes,
             "per_node": node, "per_source_actor": src,
         }
 
@@ -126,12 +127,11 @@ class StepParts:
     def __init__(self, step: Dict, num_sources: int, source_actor_of: List[int],
                  services=None) -> None:
         plan = step["plan"]
+        self.plan = plan
         self.plan_words = len(plan)
         self.state_bytes = len(step["state_before"].encode()) + \
             len(step["state_after"].encode())
-        buckets = int(plan[2])
-        offsets = plan[3:3 + buckets + 1]
-        self.bucket_words = np.diff(offsets).astype(np.int64)
+        buckets = int(plan[2])  # a whole plan: every bucket held, in order
         # by_bucket[b][actor] = [pieces, request bytes, reply bytes]
         self.by_bucket: List[Dict[int, List[int]]] = []
         self.verified = 0
@@ -162,9 +162,9 @@ class StepParts:
             self.by_bucket.append(per_actor)
 
     def slice_bytes(self, buckets: List[int]) -> int:
-        """Bytes of a plan message of only `buckets` (same format), plus the states."""
-        words = 3 + len(buckets) + 1 + int(self.bucket_words[buckets].sum())
-        return 8 * words + self.state_bytes
+        """Bytes of the plan's slice holding `buckets` (what the planner sends a node's
+        constructor: _core.slice_step_plan), plus the states."""
+        return _core.slice_step_plan(self.plan, buckets).nbytes + self.state_bytes
 
     def full_plan_bytes(self) -> int:
         return 8 * self.plan_words + self.state_bytes
@@ -187,8 +187,10 @@ def count_direct(parts: StepParts, node_buckets: List[List[int]], per_bucket: bo
     t = Tally()
     for n, buckets in enumerate(node_buckets):
         node = ("node", n)
-        t.call(node, "planner", _SMALL_REQUEST, parts.full_plan_bytes())
-        t.sliced_plan_bytes += parts.slice_bytes(buckets)
+        # The runtime sends each node the slice of its buckets (SliceStepPlan); the
+        # whole plan to every node, as before slices, is counted aside.
+        t.call(node, "planner", _SMALL_REQUEST, parts.slice_bytes(buckets))
+        t.whole_plan_bytes += parts.full_plan_bytes()
         groups = [[b] for b in buckets] if per_bucket else [buckets]
         for group in groups:
             for actor, (_, req, rep) in sorted(merged(parts, group).items()):
@@ -285,8 +287,8 @@ def print_table(result: Dict) -> None:
               f"{mean(rows, 'node_max_bytes') / 1e6:>8.1f} "
               f"{mean(rows, 'total_bytes') / 1e6:>9.1f}", flush=True)
     rows = result["per_step"]["direct/node"]
-    print(f"  (direct with per-node plan slices instead of the whole plan: MB plan "
-          f"{mean(rows, 'sliced_plan_bytes') / 1e6:.1f})", flush=True)
+    print(f"  (direct with the whole plan to every node, as before plan slices: MB plan "
+          f"{mean(rows, 'whole_plan_bytes') / 1e6:.1f})", flush=True)
 
 
 def main() -> int:

@@ -4,8 +4,9 @@ R trainer processes (spawned, each importing torch and braid as a trainer does) 
 micro-batches from `braid.Loader` and "train" on each for --step-ms / micro-batches per
 step (a sleep). Per runtime it prints the fraction of wall time the trainers spent
 waiting in next() after the first step (start-up excluded), and the mean and p90
-latency of next(). The ratio ray / embedded of the mean latency is printed last; both
-runtimes run in this one invocation on the same data (braid's demo dataset).
+latency of next(). The ratios ray / embedded of the mean latency are printed last (`ray`:
+node delivery, the default; `ray-store`: runtime.delivery object_store); all run in this
+one invocation on the same data (braid's demo dataset).
 
     PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/ray_delivery.py \
         [--ranks 2] [--steps 20] [--step-ms 200] [--seq-len 2048] [--micro-batches 4] \
@@ -98,7 +99,10 @@ def main() -> None:
     results = {"embedded": run(config, args)}
     ray_config = dict(config, runtime={"kind": "ray", "address": address,
                                        "steps_in_flight": args.steps_in_flight})
-    results["ray"] = run(ray_config, args)
+    results["ray"] = run(ray_config, args)  # runtime.delivery: node, the default
+    store_config = dict(config, runtime={**ray_config["runtime"],
+                                         "delivery": "object_store"})
+    results["ray-store"] = run(store_config, args)
     ray.shutdown()
     print(f"{args.ranks} trainer ranks, {args.steps} steps of {args.step_ms:.0f} ms, "
           f"{args.micro_batches} micro-batches of {args.seq_len} tokens per rank per step")
@@ -106,9 +110,12 @@ def main() -> None:
     for name, r in results.items():
         print(f"{name:<10} {100 * r['wait_fraction']:>7.2f}% {r['mean_ms']:>9.2f} "
               f"{r['p90_ms']:>8.2f}")
-    ratio = results["ray"]["mean_ms"] / max(results["embedded"]["mean_ms"], 1e-9)
-    print(f"ratio ray / embedded (mean next() latency): {ratio:.2f}")
-    print(json.dumps({**results, "latency_ratio": ratio}))
+    ratios = {name: results[name]["mean_ms"] / max(results["embedded"]["mean_ms"], 1e-9)
+              for name in ("ray", "ray-store")}
+    for name, ratio in ratios.items():
+        print(f"ratio {name} / embedded (mean next() latency): {ratio:.2f}")
+    print(json.dumps({**results, "latency_ratio": ratios["ray"],
+                      "latency_ratio_store": ratios["ray-store"]}))
 
 
 if __name__ == "__main__":

@@ -250,6 +250,14 @@ void RegisterService(nb::module_& m) {
           return b;
         },
         nb::arg("plan"), nb::arg("bucket"));
+  m.def("slice_step_plan",
+        [](Int64Array plan, std::vector<int64_t> buckets) {
+          return OwnedArray(
+              ValueOrThrow(SliceStepPlan(plan.data(), plan.shape(0), buckets)));
+        },
+        nb::arg("plan"), nb::arg("buckets"),
+        "The part of an encoded plan holding `buckets` only (what a node's constructor "
+        "needs); decode_bucket refuses the others.");
   m.def("client_state_json",
         [](const Config& config, const std::string& before, const std::string& after,
            int64_t consumed, int64_t per_step) {

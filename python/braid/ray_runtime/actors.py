@@ -125,8 +125,16 @@ class PlannerActor(_PayloadHost):
                     del self._plans[old]
                 self._cv.notify_all()
 
-    def plan(self, step: int, timeout_s: float) -> Dict[str, Any]:
-        """Step ``step``'s plan (wire message and states); waits while it is planned."""
+    def plan(self, step: int, timeout_s: float,
+             buckets: Optional[List[int]] = None) -> Dict[str, Any]:
+        """Step ``step``'s plan (wire message and states), of ``buckets`` only when given
+        (a node's constructor: ``_core.slice_step_plan``); waits while it is planned."""
+        whole = self._whole_plan(step, timeout_s)
+        if buckets is None:
+            return whole
+        return dict(whole, plan=_core.slice_step_plan(whole["plan"], buckets))
+
+    def _whole_plan(self, step: int, timeout_s: float) -> Dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         with self._cv:
             self._horizon = max(self._horizon, step + self._ahead)
@@ -205,9 +213,10 @@ class ConstructorActor:
     """Builds the micro-batches of the buckets its node's trainer ranks ask for, once per
     (step, bucket), and serves every rank of a DP group its view from that one build.
 
-    Each view is put in the object store once; TP peers (same view) get the same object.
-    Steps are built ``steps_in_flight`` ahead of the newest step asked for; built steps
-    older than ``keep_steps`` behind it are dropped.
+    Each view is written once (a shared-memory file, or an object-store object); TP peers
+    (same view) get the same one. Steps are built ``steps_in_flight`` ahead of the newest
+    step asked for; builds and views older than ``keep_steps`` (``job.keep_builds``)
+    behind it are dropped, and built again if a rank that far behind asks.
     """
 
     def __init__(self, config: "_core.Config", job: str, namespace: str,
@@ -223,7 +232,10 @@ class ConstructorActor:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="braid-construct")
         self._lock = threading.Lock()
-        self._plans: Dict[int, concurrent.futures.Future] = {}  # step -> plan
+        # (step, bucket) -> the step's plan sliced to the node's buckets
+        self._plans: Dict[Tuple[int, int], concurrent.futures.Future] = {}
+        self._buckets: set = set()  # the buckets this node's ranks asked for
+        self._plan_bytes = 0  # plan messages received
         self._builds: Dict[Tuple[int, int], concurrent.futures.Future] = {}
         self._views: Dict[Tuple, Any] = {}
         self._newest = -1
@@ -241,30 +253,42 @@ class ConstructorActor:
     def _actor(self, name: str):
         return ray.get_actor(f"{self._job}.{name}", namespace=self._namespace)
 
-    def _plan(self, step: int) -> Dict[str, Any]:
-        # Fetched by the first thread that needs it (never through the pool, whose
-        # threads wait for plans); the others wait for that one.
+    def _plan(self, step: int, bucket: int) -> Dict[str, Any]:
+        # Step `step`'s plan, sliced to the buckets this node's ranks have asked for so
+        # far (one request per step, not the whole plan to every node). Fetched by the
+        # first thread that needs it (never through the pool, whose threads wait for
+        # plans); the others wait for that one.
         with self._lock:
-            fut = self._plans.get(step)
+            self._buckets.add(bucket)
+            fut = self._plans.get((step, bucket))
             owner = fut is None
             if owner:
-                fut = concurrent.futures.Future()
-                self._plans[step] = fut
+                wanted = sorted(b for b in self._buckets if (step, b) not in self._plans)
+                futs = {b: concurrent.futures.Future() for b in wanted}
+                self._plans.update(((step, b), f) for b, f in futs.items())
+                fut = futs[bucket]
         if owner:
             try:
-                fut.set_result(self._fetch_plan(step))
+                plan = self._fetch_plan(step, wanted)
             except BaseException as exc:
                 with self._lock:  # a later request tries again
-                    if self._plans.get(step) is fut:
-                        del self._plans[step]
-                fut.set_exception(exc)
+                    for b, f in futs.items():
+                        if self._plans.get((step, b)) is f:
+                            del self._plans[(step, b)]
+                for f in futs.values():
+                    f.set_exception(exc)
+            else:
+                for f in futs.values():
+                    f.set_result(plan)
         return fut.result(timeout=self._timeout)
 
-    def _fetch_plan(self, step: int) -> Dict[str, Any]:
+    def _fetch_plan(self, step: int, buckets: List[int]) -> Dict[str, Any]:
         if self._planner is None:
             self._planner = self._actor("planner")
-        return ray.get(self._planner.plan.remote(step, self._timeout),
+        plan = ray.get(self._planner.plan.remote(step, self._timeout, buckets),
                        timeout=self._timeout + 5)
+        self._plan_bytes += plan["plan"].nbytes
+        return plan
 
     def _build(self, step: int, bucket: int) -> concurrent.futures.Future:
         with self._lock:
@@ -325,7 +349,7 @@ class ConstructorActor:
         raise error or TimeoutError(f"sources.{actor}: no answer within {self._timeout} s")
 
     def _construct(self, step: int, bucket: int) -> Tuple[Dict[str, Any], List[Any]]:
-        plan = self._plan(step)
+        plan = self._plan(step, bucket)
         part = _core.decode_bucket(plan["plan"], bucket)
         by_actor: Dict[int, Dict[int, np.ndarray]] = {}
         for source, req in enumerate(part.requests(self._num_sources)):
@@ -352,7 +376,7 @@ class ConstructorActor:
                 self._newest = step
                 for old in [k for k in self._builds if k[0] < step - self._keep]:
                     del self._builds[old]
-                for old in [k for k in self._plans if k < step - self._keep]:
+                for old in [k for k in self._plans if k[0] < step - self._keep]:
                     del self._plans[old]
                 for old in [k for k in self._views if k[0] < step - self._keep]:
                     self._release(self._views.pop(old))
@@ -478,4 +502,4 @@ class ConstructorActor:
                     "newest_step": self._newest, "built_buckets": self._built,
                     "shadow_failovers": self._failovers,
                     "held_builds": len(self._builds), "held_views": len(self._views),
-                    "delivered": self._delivered}
+                    "delivered": self._delivered, "plan_bytes": self._plan_bytes}

@@ -30,10 +30,20 @@ _Constructor = ray.remote(ConstructorActor)
 
 
 def keep_steps(config: "_core.Config") -> int:
-    """Steps of plans and builds kept behind the newest one asked for."""
+    """Steps of plans the planner keeps behind the newest one asked for."""
     # The trainers request about 2 steps ahead, the constructors build steps_in_flight
     # ahead of that and the planner plans one further.
     return 2 * int(config.runtime["steps_in_flight"]) + 6
+
+
+def keep_builds(config: "_core.Config") -> int:
+    """Steps of builds and views a constructor keeps behind the newest one asked for.
+
+    Fewer than the planner's plans: the ranks of a node move within about a step of each
+    other, and a rank further behind only costs a rebuild (the same bytes, from the
+    planner's plan). Each kept step holds every bucket's micro-batches of the node.
+    """
+    return int(config.runtime["steps_in_flight"]) + 2
 
 
 def connect(config: "_core.Config", start_local: bool = False) -> None:
@@ -104,7 +114,7 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     constructor = _Constructor.options(
         **_options(f"{name}.constructor.{node[:16]}", ns,
                    scheduling_strategy=affinity(node_id=node, soft=False))
-    ).remote(config, name, ns, source_actor_of, keep)
+    ).remote(config, name, ns, source_actor_of, keep_builds(config))
     job = Job(name, ns, planner, sources, constructor, float(rt["timeout_s"]))
     ray.get(planner.attach.remote(client), timeout=job.timeout_s)
     return job

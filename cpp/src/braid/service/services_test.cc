@@ -59,7 +59,11 @@ class ServicesTest : public ::testing::Test {
       if (!plan.ok()) return out;
       const std::vector<int64_t> message = EncodeStepPlan(*plan);
       for (int64_t b = 0; b < config.topology.buckets(); ++b) {
-        auto part = DecodeBucket(message.data(), message.size(), b);
+        // As a constructor receives it: the slice of its node's buckets.
+        auto slice = SliceStepPlan(message.data(), message.size(), {b});
+        EXPECT_TRUE(slice.ok()) << slice.status().ToString();
+        if (!slice.ok()) return out;
+        auto part = DecodeBucket(slice->data(), slice->size(), b);
         EXPECT_TRUE(part.ok()) << part.status().ToString();
         if (!part.ok()) return out;
         const auto requests = PieceRequests(*part, b, n);
@@ -186,6 +190,39 @@ TEST_F(ServicesTest, EncodedPlansRoundTripEveryBucket) {
   }
 }
 
+TEST_F(ServicesTest, APlanSliceHoldsItsBucketsExactlyAndRefusesTheOthers) {
+  Config config = *config_;
+  ASSERT_TRUE(SetDataParallel(&config, 4).ok());
+  auto planner = PlannerService::Make(config, Planner::InitialState(config));
+  ASSERT_TRUE(planner.ok()) << planner.status().ToString();
+  auto plan = (*planner)->Next();
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const auto message = EncodeStepPlan(*plan);
+  auto slice = SliceStepPlan(message.data(), message.size(), {3, 1, 3});
+  ASSERT_TRUE(slice.ok()) << slice.status().ToString();
+  EXPECT_LT(slice->size(), message.size());
+  // A slice of the slice, as a constructor might keep one bucket of it.
+  auto one = SliceStepPlan(slice->data(), slice->size(), {3});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  for (int64_t b = 0; b < 4; ++b) {
+    auto whole = DecodeBucket(message.data(), message.size(), b);
+    ASSERT_TRUE(whole.ok());
+    auto sliced = DecodeBucket(slice->data(), slice->size(), b);
+    if (b == 1 || b == 3) {
+      ASSERT_TRUE(sliced.ok()) << sliced.status().ToString();
+      EXPECT_EQ(EncodeStepPlan(*sliced), EncodeStepPlan(*whole)) << "bucket " << b;
+    } else {
+      ASSERT_FALSE(sliced.ok());
+      EXPECT_THAT(sliced.status().message(), HasSubstr("not in this slice"));
+    }
+  }
+  auto three = DecodeBucket(one->data(), one->size(), 3);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  EXPECT_EQ(EncodeStepPlan(*three),
+            EncodeStepPlan(*DecodeBucket(message.data(), message.size(), 3)));
+  EXPECT_FALSE(DecodeBucket(one->data(), one->size(), 1).ok());
+}
+
 TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
   auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
   ASSERT_TRUE(planner.ok());
@@ -200,6 +237,10 @@ TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
   auto no_bucket = DecodeBucket(message.data(), message.size(), 1000);
   ASSERT_FALSE(no_bucket.ok());
   EXPECT_THAT(no_bucket.status().message(), HasSubstr("no bucket 1000"));
+  EXPECT_FALSE(SliceStepPlan(message.data(), message.size(), {1000}).ok());
+  for (size_t cut = 0; cut < message.size(); cut += 7) {
+    EXPECT_FALSE(SliceStepPlan(message.data(), cut, {0}).ok()) << "cut at " << cut;
+  }
 
   auto part = DecodeBucket(message.data(), message.size(), 0);
   ASSERT_TRUE(part.ok());

@@ -1,5 +1,6 @@
 #include "braid/service/wire.h"
 
+#include <algorithm>
 #include <string>
 
 namespace braid {
@@ -35,7 +36,8 @@ class Reader {
 
 std::vector<int64_t> EncodeStepPlan(const StepPlan& plan) {
   const int64_t buckets = static_cast<int64_t>(plan.ranks.size());
-  std::vector<int64_t> out = {plan.step, plan.seq_len, buckets};
+  std::vector<int64_t> out = {plan.step, plan.seq_len, buckets, buckets};
+  for (int64_t b = 0; b < buckets; ++b) out.push_back(b);
   const size_t offsets_at = out.size();
   out.resize(out.size() + size_t(buckets) + 1);
   for (int64_t b = 0; b < buckets; ++b) {
@@ -57,22 +59,94 @@ std::vector<int64_t> EncodeStepPlan(const StepPlan& plan) {
   return out;
 }
 
-Result<std::pair<int64_t, int64_t>> EncodedStepAndBuckets(const int64_t* data,
-                                                          size_t size) {
-  if (size < 3 || data[2] < 0 || size < 3 + size_t(data[2]) + 1) {
+namespace {
+
+// The header of an encoded plan, checked: held buckets ascending and in range, section
+// offsets ascending and inside the message.
+struct Header {
+  int64_t step = 0;
+  int64_t buckets = 0;
+  int64_t held = 0;
+  const int64_t* ids = nullptr;      // held bucket numbers
+  const int64_t* offsets = nullptr;  // held + 1
+  size_t size = 0;                   // words of the header
+};
+
+Result<Header> ReadHeader(const int64_t* data, size_t size) {
+  if (size < 4 || data[2] < 0 || data[3] < 0 || data[3] > data[2] ||
+      size < 4 + 2 * size_t(data[3]) + 1) {
     return Malformed("no header");
   }
-  return std::make_pair(data[0], data[2]);
+  Header h;
+  h.step = data[0];
+  h.buckets = data[2];
+  h.held = data[3];
+  h.ids = data + 4;
+  h.offsets = data + 4 + h.held;
+  h.size = 4 + 2 * size_t(h.held) + 1;
+  for (int64_t k = 0; k < h.held; ++k) {
+    if (h.ids[k] < 0 || h.ids[k] >= h.buckets || (k > 0 && h.ids[k] <= h.ids[k - 1])) {
+      return Malformed("bad bucket numbers");
+    }
+  }
+  for (int64_t k = 0; k <= h.held; ++k) {
+    const int64_t at = h.offsets[k];
+    if (at < int64_t(h.size) || at > int64_t(size) || (k > 0 && at < h.offsets[k - 1])) {
+      return Malformed("bad bucket offsets");
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+Result<std::pair<int64_t, int64_t>> EncodedStepAndBuckets(const int64_t* data,
+                                                          size_t size) {
+  ARROW_ASSIGN_OR_RAISE(Header h, ReadHeader(data, size));
+  return std::make_pair(h.step, h.buckets);
+}
+
+Result<std::vector<int64_t>> SliceStepPlan(const int64_t* data, size_t size,
+                                           const std::vector<int64_t>& buckets) {
+  ARROW_ASSIGN_OR_RAISE(Header h, ReadHeader(data, size));
+  std::vector<int64_t> wanted = buckets;
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  std::vector<int64_t> at;  // index of each wanted bucket among the held ones
+  for (const int64_t b : wanted) {
+    const int64_t* found = std::lower_bound(h.ids, h.ids + h.held, b);
+    if (found == h.ids + h.held || *found != b) {
+      return Malformed("no bucket " + std::to_string(b) + " (it holds " +
+                       std::to_string(h.held) + " of " + std::to_string(h.buckets) + ")");
+    }
+    at.push_back(found - h.ids);
+  }
+  const int64_t held = static_cast<int64_t>(wanted.size());
+  std::vector<int64_t> out = {data[0], data[1], h.buckets, held};
+  out.insert(out.end(), wanted.begin(), wanted.end());
+  const size_t offsets_at = out.size();
+  out.resize(out.size() + size_t(held) + 1);
+  for (int64_t k = 0; k < held; ++k) {
+    out[offsets_at + size_t(k)] = static_cast<int64_t>(out.size());
+    out.insert(out.end(), data + h.offsets[at[size_t(k)]],
+               data + h.offsets[at[size_t(k)] + 1]);
+  }
+  out[offsets_at + size_t(held)] = static_cast<int64_t>(out.size());
+  return out;
 }
 
 Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket) {
-  ARROW_ASSIGN_OR_RAISE(auto header, EncodedStepAndBuckets(data, size));
-  if (bucket < 0 || bucket >= header.second) {
+  ARROW_ASSIGN_OR_RAISE(Header h, ReadHeader(data, size));
+  if (bucket < 0 || bucket >= h.buckets) {
     return Malformed("no bucket " + std::to_string(bucket) + " (it holds " +
-                     std::to_string(header.second) + ")");
+                     std::to_string(h.buckets) + ")");
   }
-  const int64_t at = data[3 + bucket];
-  if (at < 0 || static_cast<size_t>(at) >= size) return Malformed("bad bucket offset");
+  const int64_t* found = std::lower_bound(h.ids, h.ids + h.held, bucket);
+  if (found == h.ids + h.held || *found != bucket) {
+    return Malformed("bucket " + std::to_string(bucket) + " is not in this slice");
+  }
+  const int64_t at = h.offsets[found - h.ids];
+  if (static_cast<size_t>(at) >= size) return Malformed("bad bucket offset");
   StepPlan plan;
   plan.step = data[0];
   plan.seq_len = data[1];

@@ -2,8 +2,9 @@
 // docs/distributed.md): plain int64 / int32 / uint8 arrays, so a transport moves them as
 // NumPy buffers without pickling objects.
 //
-//   planner -> constructors   EncodeStepPlan: one step's pieces, every bucket; a
-//                             constructor decodes only its buckets (DecodeBucket)
+//   planner -> constructors   EncodeStepPlan: one step's pieces, every bucket, sent to
+//                             each node as the slice of its buckets (SliceStepPlan); a
+//                             constructor decodes one bucket at a time (DecodeBucket)
 //   constructor -> loaders    PieceRequests: per source, the pieces of one bucket
 //   loaders -> constructor    PieceReply: each piece's tokens, plus the next one (its
 //                             label), and the loss mask over them
@@ -31,16 +32,24 @@ inline constexpr int64_t kPieceFields = 8;
 /// Fields of one request of PieceRequests: file, row, start, len, doc_tokens.
 inline constexpr int64_t kRequestFields = 5;
 
-/// One step's plan for every bucket: [step, seq_len, buckets, bucket offsets (buckets + 1,
-/// into the array)], then per bucket [micro_batches, per micro-batch [sequences, per
-/// sequence [pieces, kPieceFields per piece]]].
+/// One step's plan for every bucket: [step, seq_len, buckets, held, the held buckets'
+/// numbers (ascending), their sections' offsets into the array (held + 1)], then per held
+/// bucket [micro_batches, per micro-batch [sequences, per sequence [pieces, kPieceFields
+/// per piece]]]. A whole plan holds every bucket; a slice (SliceStepPlan) some.
 std::vector<int64_t> EncodeStepPlan(const StepPlan& plan);
 
-/// The step of an encoded plan, and its number of buckets. Fails (data error) on a
-/// message too short to hold them.
+/// The step of an encoded plan, and its number of buckets (held or not). Fails (data
+/// error) on a message too short to hold its header.
 Result<std::pair<int64_t, int64_t>> EncodedStepAndBuckets(const int64_t* data, size_t size);
 
-/// Bucket `bucket` of an encoded plan as a StepPlan whose `ranks[bucket]` holds its
+/// The part of an encoded plan that a node's constructor needs: the sections of
+/// `buckets` only, in the same format (DecodeBucket refuses the others). A node of 8
+/// ranks receives about 8/dp of the plan instead of all of it. Fails (data error) on a
+/// malformed message or a bucket it does not hold.
+Result<std::vector<int64_t>> SliceStepPlan(const int64_t* data, size_t size,
+                                           const std::vector<int64_t>& buckets);
+
+/// Bucket `bucket` of an encoded plan (or of a slice holding it) as a StepPlan whose `ranks[bucket]` holds its
 /// micro-batches (the other ranks empty; no payloads, no states). Fails (data error) on a
 /// malformed message or a bucket it does not hold.
 Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket);
