@@ -284,3 +284,65 @@ def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
     stop = braid_cli("stop", "nothing-here", "--namespace", NAMESPACE,
                      "--address", ray_cluster)
     assert stop.returncode == 0 and "stopped 0 actors" in stop.stdout
+
+
+@pytest.fixture(scope="module")
+def caption_config(tmp_path_factory) -> dict:
+    """An image-caption source (PNG images of a few sizes, some rows with two) mixed with
+    text, one micro-batch of 2,048 tokens per rank and step, dp 2."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from braid import _core
+
+    root = tmp_path_factory.mktemp("ray_captions")
+    rng = random.Random(5)
+    words = "a chart of loaders and planners with arrows boxes and colours".split()
+    text = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 30))) + "."
+            for _ in range(200)]
+    model = _core.train_tiny_sentencepiece(text, str(root / "tok"), 60)
+
+    def png() -> bytes:
+        img = Image.new("RGB", (rng.randint(20, 90), rng.randint(20, 90)),
+                        tuple(rng.randrange(256) for _ in range(3)))
+        out = io.BytesIO()
+        img.save(out, format="PNG")
+        return out.getvalue()
+
+    images = [[png() for _ in range(2 if rng.random() < 0.2 else 1)] for _ in range(60)]
+    pq.write_table(pa.table({"image": pa.array(images, pa.list_(pa.binary())),
+                             "caption": [rng.choice(text) for _ in images]}),
+                   root / "captions.parquet", row_group_size=20)
+    pq.write_table(pa.table({"text": [" ".join(rng.choice(text) for _ in range(8))
+                                      for _ in range(80)]}),
+                   root / "text.parquet", row_group_size=20)
+    return {
+        "seed": 3,
+        "topology": {"dp": 2, "tp": 1, "pp": 1, "cp": 1},
+        "batch": {"global_tokens": 4096, "seq_len": 2048, "micro_batch_size": 1},
+        "balance": {"cost": {"attn": 1.0, "linear": 2048, "vision": 8}},
+        "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+        "sources": [
+            {"name": "captions", "path": str(root / "captions.parquet"), "weight": 0.6,
+             "image_column": "image", "text_column": "caption", "oversize": "skip",
+             "image": {"patch_size": 14, "image_token_id": 1000}},
+            {"name": "text", "path": str(root / "text.parquet"), "weight": 0.4,
+             "text_column": "text"}],
+    }
+
+
+def test_image_caption_sources_arrive_whole_on_ray(ray_cluster, caption_config):
+    """Images travel from the source actor to the constructor with their pieces (grid and
+    pixels): every rank gets the embedded runtime's tensors, pixel_values included."""
+    embedded = take_batches([braid.Loader(caption_config, r, 2) for r in range(2)], 10)
+    assert any("pixel_values" in b for rank in embedded for b in rank)
+    loaders = [braid.Loader(ray_config(caption_config, job="captions"), r, 2)
+               for r in range(2)]
+    got = take_batches(loaders, 10)
+    for r in range(2):
+        assert_same_batches(got[r], embedded[r])
+    for l in loaders:
+        l.close()

@@ -30,6 +30,7 @@ namespace {
 using Int64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Int32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using UInt8Array = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using FloatArray = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 // A 1-D NumPy array that owns `values` (moved to the heap, freed with the array).
 template <typename T>
@@ -158,11 +159,17 @@ void RegisterService(nb::module_& m) {
              PieceReply r = ValueOrThrow(std::move(reply));
              nb::object mask = r.loss_mask.empty() ? nb::none()
                                                    : OwnedArray(std::move(r.loss_mask));
+             nb::object images = nb::none(), pixels = nb::none();
+             if (!r.images.empty()) {
+               images = OwnedArray(std::move(r.images));
+               pixels = OwnedArray(std::move(r.pixels));
+             }
              return nb::make_tuple(OwnedArray(std::move(r.tokens)),
-                                   OwnedArray(std::move(r.offsets)), mask);
+                                   OwnedArray(std::move(r.offsets)), mask, images, pixels);
            },
            nb::arg("requests"),
-           "(tokens int32, offsets int64, loss_mask uint8 or None) for the requests.")
+           "(tokens int32, offsets int64, loss_mask uint8 or None, images int64 or None, "
+           "pixels float32 or None) for the requests: BucketPlan.attach's arguments.")
       .def_prop_ro("cached_bytes", &PayloadService::cached_bytes);
   m.def("make_payload_service",
         [](const Config& config, int32_t source, int64_t cache_bytes) {
@@ -219,15 +226,23 @@ void RegisterService(nb::module_& m) {
            nb::arg("num_sources"), "Per source, its pieces' requests (int64 arrays).")
       .def("attach",
            [](BucketPlan& b, int32_t source, Int32Array tokens, Int64Array offsets,
-              std::optional<UInt8Array> mask) {
+              std::optional<UInt8Array> mask, std::optional<Int64Array> images,
+              std::optional<FloatArray> pixels) {
              auto reply = std::make_shared<PieceReply>();
              reply->tokens.assign(tokens.data(), tokens.data() + tokens.shape(0));
              reply->offsets.assign(offsets.data(), offsets.data() + offsets.shape(0));
              if (mask) reply->loss_mask.assign(mask->data(), mask->data() + mask->shape(0));
+             if (images) {
+               reply->images.assign(images->data(), images->data() + images->shape(0));
+             }
+             if (pixels) {
+               reply->pixels.assign(pixels->data(), pixels->data() + pixels->shape(0));
+             }
              ThrowIfError(AttachPieces(&b.plan, b.bucket, source, std::move(reply)));
            },
            nb::arg("source"), nb::arg("tokens"), nb::arg("offsets"),
-           nb::arg("loss_mask").none())
+           nb::arg("loss_mask").none(), nb::arg("images").none() = nb::none(),
+           nb::arg("pixels").none() = nb::none())
       .def("build",
            [](const BucketPlan& b, int64_t micro_batch) {
              if (micro_batch < 0 ||

@@ -52,7 +52,8 @@ class _PayloadHost:
         self._requests = 0
 
     def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
-        """Per source, ``(tokens, offsets, loss_mask or None)`` for its piece requests."""
+        """Per source, ``(tokens, offsets, loss_mask, images, pixels)`` (None where a
+        source has none) for its piece requests."""
         self._requests += 1
         return {i: self._services[i].fetch(r) for i, r in requests.items()}
 
@@ -361,8 +362,8 @@ class ConstructorActor:
                 replies = self._hedged(actor, reqs, call)
             else:
                 replies = ray.get(call, timeout=self._timeout)
-            for source, (tokens, offsets, mask) in replies.items():
-                part.attach(source, tokens, offsets, mask)
+            for source, reply in replies.items():
+                part.attach(source, *reply)  # tokens, offsets, mask, images, pixels
         batches = [part.build(mb) for mb in range(part.micro_batches)]
         self._built += 1
         return plan, batches

@@ -1133,15 +1133,6 @@ Status CheckTopology(const Topology& t) {
 }
 
 Status ValidateConfig(const Config& c) {
-  if (c.runtime.kind == RuntimeConfig::Kind::kRay) {
-    for (size_t i = 0; i < c.sources.size(); ++i) {
-      if (!c.sources[i].image_column.empty()) {
-        return ConfigError(Index("sources", i) + ".image_column",
-                           "runtime.kind: ray does not serve image payloads yet; use the "
-                           "local runtime for image-caption sources");
-      }
-    }
-  }
   const auto& b = c.batch;
   if (b.global_tokens % b.seq_len != 0) {
     return ConfigError("batch.global_tokens",

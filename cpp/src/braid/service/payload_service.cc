@@ -144,11 +144,6 @@ Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
     const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
     ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row));
     const std::string& path = files_->files()[size_t(file)].path;
-    if (!payload->images.empty()) {
-      return DataError(DataLocation(path, -1, row),
-                       "image payloads are not served to other processes yet (use the "
-                       "embedded runtime for image sources)");
-    }
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
     if (start < 0 || len < 0 || start + len > doc_tokens || doc_tokens > have) {
       return DataError(DataLocation(path, -1, row),
@@ -170,6 +165,26 @@ Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
                              payload->loss_mask.begin() + end);
     } else if (masked) {
       reply.loss_mask.insert(reply.loss_mask.end(), size_t(end - start), 1);
+    }
+    // The images whose placeholders lie in the piece's own tokens (the planner cuts a
+    // document after its image tokens, so an image is never split between pieces).
+    for (size_t i = 0; i < payload->images.size(); ++i) {
+      const ImagePatches& image = payload->images[i];
+      const int64_t at = payload->image_start[i];
+      const int64_t end_at = at + image.num_patches();
+      const int64_t overlap =
+          std::max<int64_t>(0, std::min(end_at, start + len) - std::max(at, start));
+      if (overlap == 0 && image.num_patches() > 0) continue;
+      if (overlap != image.num_patches()) {  // as the embedded constructor refuses it
+        return DataError(DataLocation(path, -1, row),
+                         "an image was split (the piece holds " + std::to_string(overlap) +
+                             " of its " + std::to_string(image.num_patches()) +
+                             " placeholder tokens); set oversize: skip or raise seq_len");
+      }
+      reply.images.insert(reply.images.end(),
+                          {k, at - start, image.grid_h, image.grid_w,
+                           static_cast<int64_t>(image.pixels.size())});
+      reply.pixels.insert(reply.pixels.end(), image.pixels.begin(), image.pixels.end());
     }
     reply.offsets.push_back(static_cast<int64_t>(reply.tokens.size()));
   }

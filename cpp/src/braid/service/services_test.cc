@@ -253,6 +253,16 @@ TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
     auto reply = (*service)->Fetch(requests[size_t(i)].data(),
                                    int64_t(requests[size_t(i)].size()) / kRequestFields);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    // Images the reply does not tie to a requested piece, or whose placeholders or
+    // pixels lie outside what the reply holds, are refused too.
+    for (const std::vector<int64_t>& images :
+         {std::vector<int64_t>{999, 0, 1, 1, 0}, std::vector<int64_t>{0, 0, 1, 1, 12},
+          std::vector<int64_t>{0, 1 << 20, 1, 1, 0}, std::vector<int64_t>{0, 0, 1}}) {
+      auto bad = std::make_shared<PieceReply>(*reply);
+      bad->images = images;
+      const Status st = AttachPieces(&*part, 0, i, bad);
+      EXPECT_FALSE(st.ok()) << images[0] << " " << images[1];
+    }
     reply->tokens.pop_back();
     for (size_t k = 1; k < reply->offsets.size(); ++k) {
       reply->offsets[k] = std::max<int64_t>(0, reply->offsets[k] - 1);

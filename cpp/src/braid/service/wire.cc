@@ -210,6 +210,12 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
   if (masked && reply->loss_mask.size() != reply->tokens.size()) {
     return DataError(where, "loss mask and tokens differ in length");
   }
+  if (reply->images.size() % size_t(kImageFields) != 0) {
+    return DataError(where, "image fields are not a multiple of " +
+                                std::to_string(kImageFields));
+  }
+  size_t next_image = 0;  // in reply->images, by piece order
+  int64_t next_pixel = 0;
   size_t k = 0;
   for (MicroBatch& mb : plan->ranks[size_t(bucket)].micro_batches) {
     for (Sequence& seq : mb.sequences) {
@@ -235,6 +241,25 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
           payload->loss_mask.assign(reply->loss_mask.begin() + begin,
                                     reply->loss_mask.begin() + end);
         }
+        for (; next_image < reply->images.size() &&
+               reply->images[next_image] == int64_t(k - 1);
+             next_image += size_t(kImageFields)) {
+          const int64_t* f = reply->images.data() + next_image;
+          ImagePatches image;
+          image.grid_h = static_cast<int32_t>(f[2]);
+          image.grid_w = static_cast<int32_t>(f[3]);
+          if (f[1] < 0 || f[2] < 0 || f[3] < 0 || f[4] < 0 ||
+              f[1] + image.num_patches() > want ||
+              next_pixel + f[4] > static_cast<int64_t>(reply->pixels.size())) {
+            return DataError(where, "piece " + std::to_string(k - 1) +
+                                        ": an image outside its tokens or pixels");
+          }
+          image.pixels.assign(reply->pixels.begin() + next_pixel,
+                              reply->pixels.begin() + next_pixel + f[4]);
+          next_pixel += f[4];
+          payload->image_start.push_back(f[1]);
+          payload->images.push_back(std::move(image));
+        }
         d.payload = PayloadRef(TokenPayload(std::move(payload)));
         d.doc_tokens = want;
         d.start = 0;
@@ -243,6 +268,10 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
   }
   if (k + 1 != reply->offsets.size()) {
     return DataError(where, "holds more pieces than requested");
+  }
+  if (next_image != reply->images.size() ||
+      next_pixel != static_cast<int64_t>(reply->pixels.size())) {
+    return DataError(where, "holds images of no requested piece");
   }
   return Status::OK();
 }

@@ -7,7 +7,8 @@
 //                             constructor decodes one bucket at a time (DecodeBucket)
 //   constructor -> loaders    PieceRequests: per source, the pieces of one bucket
 //   loaders -> constructor    PieceReply: each piece's tokens, plus the next one (its
-//                             label), and the loss mask over them
+//                             label), the loss mask over them, and the images whose
+//                             placeholders the piece holds (grid and pixels)
 //
 // A piece travels as kPieceFields int64: source, file, row, epoch, start, len,
 // doc_tokens, image_tokens (DocPiece's fields). A fetched piece is attached to the decoded
@@ -59,13 +60,21 @@ Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket);
 std::vector<std::vector<int64_t>> PieceRequests(const StepPlan& plan, int64_t bucket,
                                                 int32_t num_sources);
 
+/// Fields of one image of a PieceReply: piece, start (of its placeholders within the
+/// piece's tokens), grid_h, grid_w, pixel count.
+inline constexpr int64_t kImageFields = 5;
+
 /// What a source's payload service returns for one PieceRequests list: piece k's tokens
 /// are tokens[offsets[k], offsets[k + 1]); loss_mask is empty (every token a target) or
-/// one 0/1 per token.
+/// one 0/1 per token. `images` (kImageFields int64 each, in piece order) are the images
+/// whose placeholders lie in a piece's own tokens; their pixels follow each other in
+/// `pixels`.
 struct PieceReply {
   std::vector<int32_t> tokens;
   std::vector<int64_t> offsets{0};
   std::vector<uint8_t> loss_mask;
+  std::vector<int64_t> images;
+  std::vector<float> pixels;
 };
 
 /// Attaches a source's reply to the pieces of `plan->ranks[bucket]` from `source`, in
