@@ -176,6 +176,29 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
     assert jobs.actor_names("roles", NAMESPACE) == []
 
 
+def test_a_restarted_planner_resumes_from_its_last_committed_state(ray_cluster,
+                                                                    small_dataset):
+    """Past a checkpoint (every 16th step), a killed planner restarts from the state
+    it committed to Ray's key-value store, not from the job's start; same stream."""
+    config = copy.deepcopy(small_dataset["config"])
+    config["topology"] = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
+    config["batch"]["global_tokens"] = 32  # one micro-batch per step
+    embedded = take_batches([braid.Loader(config, 0, 1)], 44)[0]
+    loader = braid.Loader(ray_config(config, job="committed"), 0, 1)
+
+    def kill_planner_at(i: int) -> None:
+        if i == 38:  # step 38: the planner committed step 32's state
+            ray.kill(ray.get_actor("committed.planner", namespace=NAMESPACE),
+                     no_restart=False)
+
+    got = take_batches([loader], 44, on_micro_batch=kill_planner_at)[0]
+    assert_same_batches(got, embedded)
+    status = {a["role"]: a for a in jobs.status("committed", NAMESPACE)}
+    assert status["planner"]["restored_from"] == 32
+    loader.close()
+    assert jobs.actor_names("committed", NAMESPACE) == []
+
+
 def test_stop_removes_a_crashed_jobs_actors(ray_cluster, small_dataset, tmp_path):
     """A trainer killed with SIGKILL never detaches: its job's actors stay until
     `braid stop JOB` removes them."""

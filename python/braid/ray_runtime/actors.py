@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from braid import _core
-from braid.ray_runtime import names as node_names
+from braid.ray_runtime import names
 from braid.ray_runtime import node_delivery
 from braid.ray_runtime._ray import ray
 # Ray's internal key-value store (private API of the pinned Ray version): the only
@@ -30,6 +30,8 @@ from ray.experimental import internal_kv
 # _CHECKPOINTS of them, and the job's start) to replay a dropped step from.
 _CHECKPOINT_EVERY = 16
 _CHECKPOINTS = 64
+# Of them, the newest committed to Ray's key-value store (checkpoints_key).
+_COMMITTED = 4
 
 
 def clients_key(namespace: str, job: str) -> str:
@@ -37,6 +39,17 @@ def clients_key(namespace: str, job: str) -> str:
     ranks attached to job ``job``: a restarted planner still knows them, so the last rank
     to detach, and only it, stops the job."""
     return f"braid/{namespace}/{job}/clients"
+
+
+def checkpoints_key(namespace: str, job: str) -> str:
+    """The key of job ``job``'s committed planner states (the start's and the newest
+    _COMMITTED checkpoints): a restarted planner resumes from the newest one."""
+    return f"braid/{namespace}/{job}/checkpoints"
+
+
+def job_keys(namespace: str, job: str) -> List[str]:
+    """Every key a job keeps in Ray's key-value store (removed when it stops)."""
+    return [clients_key(namespace, job), checkpoints_key(namespace, job)]
 
 
 def _rss_bytes() -> int:
@@ -68,8 +81,9 @@ class PlannerActor(_PayloadHost):
     Plans whole steps in order, ``steps_in_flight`` ahead of the newest step asked for,
     and keeps the last ``keep_steps`` plans for constructors that ask again. An older
     step is planned again from the nearest checkpoint state before it (a restarted
-    constructor, a rank far behind); a restarted planner starts again from the job's
-    start state. Either way the plan is a pure function of config, seed and state, so
+    constructor, a rank far behind). Every checkpoint is committed to Ray's key-value
+    store, so a restarted planner resumes from the newest committed one (not from the
+    job's start). Either way the plan is a pure function of config, seed and state, so
     a step comes back identical.
     """
 
@@ -80,21 +94,29 @@ class PlannerActor(_PayloadHost):
         self._config = config
         self._keep = keep_steps
         self._ahead = int(config.runtime["steps_in_flight"]) + 1
-        self._service = _core.make_planner_service(config, state_json)
         self._first = _core.state_position(config, state_json)[0]
         self._plans: Dict[int, Dict[str, Any]] = {}
         # States to replay dropped steps from: the start's and every
         # _CHECKPOINT_EVERY-th step's (the last _CHECKPOINTS of them).
         self._checkpoints: Dict[int, str] = {self._first: state_json}
-        self._replays = 0
-        self._next = self._first
-        self._horizon = self._first + self._ahead
-        self._error: Optional[BaseException] = None
         context = ray.get_runtime_context()
-        self._clients_key = clients_key(context.namespace,
-                                        context.get_actor_name().rsplit(".planner", 1)[0])
-        held = internal_kv._internal_kv_get(self._clients_key)
-        self._clients: set = set(json.loads(held)) if held else set()
+        job = context.get_actor_name().rsplit(".planner", 1)[0]
+        self._clients_key = clients_key(context.namespace, job)
+        self._checkpoints_key = checkpoints_key(context.namespace, job)
+        # What the kept entries belong to: this job (config, topology, start), not an
+        # earlier one of the same name whose actors were removed without `braid stop`.
+        self._tag = names.job_tag(config, state_json)
+        self._clients: set = set(self._load(self._clients_key) or [])
+        committed = self._load(self._checkpoints_key)
+        if committed:  # a restart: resume from the newest committed state
+            self._checkpoints.update({int(k): v for k, v in committed.items()})
+        self._restored_from = max(self._checkpoints)
+        self._service = _core.make_planner_service(
+            config, self._checkpoints[self._restored_from])
+        self._replays = 0
+        self._next = self._restored_from
+        self._horizon = self._next + self._ahead
+        self._error: Optional[BaseException] = None
         self._cv = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="braid-planner",
@@ -121,6 +143,10 @@ class PlannerActor(_PayloadHost):
                     self._checkpoints[plan["step"]] = plan["state_before"]
                     for old in sorted(self._checkpoints)[1:-_CHECKPOINTS]:
                         del self._checkpoints[old]  # the start stays
+                    kept = sorted(self._checkpoints)
+                    self._store(self._checkpoints_key,
+                                {k: self._checkpoints[k]
+                                 for k in kept[:1] + kept[1:][-_COMMITTED:]})
                 self._next = plan["step"] + 1
                 for old in [s for s in self._plans if s < self._next - self._keep]:
                     del self._plans[old]
@@ -144,8 +170,8 @@ class PlannerActor(_PayloadHost):
                 if step < self._first:
                     raise _core.ConfigError(
                         f"step {step}: before the job's first step {self._first}")
-                if step < self._next - self._keep:
-                    break  # dropped: replayed below, outside the lock
+                if step < self._next:
+                    break  # dropped (or before a restore): replayed below
                 if self._error is not None:
                     raise self._error
                 left = deadline - time.monotonic()
@@ -181,19 +207,29 @@ class PlannerActor(_PayloadHost):
             self._save_clients()
             return len(self._clients)
 
+    def _load(self, key: str) -> Any:
+        held = internal_kv._internal_kv_get(key)
+        if not held:
+            return None
+        entry = json.loads(held)
+        return entry["value"] if entry.get("job") == self._tag else None
+
+    def _store(self, key: str, value: Any) -> None:
+        internal_kv._internal_kv_put(key, json.dumps({"job": self._tag, "value": value}))
+
     def _save_clients(self) -> None:
         if self._clients:
-            internal_kv._internal_kv_put(self._clients_key,
-                                         json.dumps(sorted(self._clients)))
+            self._store(self._clients_key, sorted(self._clients))
         else:  # the job ends
-            internal_kv._internal_kv_del(self._clients_key)
+            for key in (self._clients_key, self._checkpoints_key):
+                internal_kv._internal_kv_del(key)
 
     def status(self) -> Dict[str, Any]:
         with self._cv:
             return {"role": "planner", "pid": os.getpid(), "rss_bytes": _rss_bytes(),
                     "node": ray.get_runtime_context().get_node_id(),
                     "planned_through": self._next - 1, "held_steps": len(self._plans),
-                    "replayed_steps": self._replays,
+                    "replayed_steps": self._replays, "restored_from": self._restored_from,
                     "clients": len(self._clients),
                     **(self._payload_status() if self._services else {})}
 
@@ -420,24 +456,23 @@ class ConstructorActor:
         # The host's name for this job, or (taken by another simulated node's
         # constructor on this host) this node's; a restarted constructor takes its name
         # back once its dead process released it.
-        names = [node_names.constructor_socket(self._namespace, self._job),
-                 node_names.node_constructor_socket(
-                     self._namespace, self._job, ray.get_runtime_context().get_node_id())]
+        node = ray.get_runtime_context().get_node_id()
+        candidates = [names.constructor_socket(self._namespace, self._job),
+                      names.node_constructor_socket(self._namespace, self._job, node)]
         deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                self._listener = node_delivery.listen(names[0])
-                self._socket_name = names[0]
-                break
-            except OSError:
+        while not self._socket_name:
+            for name in candidates:
                 try:
-                    self._listener = node_delivery.listen(names[1])
-                    self._socket_name = names[1]
+                    self._listener = node_delivery.listen(name)
+                    self._socket_name = name
                     break
                 except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+                    continue
+            else:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"constructor: socket names {candidates} stayed "
+                                       f"taken for {self._timeout} s")
+                time.sleep(0.05)
         threading.Thread(target=self._accept, name="braid-deliver-accept",
                          daemon=True).start()
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from braid import _core
 from braid.ray_runtime._ray import ray
 from braid.ray_runtime.actors import (ConstructorActor, PlannerActor, SourceActor,
-                                     clients_key, internal_kv)
+                                     internal_kv, job_keys)
 from braid.ray_runtime.names import job_name
 
 _Planner = ray.remote(PlannerActor)
@@ -141,7 +141,8 @@ def stop(name: str, namespace: str, skip: Optional[str] = None) -> List[str]:
     """Kills every actor of job ``name`` (also a crashed job's) but ``skip`` (the
     caller's own, when an actor stops its job); returns their names."""
     names = [n for n in actor_names(name, namespace) if n != skip]
-    internal_kv._internal_kv_del(clients_key(namespace, name))
+    for key in job_keys(namespace, name):
+        internal_kv._internal_kv_del(key)
     for actor_name in names:
         try:
             ray.kill(ray.get_actor(actor_name, namespace=namespace), no_restart=True)

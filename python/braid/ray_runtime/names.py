@@ -13,15 +13,18 @@ import json
 from braid import _core
 
 
-def job_name(config: "_core.Config", state_json: str) -> str:
-    """``runtime.job``, else ``braid-`` and a hash of the config's fingerprint, topology
-    and start state: the ranks of one job find the same actors, another job never does."""
-    rt = config.runtime
-    if rt["job"]:
-        return rt["job"]
+def job_tag(config: "_core.Config", state_json: str) -> str:
+    """``braid-`` and a hash of what makes the job's stream: the config's fingerprint,
+    topology and start state."""
     key = json.dumps([config.fingerprint(), config.topology, json.loads(state_json)],
                      sort_keys=True)
     return "braid-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def job_name(config: "_core.Config", state_json: str) -> str:
+    """``runtime.job``, else ``job_tag``: the ranks of one job find the same actors,
+    another job never does."""
+    return config.runtime["job"] or job_tag(config, state_json)
 
 
 def _hashed(*parts: str) -> str:
