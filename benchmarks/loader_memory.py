@@ -20,7 +20,9 @@ forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer
 embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
 this script starts: Ray's daemons and the job's actors count as extra processes; the
 trainers receive through node delivery), `braid-ray-store` (the same with
-runtime.delivery: object_store: the trainers are Ray drivers). A mode is a `Mode`: what it changes in the config, how a
+runtime.delivery: object_store: the trainers are Ray drivers), `litdata` (a peer,
+benchmarks/peers.py: LitData's pre-tokenized chunks with --workers forked workers per
+rank; needs benchmarks/requirements-peers.txt). A mode is a `Mode`: what it changes in the config, how a
 trainer starts its loader, which extra PIDs count.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
@@ -164,6 +166,28 @@ def _start_braid(config_path, rank, world_size, args):
     return iter(loader), loader.close
 
 
+def _prepare_litdata(config: dict, args, state: dict) -> dict:
+    """Converts the sources to LitData's pre-tokenized chunks (benchmarks/peers.py; once,
+    under --dir/litdata) and records their folders in the config for the trainers."""
+    # In a process of its own, where peers.py is a plain module: LitData's optimize
+    # workers import the function they run by its module's name.
+    path = os.path.abspath(os.path.join(args.dir, "config-litdata-convert.json"))
+    with open(path, "w") as f:
+        json.dump(config, f)
+    done = subprocess.run([sys.executable, os.path.join(HERE, "peers.py"), path,
+                           os.path.abspath(os.path.join(args.dir, "litdata"))],
+                          capture_output=True, text=True, check=True, cwd=HERE)
+    folders = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(config, litdata_folders=folders)
+
+
+def _start_litdata(config_path, rank, world_size, args):
+    with open(config_path) as f:
+        config = json.load(f)
+    return _sibling("peers").litdata_loader(config, config["litdata_folders"], rank,
+                                            world_size, args.workers)
+
+
 def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
     """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
     a small object store, token authentication off on loopback) and points the config
@@ -227,6 +251,8 @@ MODES: Dict[str, Mode] = {
     # actors (planner, source actors, the node's constructor), all counted.
     "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
                       extra_pids=_ray_pids, cleanup=_cleanup_ray),
+    # A peer (benchmarks/peers.py): LitData's pre-tokenized chunks, forked workers.
+    "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata),
     # The same with runtime.delivery: object_store (every trainer a Ray driver).
     "braid-ray-store": Mode(
         "braid-ray-store", _start_braid,
