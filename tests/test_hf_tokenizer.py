@@ -308,3 +308,75 @@ def test_missing_tokenizers_package_is_a_config_error(tmp_path: Path, tok_file: 
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "sources[0].tokenizer.type" in result.stderr
     assert "tokenizers" in result.stderr
+
+
+CHATML = ("{% for m in messages %}"
+          "{% if m['role'] == 'tool' %}{{ raise_exception('no tool turns here') }}{% endif %}"
+          "<|begin|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n"
+          "{% endfor %}"
+          "{% if add_generation_prompt %}<|begin|>assistant\n{% endif %}")
+
+
+def chat_rows(n: int, seed: int) -> List[List[Dict[str, str]]]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        turns = [{"role": "system", "content": "be brief, ça va? 東京"}]
+        for _ in range(rng.randint(1, 3)):
+            turns.append({"role": "user", "content": sentences(1, rng.randrange(999))[0]})
+            turns.append({"role": "assistant",
+                          "content": sentences(1, rng.randrange(999))[0]})
+        rows.append(turns)
+    return rows
+
+
+def test_chat_uses_the_tokenizers_own_template(tmp_path: Path):
+    """With a chat_template in tokenizer_config.json beside tokenizer.json, a chat's ids
+    are the rendered conversation encoded without special tokens (what
+    `apply_chat_template(tokenize=True)` gives), and the loss mask covers exactly what
+    each assistant message made: its content and end-of-turn markup, not the header."""
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok_file = train(folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHATML, "bos_token": "<|begin|>", "eos_token": "<|end|>"}))
+    rows = chat_rows(40, 3)
+    rows[5].append({"role": "tool", "content": "refused by the template"})
+    struct = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    pq.write_table(pa.table({"messages": pa.array(rows, struct)}), tmp_path / "c.parquet",
+                   row_group_size=8)
+    ref = Tokenizer.from_file(tok_file)
+    source = {"chat": {"messages_column": "messages"}}
+    got = _core.source_samples(
+        config(str(tmp_path / "c.parquet"), {"type": "huggingface", "file": tok_file},
+               source, workers=2), 0, 40)
+    # The chat the template refused (raise_exception) follows on_error: a counted skip.
+    assert sorted(s["row"] for s in got if s["skip"] != 0) == [5]
+    got = [s for s in got if s["skip"] == 0]
+    assert len(got) == 39
+    for s in got:
+        text, spans = "", []
+        for m in rows[s["row"]]:
+            text += f"<|begin|>{m['role']}\n"
+            begin = len(text)
+            text += m["content"] + "<|end|>\n"
+            if m["role"] == "assistant":
+                spans.append((begin, len(text)))
+        want = ref.encode(text, add_special_tokens=False)
+        assert s["ids"] == want.ids
+        mask = [int(any(b <= start < e for b, e in spans)) for start, _ in want.offsets]
+        assert s["loss_mask"] == mask
+        assert 0 < sum(mask) < len(mask)
+    # `chat_template: plain` keeps Braid's plain template (role headers "user:", ...).
+    plain = _core.source_samples(
+        config(str(tmp_path / "c.parquet"),
+               {"type": "huggingface", "file": tok_file, "chat_template": "plain"},
+               source), 0, 3)
+    header = ref.encode("system:", add_special_tokens=False).ids
+    for s in plain:
+        assert s["ids"][1:1 + len(header)] == header
+    # on_error: fail stops at the refused chat, naming its file and row.
+    failing = config(str(tmp_path / "c.parquet"), {"type": "huggingface", "file": tok_file},
+                     dict(source, on_error="fail"))
+    with pytest.raises(_core.DataError, match=r"row 5\).*no tool turns here"):
+        _core.source_samples(failing, 0, 40)

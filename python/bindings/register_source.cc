@@ -7,6 +7,7 @@
 // tokenizers (`tokenizer: {type: huggingface}`, source/tokenizer.h). Pool threads keep
 // their Python thread states (thread_states.h).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -460,8 +461,10 @@ Result<std::shared_ptr<const RowCallback>> MakePythonCallback(const std::string&
 // list of texts and to read the ids back; the library releases it while it encodes.
 class PyHfEncoder : public HfEncoder {
  public:
-  explicit PyHfEncoder(nb::object tokenizer)
+  // `chat`: the tokenizer's chat template (braid._chat_template.ChatTemplate) or None.
+  PyHfEncoder(nb::object tokenizer, nb::object chat)
       : tokenizer_(std::move(tokenizer)),
+        chat_(std::move(chat)),
         // encode_batch_fast: the same ids without the offsets the loader never reads.
         encode_(nb::hasattr(tokenizer_, "encode_batch_fast")
                     ? tokenizer_.attr("encode_batch_fast")
@@ -470,11 +473,65 @@ class PyHfEncoder : public HfEncoder {
     if (!PythonAlive()) {  // too late to touch Python: leak the references
       encode_.release();
       tokenizer_.release();
+      chat_.release();
       return;
     }
     nb::gil_scoped_acquire gil;
     encode_.reset();
     tokenizer_.reset();
+    chat_.reset();
+  }
+
+  bool has_chat_template() const override { return !chat_.is_none(); }
+
+  Status EncodeChats(const std::vector<std::vector<ChatMessage>>& chats,
+                     std::vector<std::vector<int32_t>>* ids,
+                     std::vector<std::vector<int64_t>>* starts,
+                     std::vector<std::vector<std::pair<int64_t, int64_t>>>* spans,
+                     std::vector<std::string>* refused) const override {
+    in_flight_.fetch_add(1);
+    Status st;
+    if (cancelled_.load() || PythonExiting() || !PythonAlive()) {
+      st = Status::Cancelled("stopping");
+    } else {
+      KeepThreadState();
+      nb::gil_scoped_acquire gil;
+      try {
+        nb::list batch;
+        for (const auto& chat : chats) {
+          nb::list messages;
+          for (const ChatMessage& m : chat) {
+            messages.append(nb::make_tuple(nb::str(m.role.data(), m.role.size()),
+                                           nb::str(m.content.data(), m.content.size())));
+          }
+          batch.append(messages);
+        }
+        nb::object module = nb::module_::import_("braid._chat_template");
+        nb::list encoded = nb::cast<nb::list>(
+            module.attr("encode")(chat_, tokenizer_, batch));
+        ids->assign(chats.size(), {});
+        starts->assign(chats.size(), {});
+        spans->assign(chats.size(), {});
+        refused->assign(chats.size(), {});
+        for (size_t k = 0; k < chats.size(); ++k) {
+          if (nb::isinstance<nb::str>(encoded[k])) {  // the template refused the chat
+            (*refused)[k] = nb::cast<std::string>(encoded[k]);
+            if ((*refused)[k].empty()) (*refused)[k] = "refused";
+            continue;
+          }
+          nb::tuple one = nb::cast<nb::tuple>(encoded[k]);
+          (*ids)[k] = nb::cast<std::vector<int32_t>>(one[0]);
+          (*starts)[k] = nb::cast<std::vector<int64_t>>(one[1]);
+          (*spans)[k] = nb::cast<std::vector<std::pair<int64_t, int64_t>>>(one[2]);
+        }
+      } catch (nb::python_error& e) {
+        st = Status::Invalid(ErrorText(e));
+      } catch (const std::exception& e) {
+        st = Status::Invalid(e.what());
+      }
+    }
+    in_flight_.fetch_sub(1);
+    return st;
   }
 
   Status EncodeBatch(const std::vector<std::string_view>& texts, bool add_special_tokens,
@@ -557,6 +614,7 @@ class PyHfEncoder : public HfEncoder {
   }
 
   nb::object tokenizer_;
+  nb::object chat_;
   nb::object encode_;
   mutable std::atomic<int64_t> in_flight_{0};
   mutable std::atomic<bool> cancelled_{false};
@@ -573,9 +631,19 @@ Result<std::shared_ptr<const HfEncoder>> MakePyHfEncoder(const TokenizerConfig& 
                        "huggingface needs the 'tokenizers' package (pip install "
                        "'braid[hf]'): " + ErrorText(e));
   }
+  nb::object chat = nb::none();
+  if (config.chat_template) {
+    try {
+      chat = nb::module_::import_("braid._chat_template").attr("load")(config.model);
+    } catch (nb::python_error& e) {
+      return ConfigError(config.key + ".chat_template",
+                         "cannot load the chat template beside '" + config.model +
+                             "': " + ErrorText(e));
+    }
+  }
   try {
     nb::object tok = module.attr("Tokenizer").attr("from_file")(config.model);
-    auto encoder = std::make_shared<const PyHfEncoder>(std::move(tok));
+    auto encoder = std::make_shared<const PyHfEncoder>(std::move(tok), std::move(chat));
     Track<HfEncoder>(&Callers().encoders, encoder);
     return encoder;
   } catch (nb::python_error& e) {

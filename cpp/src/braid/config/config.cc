@@ -480,7 +480,7 @@ Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string
   const char* path_key = t.huggingface() ? "file" : "model";
   if (t.huggingface()) {
     ARROW_RETURN_NOT_OK(CheckMap(node, key, {"type", "file", "add_special_tokens",
-                                             "bos_token", "eos_token"}));
+                                             "bos_token", "eos_token", "chat_template"}));
   } else {
     ARROW_RETURN_NOT_OK(CheckMap(node, key, {"type", "model", "bos", "eos"}));
   }
@@ -500,6 +500,12 @@ Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string
     ARROW_ASSIGN_OR_RAISE(t.add_special_tokens,
                           Scalar<bool>(node["add_special_tokens"],
                                        Join(key, "add_special_tokens"), "a boolean"));
+  }
+  if (node["chat_template"]) {
+    ARROW_ASSIGN_OR_RAISE(
+        t.chat_template,
+        Enum<bool>(node["chat_template"], Join(key, "chat_template"),
+                   {{"auto", true}, {"plain", false}}));
   }
   for (auto [name, out] : {std::pair{"bos_token", &t.bos_token},
                            std::pair{"eos_token", &t.eos_token}}) {
@@ -1085,7 +1091,7 @@ std::string Config::Fingerprint() const {
   auto tok = [&os](const TokenizerConfig& t) {
     if (t.huggingface()) {
       os << "hf:" << t.model << ':' << t.add_special_tokens << ':' << t.bos_token << ':'
-         << t.eos_token;
+         << t.eos_token << (t.chat_template ? "" : ":plain");
     } else {
       os << t.model << ':' << t.bos << t.eos;
     }

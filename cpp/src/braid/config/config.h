@@ -71,6 +71,10 @@ struct TokenizerConfig {
   /// of what the post-processor adds; "" none.
   std::string bos_token;
   std::string eos_token;
+  /// `chat_template`: true (`auto`, the default) renders chats with the tokenizer's own
+  /// chat template when its tokenizer_config.json has one; false (`plain`): Braid's
+  /// plain template (docs/sources.md).
+  bool chat_template = true;
   bool huggingface() const { return type == "huggingface"; }
 };
 // --- end transforms ---

@@ -544,6 +544,8 @@ TEST(ConfigTest, TransformErrorsNameTheKey) {
          "tokenizer.add_special_tokens", "boolean");
   expect(b + "tokenizer: {type: huggingface, file: t.json, eos_token: ''}\n" + src,
          "tokenizer.eos_token", "empty");
+  expect(b + "tokenizer: {type: huggingface, file: t.json, chat_template: jinja}\n" + src,
+         "tokenizer.chat_template", "auto | plain");
   expect(b + tok + "sources: [{name: a, path: a, text_column: t, tokenizer: {type: "
                    "huggingface}}]\n",
          "sources[0].tokenizer.file", "required");
@@ -559,7 +561,7 @@ TEST(ConfigTest, HuggingFaceTokenizerRootAndPerSource) {
       "  - {name: a, path: a, text_column: t}\n"
       "  - {name: b, path: b, chat: {messages_column: m},\n"
       "     tokenizer: {type: huggingface, file: /other.json, add_special_tokens: false,\n"
-      "                 bos_token: '<s>', eos_token: '</s>'}}\n"
+      "                 bos_token: '<s>', eos_token: '</s>', chat_template: plain}}\n"
       "  - {name: c, path: c, text_column: t, tokenizer: {model: sp.model}}\n";
   auto c = ParseConfig(text, "/cfg");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -574,6 +576,8 @@ TEST(ConfigTest, HuggingFaceTokenizerRootAndPerSource) {
   EXPECT_FALSE(b.add_special_tokens);
   EXPECT_EQ(b.bos_token, "<s>");
   EXPECT_EQ(b.eos_token, "</s>");
+  EXPECT_FALSE(b.chat_template);
+  EXPECT_TRUE(c->tokenizer.chat_template);  // auto, the default
   EXPECT_EQ(b.key, "sources[1].tokenizer");
   const TokenizerConfig& sp = c->TokenizerFor(2);
   EXPECT_FALSE(sp.huggingface());
@@ -581,6 +585,7 @@ TEST(ConfigTest, HuggingFaceTokenizerRootAndPerSource) {
   // Every tokenizer option is part of the fingerprint.
   for (const auto& [from, to] : {std::pair{"add_special_tokens: false", "add_special_tokens: true"},
                                  std::pair{"eos_token: '</s>'", "eos_token: '<e>'"},
+                                 std::pair{"chat_template: plain", "chat_template: auto"},
                                  std::pair{"file: /other.json", "file: /x.json"},
                                  std::pair{"sp.model", "sp2.model"}}) {
     std::string changed = text;

@@ -125,6 +125,41 @@ class HfTokenizer : public Tokenizer {
   int64_t batch_rows() const override { return kHfBatchRows; }
   void Cancel() const override { encoder_->Cancel(); }
 
+  bool has_chat_template() const override { return encoder_->has_chat_template(); }
+
+  Status ApplyChatTemplate(const std::vector<std::vector<ChatMessage>>& chats,
+                           std::vector<std::vector<int32_t>>* ids,
+                           std::vector<std::vector<uint8_t>>* loss_masks,
+                           std::vector<std::string>* refused) const override {
+    std::vector<std::vector<int64_t>> starts;
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> spans;
+    ARROW_RETURN_NOT_OK(encoder_->EncodeChats(chats, ids, &starts, &spans, refused));
+    if (ids->size() != chats.size() || starts.size() != chats.size() ||
+        spans.size() != chats.size() || refused->size() != chats.size()) {
+      return Status::Invalid("the chat template returned ", ids->size(),
+                             " encodings for ", chats.size(), " chats");
+    }
+    loss_masks->resize(chats.size());
+    for (size_t k = 0; k < chats.size(); ++k) {
+      if (starts[k].size() != (*ids)[k].size()) {
+        return Status::Invalid("the tokenizer returned ", starts[k].size(),
+                               " offsets for ", (*ids)[k].size(), " tokens");
+      }
+      // A token is trained when it starts inside what an assistant message made.
+      auto& mask = (*loss_masks)[k];
+      mask.assign((*ids)[k].size(), 0);
+      for (size_t t = 0; t < mask.size(); ++t) {
+        for (const auto& [begin, end] : spans[k]) {
+          if (starts[k][t] >= begin && starts[k][t] < end) {
+            mask[t] = 1;
+            break;
+          }
+        }
+      }
+    }
+    return Status::OK();
+  }
+
  private:
   const bool add_special_tokens_;
   const std::shared_ptr<const HfEncoder> encoder_;
@@ -133,6 +168,21 @@ class HfTokenizer : public Tokenizer {
 };
 
 }  // namespace
+
+Status Tokenizer::ApplyChatTemplate(const std::vector<std::vector<ChatMessage>>&,
+                                    std::vector<std::vector<int32_t>>*,
+                                    std::vector<std::vector<uint8_t>>*,
+                                    std::vector<std::string>*) const {
+  return Status::NotImplemented("this tokenizer has no chat template");
+}
+
+Status HfEncoder::EncodeChats(const std::vector<std::vector<ChatMessage>>&,
+                              std::vector<std::vector<int32_t>>*,
+                              std::vector<std::vector<int64_t>>*,
+                              std::vector<std::vector<std::pair<int64_t, int64_t>>>*,
+                              std::vector<std::string>*) const {
+  return Status::NotImplemented("this tokenizer has no chat template");
+}
 
 Status Tokenizer::Encode(std::string_view text, std::vector<int32_t>* out) const {
   std::vector<std::vector<int32_t>> ids;

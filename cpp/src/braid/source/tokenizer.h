@@ -32,6 +32,12 @@
 
 namespace braid {
 
+/// One message of a chat.
+struct ChatMessage {
+  std::string_view role;
+  std::string_view content;
+};
+
 class Tokenizer {
  public:
   /// The tokenizer `config` names. Fails with a config error naming its key path
@@ -58,6 +64,23 @@ class Tokenizer {
   /// Rows per EncodeBatch call the loader should hand over (1: row by row).
   virtual int64_t batch_rows() const { return 1; }
 
+  /// Whether chats use the tokenizer's own chat template (ApplyChatTemplate) instead of
+  /// Braid's plain one: a Hugging Face tokenizer whose tokenizer_config.json has one,
+  /// unless the config says `chat_template: plain`.
+  virtual bool has_chat_template() const { return false; }
+
+  /// Each chat rendered by the tokenizer's chat template and encoded without special
+  /// tokens (as `apply_chat_template(..., tokenize=True)`): (*ids)[k], and
+  /// (*loss_masks)[k] with 1 on the tokens the assistant messages made (their content and
+  /// end-of-turn markup; not the generation prompt before them). (*refused)[k] is empty,
+  /// or why the template refused chat k (its `raise_exception`, or a chat it cannot
+  /// mask): bad data, like a null. One call for the batch; an error names no row.
+  /// Thread-safe.
+  virtual Status ApplyChatTemplate(const std::vector<std::vector<ChatMessage>>& chats,
+                                   std::vector<std::vector<int32_t>>* ids,
+                                   std::vector<std::vector<uint8_t>>* loss_masks,
+                                   std::vector<std::string>* refused) const;
+
   /// The loader is stopping (Transform::Cancel): calls may return Cancelled early, and a
   /// thread that holds a lock EncodeBatch waits for (the GIL) is let go.
   virtual void Cancel() const {}
@@ -81,6 +104,18 @@ class HfEncoder {
                              std::vector<std::vector<int32_t>>* out) const = 0;
   /// The id of the token whose content is `token` (`token_to_id`), or -1.
   virtual int32_t TokenId(const std::string& token) const = 0;
+  /// Whether the tokenizer ships a chat template (and the config wants it).
+  virtual bool has_chat_template() const { return false; }
+  /// Each chat rendered by the chat template and encoded without special tokens:
+  /// (*ids)[k], the start of each token in the rendered text (*starts)[k], and the
+  /// [begin, end) ranges of that text the assistant messages made (*spans)[k]; starts
+  /// and ranges count the text's code points; (*refused)[k] is empty or why the
+  /// template refused chat k. A failure is a non-OK status with the library's message.
+  virtual Status EncodeChats(const std::vector<std::vector<ChatMessage>>& chats,
+                             std::vector<std::vector<int32_t>>* ids,
+                             std::vector<std::vector<int64_t>>* starts,
+                             std::vector<std::vector<std::pair<int64_t, int64_t>>>* spans,
+                             std::vector<std::string>* refused) const;
   /// As Tokenizer::Cancel.
   virtual void Cancel() const {}
 };

@@ -359,6 +359,7 @@ class ChatTransform : public Transform {
   // batch is encoded in one call, then each row's ids and loss mask are put together.
   void ApplyBatch(const std::vector<BatchRow>& rows, bool want_payload, RowOutput* out,
                   Status* status) const override {
+    if (tok_->has_chat_template()) return ApplyTemplate(rows, want_payload, out, status);
     std::vector<std::vector<Turn>> turns;
     std::vector<std::vector<std::string_view>> texts;  // per row: header, content, ...
     std::vector<const RowLocation*> where;
@@ -417,6 +418,64 @@ class ChatTransform : public Transform {
   void Cancel() const override { tok_->Cancel(); }
 
  private:
+  // The tokenizer's own chat template (Tokenizer::ApplyChatTemplate) for the batch's
+  // rows; a batch that fails is done again row by row, so an error names its row.
+  void ApplyTemplate(const std::vector<BatchRow>& rows, bool want_payload, RowOutput* out,
+                     Status* status) const {
+    std::vector<std::vector<ChatMessage>> chats;
+    std::vector<size_t> which;
+    std::vector<Turn> row_turns;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (!ReadTurns(*rows[k].cols, rows[k].index, &row_turns, &out[k])) continue;
+      which.push_back(k);
+      chats.emplace_back();
+      for (const Turn& t : row_turns) chats.back().push_back({t.role, t.content});
+    }
+    if (chats.empty()) return;
+    std::vector<std::vector<int32_t>> ids;
+    std::vector<std::vector<uint8_t>> masks;
+    std::vector<std::string> refused;
+    Status st = tok_->ApplyChatTemplate(chats, &ids, &masks, &refused);
+    std::vector<Status> errors(chats.size());
+    if (!st.ok() && chats.size() > 1 && !st.IsCancelled()) {
+      ids.assign(chats.size(), {});
+      masks.assign(chats.size(), {});
+      refused.assign(chats.size(), {});
+      for (size_t r = 0; r < chats.size(); ++r) {
+        std::vector<std::vector<int32_t>> one_ids;
+        std::vector<std::vector<uint8_t>> one_mask;
+        std::vector<std::string> one_refused;
+        errors[r] = tok_->ApplyChatTemplate({chats[r]}, &one_ids, &one_mask, &one_refused);
+        if (errors[r].ok()) {
+          ids[r] = std::move(one_ids.at(0));
+          masks[r] = std::move(one_mask.at(0));
+          refused[r] = std::move(one_refused.at(0));
+        }
+      }
+    } else if (!st.ok()) {
+      errors.assign(chats.size(), st);
+    }
+    for (size_t r = 0; r < which.size(); ++r) {
+      if (!errors[r].ok()) {
+        status[which[r]] = errors[r].IsCancelled()
+                               ? errors[r]
+                               : DataError(rows[which[r]].where.ToString(),
+                                           "chat template: " + errors[r].message());
+        continue;
+      }
+      RowOutput& o = out[which[r]];
+      if (!refused[r].empty()) {  // bad data: follows on_error, like a null
+        Null("chat template: " + refused[r], &o);
+        continue;
+      }
+      auto payload = std::make_shared<Payload>();
+      o.tokens = static_cast<int64_t>(ids[r].size());
+      payload->tokens = std::move(ids[r]);
+      payload->loss_mask = std::move(masks[r]);
+      if (want_payload) o.payload = std::move(payload);
+    }
+  }
+
   // The turns of row `i`; false if the row has no sample (`out` says why).
   bool ReadTurns(const Columns& cols, int64_t i, std::vector<Turn>* turns,
                  RowOutput* out) const {
