@@ -24,7 +24,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 
 def _source_files(source: dict) -> List[str]:

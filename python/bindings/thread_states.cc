@@ -2,6 +2,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -22,11 +23,30 @@ struct ExitState {
   std::thread::id exiting_thread;  // GUARDED_BY(mu) the thread that ran the exit hook
   int64_t freeing = 0;         // GUARDED_BY(mu) threads freeing their state right now
   long kept = 0;               // GUARDED_BY(mu) states kept by live threads
+  // GUARDED_BY(mu) live threads that returned from a GilRelease call to Python and have
+  // not made another one yet (a loop between two Engine.next() calls).
+  int64_t returned = 0;
 };
 
 ExitState& Exit() {
   static auto* state = new ExitState();  // never destroyed: threads end after exit
   return *state;
+}
+
+// Whether this thread is counted in ExitState::returned; uncounted as it ends.
+struct Returned {
+  bool counted = false;
+  ~Returned();
+};
+
+thread_local Returned returned;
+
+Returned::~Returned() {
+  if (!counted) return;
+  ExitState& exit = Exit();
+  std::lock_guard<std::mutex> lock(exit.mu);
+  --exit.returned;
+  exit.cv.notify_all();
 }
 
 // The state this thread keeps; its destructor runs as the thread ends.
@@ -106,6 +126,14 @@ void BeginPythonExit() {
   nb::gil_scoped_release release;  // the threads freeing their states need the GIL
   std::unique_lock<std::mutex> lock(exit.mu);
   exit.cv.wait(lock, [&] { return exit.freeing == 0; });
+  // Threads running Python between two Braid calls (a daemon thread pulling batches)
+  // get a moment to make their next call, where they park: a thread that is still
+  // running Python when finalization starts is ended by CPython the next time it takes
+  // the GIL, and PyTorch's tensor destructors take it (freeing a batch then aborts the
+  // process). A thread that stopped calling Braid only delays the exit by this bound.
+  const int64_t own = returned.counted ? 1 : 0;
+  exit.cv.wait_for(lock, std::chrono::seconds(1),
+                   [&] { return exit.returned - own <= 0; });
 }
 
 void InstallPoolJoinHook() {
@@ -119,13 +147,24 @@ void InstallPoolJoinHook() {
   });
 }
 
-GilRelease::GilRelease() : state_(PyEval_SaveThread()) {}
+GilRelease::GilRelease() : state_(PyEval_SaveThread()) {
+  if (!returned.counted) return;
+  ExitState& exit = Exit();
+  std::lock_guard<std::mutex> lock(exit.mu);
+  returned.counted = false;
+  --exit.returned;
+  exit.cv.notify_all();
+}
 
 GilRelease::~GilRelease() {
   bool park = false;
   {
     std::lock_guard<std::mutex> lock(Exit().mu);
     park = Exit().exiting && Exit().exiting_thread != std::this_thread::get_id();
+    if (!park && !returned.counted) {
+      returned.counted = true;
+      ++Exit().returned;
+    }
   }
   if (park) {
     std::mutex mu;

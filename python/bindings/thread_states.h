@@ -43,7 +43,8 @@ long KeptThreadStates();
 
 /// The atexit hook's part: from now on PythonExiting() is true and ending threads leave
 /// their states to finalization; waits, the GIL released, for any thread freeing its
-/// state right now. REQUIRES: the GIL.
+/// state right now, then (at most a second) for the threads running Python between two
+/// GilRelease calls to make their next one, where they park. REQUIRES: the GIL.
 void BeginPythonExit();
 
 /// Makes every ReadPool destructor join its threads with the GIL released when the
