@@ -489,71 +489,41 @@ class PyHfEncoder : public HfEncoder {
                      std::vector<std::vector<int64_t>>* starts,
                      std::vector<std::vector<std::pair<int64_t, int64_t>>>* spans,
                      std::vector<std::string>* refused) const override {
-    in_flight_.fetch_add(1);
-    Status st;
-    if (cancelled_.load() || PythonExiting() || !PythonAlive()) {
-      st = Status::Cancelled("stopping");
-    } else {
-      KeepThreadState();
-      nb::gil_scoped_acquire gil;
-      try {
-        nb::list batch;
-        for (const auto& chat : chats) {
-          nb::list messages;
-          for (const ChatMessage& m : chat) {
-            messages.append(nb::make_tuple(nb::str(m.role.data(), m.role.size()),
-                                           nb::str(m.content.data(), m.content.size())));
-          }
-          batch.append(messages);
+    return CallPython("", [&] {
+      nb::list batch;
+      for (const auto& chat : chats) {
+        nb::list messages;
+        for (const ChatMessage& m : chat) {
+          messages.append(nb::make_tuple(nb::str(m.role.data(), m.role.size()),
+                                         nb::str(m.content.data(), m.content.size())));
         }
-        nb::object module = nb::module_::import_("braid._chat_template");
-        nb::list encoded = nb::cast<nb::list>(
-            module.attr("encode")(chat_, tokenizer_, batch));
-        ids->assign(chats.size(), {});
-        starts->assign(chats.size(), {});
-        spans->assign(chats.size(), {});
-        refused->assign(chats.size(), {});
-        for (size_t k = 0; k < chats.size(); ++k) {
-          if (nb::isinstance<nb::str>(encoded[k])) {  // the template refused the chat
-            (*refused)[k] = nb::cast<std::string>(encoded[k]);
-            if ((*refused)[k].empty()) (*refused)[k] = "refused";
-            continue;
-          }
-          nb::tuple one = nb::cast<nb::tuple>(encoded[k]);
-          (*ids)[k] = nb::cast<std::vector<int32_t>>(one[0]);
-          (*starts)[k] = nb::cast<std::vector<int64_t>>(one[1]);
-          (*spans)[k] = nb::cast<std::vector<std::pair<int64_t, int64_t>>>(one[2]);
-        }
-      } catch (nb::python_error& e) {
-        st = Status::Invalid(ErrorText(e));
-      } catch (const std::exception& e) {
-        st = Status::Invalid(e.what());
+        batch.append(messages);
       }
-    }
-    in_flight_.fetch_sub(1);
-    return st;
+      nb::object module = nb::module_::import_("braid._chat_template");
+      nb::list encoded = nb::cast<nb::list>(module.attr("encode")(chat_, tokenizer_, batch));
+      ids->assign(chats.size(), {});
+      starts->assign(chats.size(), {});
+      spans->assign(chats.size(), {});
+      refused->assign(chats.size(), {});
+      for (size_t k = 0; k < chats.size(); ++k) {
+        if (nb::isinstance<nb::str>(encoded[k])) {  // the template refused the chat
+          (*refused)[k] = nb::cast<std::string>(encoded[k]);
+          if ((*refused)[k].empty()) (*refused)[k] = "refused";
+          continue;
+        }
+        nb::tuple one = nb::cast<nb::tuple>(encoded[k]);
+        (*ids)[k] = nb::cast<std::vector<int32_t>>(one[0]);
+        (*starts)[k] = nb::cast<std::vector<int64_t>>(one[1]);
+        (*spans)[k] = nb::cast<std::vector<std::pair<int64_t, int64_t>>>(one[2]);
+      }
+      return Status::OK();
+    });
   }
 
   Status EncodeBatch(const std::vector<std::string_view>& texts, bool add_special_tokens,
                      std::vector<std::vector<int32_t>>* out) const override {
-    // Counted before the check, so that Cancel sees either this call or the flag.
-    in_flight_.fetch_add(1);
-    Status st;
-    if (cancelled_.load() || PythonExiting() || !PythonAlive()) {
-      st = Status::Cancelled("stopping");
-    } else {
-      KeepThreadState();
-      nb::gil_scoped_acquire gil;
-      try {
-        st = EncodeLocked(texts, add_special_tokens, out);
-      } catch (nb::python_error& e) {
-        st = Status::Invalid("tokenizers: ", ErrorText(e));
-      } catch (const std::exception& e) {
-        st = Status::Invalid("tokenizers: ", e.what());
-      }
-    }
-    in_flight_.fetch_sub(1);
-    return st;
+    return CallPython("tokenizers: ",
+                      [&] { return EncodeLocked(texts, add_special_tokens, out); });
   }
 
   int32_t TokenId(const std::string& token) const override {
@@ -571,6 +541,31 @@ class PyHfEncoder : public HfEncoder {
   void Cancel() const override { CancelCalls(&cancelled_, &in_flight_); }
 
  private:
+  // Runs `body` with the GIL on a kept thread state, unless the loader or the
+  // interpreter is stopping (Cancelled); a Python or C++ exception becomes an Invalid
+  // status prefixed with `what`.
+  template <typename Body>
+  Status CallPython(const char* what, Body&& body) const {
+    // Counted before the check, so that Cancel sees either this call or the flag.
+    in_flight_.fetch_add(1);
+    Status st;
+    if (cancelled_.load() || PythonExiting() || !PythonAlive()) {
+      st = Status::Cancelled("stopping");
+    } else {
+      KeepThreadState();
+      nb::gil_scoped_acquire gil;
+      try {
+        st = body();
+      } catch (nb::python_error& e) {
+        st = Status::Invalid(what, ErrorText(e));
+      } catch (const std::exception& e) {
+        st = Status::Invalid(what, e.what());
+      }
+    }
+    in_flight_.fetch_sub(1);
+    return st;
+  }
+
   // REQUIRES: the GIL.
   Status EncodeLocked(const std::vector<std::string_view>& texts, bool add_special_tokens,
                       std::vector<std::vector<int32_t>>* out) const {
