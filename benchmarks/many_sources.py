@@ -47,10 +47,14 @@ MEAN_LOG = np.log(12000.0)  # median document length; mean ~25K tokens
 SIGMA = 1.2
 
 
-def write_file(path: str, tokens: int, layout: str, small_rows: int, seed: int) -> None:
+def write_file(path: str, tokens: int, layout: str, small_rows: int, seed: int,
+               mean_log: float = MEAN_LOG, sigma: float = SIGMA) -> None:
+    """About `tokens` tokens of documents with lognormal lengths (median exp(mean_log)),
+    random ids, in one row group (`large`) or row groups of `small_rows` rows."""
     rng = np.random.default_rng(seed)
-    lengths = np.maximum(1, rng.lognormal(MEAN_LOG, SIGMA, size=tokens // 1000 + 16)
-                         .astype(np.int64))
+    median = float(np.exp(mean_log))
+    draws = max(tokens // 1000, int(tokens / median) * 4) + 16  # enough for `tokens`
+    lengths = np.maximum(1, rng.lognormal(mean_log, sigma, size=draws).astype(np.int64))
     lengths = lengths[np.cumsum(lengths) <= tokens]
     if len(lengths) == 0:
         lengths = np.array([tokens], dtype=np.int64)
