@@ -569,17 +569,6 @@ def summarize(name: str, run: dict, none_peak: float, ranks: int) -> dict:
     }
 
 
-def parse_set(items) -> dict:
-    out = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=8, help="trainer processes (dp)")
@@ -618,9 +607,9 @@ def main(argv=None) -> int:
         base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
                          args.sources)
         path = os.path.join(args.dir, f"config-profile-{args.profile}.json")
-        config = MODES[args.profile].prepare(
-            write_config(path, base, args, parse_set(args.set)), args,
-            MODES[args.profile].state)
+        extra = _sibling("many_sources").parse_set(args.set)
+        config = MODES[args.profile].prepare(write_config(path, base, args, extra), args,
+                                             MODES[args.profile].state)
         with open(path, "w") as f:
             json.dump(config, f, indent=1)
         try:
@@ -634,7 +623,7 @@ def main(argv=None) -> int:
             p.error(f"--loaders: unknown mode {m!r}")
     base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
                      args.sources)
-    extra = parse_set(args.set)
+    extra = _sibling("many_sources").parse_set(args.set)
     print(f"ranks={args.ranks} sources={args.sources} tokens/file={args.tokens_per_file:,} "
           f"seq_len={args.seq_len} micro_batch_size={args.micro_batch_size} "
           f"micro-batches/rank={args.micro_batches} interval={args.interval_ms:g} ms "

@@ -63,6 +63,25 @@ def small_dataset(tmp_path: Path):
     return {"root": tmp_path, "config": config, "docs": {0: web, 1: code}}
 
 
+def encoded_image(rng, width: int, height: int, fmt: str = "PNG") -> bytes:
+    """A seeded image of a few coloured shapes, as in icons and figures, encoded as `fmt`
+    (PNG or JPEG)."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(6):
+        x0, y0 = rng.randrange(width), rng.randrange(height)
+        x1, y1 = min(width - 1, x0 + rng.randrange(1, 40)), min(height - 1, y0 + 20)
+        draw.rectangle([x0, y0, max(x0, x1), max(y0, y1)],
+                       fill=tuple(rng.randrange(256) for _ in range(3)))
+    out = io.BytesIO()
+    img.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    return out.getvalue()
+
+
 def write_config(path: Path, config: dict) -> Path:
     path.write_text(json.dumps(config, indent=1))
     return path

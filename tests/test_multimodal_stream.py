@@ -5,7 +5,6 @@ nothing else, and `braid run`. Regression for image documents cut by the step qu
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import subprocess
@@ -17,25 +16,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image, ImageDraw
 
 from braid import _core
 
+from conftest import encoded_image
+
 IMAGE_TOKEN = 1000
 PATCH = 14
-
-
-def _image(rng: random.Random, width: int, height: int, fmt: str) -> bytes:
-    img = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
-    draw = ImageDraw.Draw(img)
-    for _ in range(6):  # a few shapes, as in icons and figures
-        x0, y0 = rng.randrange(width), rng.randrange(height)
-        x1, y1 = min(width - 1, x0 + rng.randrange(1, 40)), min(height - 1, y0 + 20)
-        draw.rectangle([x0, y0, max(x0, x1), max(y0, y1)],
-                       fill=tuple(rng.randrange(256) for _ in range(3)))
-    out = io.BytesIO()
-    img.save(out, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +39,7 @@ def dataset(tmp_path_factory):
         images, captions = [], []
         for _ in range(100):
             n = 2 if rng.random() < 0.2 else 1
-            images.append([_image(rng, rng.randint(20, 220), rng.randint(20, 220),
+            images.append([encoded_image(rng, rng.randint(20, 220), rng.randint(20, 220),
                                   rng.choice(["PNG", "JPEG"])) for _ in range(n)])
             captions.append(rng.choice(text))
         pq.write_table(pa.table({"image": pa.array(images, pa.list_(pa.binary())),

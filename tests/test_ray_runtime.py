@@ -20,7 +20,7 @@ import ray
 
 import braid
 from braid.ray_runtime import job as jobs
-from conftest import assert_same_batches, take_batches
+from conftest import assert_same_batches, encoded_image, take_batches
 
 NAMESPACE = "braid-test"
 
@@ -313,11 +313,8 @@ def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
 def caption_config(tmp_path_factory) -> dict:
     """An image-caption source (PNG images of a few sizes, some rows with two) mixed with
     text, one micro-batch of 2,048 tokens per rank and step, dp 2."""
-    import io
-
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from PIL import Image
 
     from braid import _core
 
@@ -328,14 +325,8 @@ def caption_config(tmp_path_factory) -> dict:
             for _ in range(200)]
     model = _core.train_tiny_sentencepiece(text, str(root / "tok"), 60)
 
-    def png() -> bytes:
-        img = Image.new("RGB", (rng.randint(20, 90), rng.randint(20, 90)),
-                        tuple(rng.randrange(256) for _ in range(3)))
-        out = io.BytesIO()
-        img.save(out, format="PNG")
-        return out.getvalue()
-
-    images = [[png() for _ in range(2 if rng.random() < 0.2 else 1)] for _ in range(60)]
+    images = [[encoded_image(rng, rng.randint(20, 90), rng.randint(20, 90))
+               for _ in range(2 if rng.random() < 0.2 else 1)] for _ in range(60)]
     pq.write_table(pa.table({"image": pa.array(images, pa.list_(pa.binary())),
                              "caption": [rng.choice(text) for _ in images]}),
                    root / "captions.parquet", row_group_size=20)
