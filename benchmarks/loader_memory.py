@@ -15,14 +15,14 @@ during the run, less the peak of the same R trainers in a `none` run that import
 and braid and loads nothing. PSS splits a shared page between the processes mapping it,
 so shared libraries and copy-on-write pages after a fork count once.
 
-Modes (MODES below): `baseline` (benchmarks/baseline.py: a DataLoader with --workers
+Modes (MODES below): `baseline` (braid/bench/baseline.py: a DataLoader with --workers
 forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer, the
 embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
 this script starts: Ray's daemons and the job's actors count as extra processes; the
 trainers receive through node delivery), `braid-ray-store` (the same with
 runtime.delivery: object_store: the trainers are Ray drivers), `litdata` (a peer,
-benchmarks/peers.py: LitData's pre-tokenized chunks with --workers forked workers per
-rank; needs benchmarks/requirements-peers.txt). A mode is a `Mode`: what it changes in the config, how a
+braid/bench/peers.py: LitData's pre-tokenized chunks with --workers forked workers per
+rank; needs benchmarks/requirements-peers.txt). A mode is a `Mode` (braid/bench/modes.py): what it changes in the config, how a
 trainer starts its loader, which extra PIDs count.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
@@ -52,8 +52,10 @@ import statistics
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
+
+from braid.bench.modes import MODES, Mode
+from braid.bench.procs import children_map, descendants, sample, smaps_rollup
 
 
 
@@ -70,195 +72,10 @@ def _sibling(name: str):
 # /proc
 
 
-def smaps_rollup(pid: int) -> Optional[Dict[str, int]]:
-    """The process's rollup fields in bytes (Pss, Pss_Anon, Pss_File, Pss_Shmem, Rss...),
-    or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            text = f.read()
-    except OSError:
-        return None
-    out = {}
-    for line in text.splitlines()[1:]:
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if len(parts) == 2 and parts[1] == "kB":
-            out[key] = int(parts[0]) * 1024
-    return out
-
-
-def children_map() -> Dict[int, List[int]]:
-    """ppid -> pids, from one scan of /proc."""
-    out: Dict[int, List[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command may hold spaces and parentheses: fields follow the last ')'.
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        out.setdefault(ppid, []).append(int(name))
-    return out
-
-
-def descendants(roots: Iterable[int], children: Dict[int, List[int]]) -> List[int]:
-    out, todo = [], list(roots)
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, []):
-            out.append(child)
-            todo.append(child)
-    return out
-
 
 # ----------------------------------------------------------------------------------------
 # Modes
 
-
-@dataclass
-class Mode:
-    """One way of feeding R trainers.
-
-    prepare(config, args) -> config     in the harness: the config this mode runs (may
-                                        start daemons and remember them in `state`)
-    start(config_path, rank, R, args)   in a trainer after the imports: returns
-        -> (iterator, close)            (iterator of micro-batch dicts, a close function)
-    extra_pids(state) -> [pid]          in the harness, at every sample: processes outside
-                                        the trainers' trees that the mode adds (daemons,
-                                        actors); their PSS counts
-    cleanup(state)                      in the harness after the run
-    """
-
-    name: str
-    start: Callable[..., Tuple[Optional[Iterable], Callable[[], None]]]
-    prepare: Callable[[dict, argparse.Namespace, dict], dict] = (
-        lambda config, args, state: config)
-    extra_pids: Callable[[dict], List[int]] = lambda state: []
-    cleanup: Callable[[dict], None] = lambda state: None
-    state: Dict[str, Any] = field(default_factory=dict)
-
-
-def _start_none(config_path, rank, world_size, args):
-    return None, lambda: None
-
-
-def _start_baseline(config_path, rank, world_size, args):
-    loader = _sibling("baseline").make_loader(config_path, rank=rank, world_size=world_size,
-                         workers=args.workers, shuffle_buffer=args.shuffle_buffer)
-    it = iter(loader)
-
-    def close():
-        # Stops and joins the workers.
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-
-    return it, close
-
-
-def _start_braid(config_path, rank, world_size, args):
-    import braid
-
-    loader = braid.Loader(config_path, rank, world_size)
-    return iter(loader), loader.close
-
-
-def _prepare_litdata(config: dict, args, state: dict) -> dict:
-    """Converts the sources to LitData's pre-tokenized chunks (benchmarks/peers.py; once,
-    under --dir/litdata) and records their folders in the config for the trainers."""
-    # In a process of its own, where peers.py is a plain module: LitData's optimize
-    # workers import the function they run by its module's name.
-    path = os.path.abspath(os.path.join(args.dir, "config-litdata-convert.json"))
-    with open(path, "w") as f:
-        json.dump(config, f)
-    done = subprocess.run([sys.executable, os.path.join(HERE, "peers.py"), path,
-                           os.path.abspath(os.path.join(args.dir, "litdata"))],
-                          capture_output=True, text=True, check=True, cwd=HERE)
-    folders = json.loads(done.stdout.strip().splitlines()[-1])
-    return dict(config, litdata_folders=folders)
-
-
-def _start_litdata(config_path, rank, world_size, args):
-    with open(config_path) as f:
-        config = json.load(f)
-    return _sibling("peers").litdata_loader(config, config["litdata_folders"], rank,
-                                            world_size, args.workers)
-
-
-def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
-    """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
-    a small object store, token authentication off on loopback) and points the config
-    at it. With `delivery` node the trainers attach through a short-lived helper process
-    (counted while it lives: it is a trainer's child) and receive through the node's
-    constructor; with object_store each trainer is a Ray driver."""
-    import tempfile
-
-    temp = tempfile.mkdtemp(prefix="braid-ray-bench-")
-    port = 20000 + os.getpid() % 20000
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the trainers inherit it
-    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp}",
-                    "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                    f"--object-store-memory={args.ray_object_store_mb << 20}"],
-                   check=True, capture_output=True, text=True)
-    state["temp"] = temp
-    runtime = {"kind": "ray", "address": f"127.0.0.1:{port}",
-               "namespace": f"bench{os.getpid()}", "delivery": delivery}
-    return dict(config, runtime={**config.get("runtime", {}), **runtime})
-
-
-def _ray_pids(state: dict) -> List[int]:
-    """The daemons of this run's Ray head (their command line names its temp dir) and
-    every process they started (the job's actors, idle workers)."""
-    temp = state.get("temp")
-    if not temp:
-        return []
-    roots = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if temp.encode() in f.read():
-                    roots.append(int(name))
-        except OSError:
-            continue
-    return sorted(set(roots) | set(descendants(roots, children_map())))
-
-
-def _cleanup_ray(state: dict) -> None:
-    import signal
-
-    pids = _ray_pids(state)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        time.sleep(1.0)
-    state.pop("temp", None)
-
-
-MODES: Dict[str, Mode] = {
-    "none": Mode("none", _start_none),
-    "baseline": Mode("baseline", _start_baseline),
-    "braid": Mode("braid", _start_braid),
-    # The Ray runtime: the trainers (Ray drivers) plus Ray's daemons and the job's
-    # actors (planner, source actors, the node's constructor), all counted.
-    "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
-                      extra_pids=_ray_pids, cleanup=_cleanup_ray),
-    # A peer (benchmarks/peers.py): LitData's pre-tokenized chunks, forked workers.
-    "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata),
-    # The same with runtime.delivery: object_store (every trainer a Ray driver).
-    "braid-ray-store": Mode(
-        "braid-ray-store", _start_braid,
-        prepare=lambda c, a, s: _prepare_ray(c, a, s, delivery="object_store"),
-        extra_pids=_ray_pids, cleanup=_cleanup_ray),
-}
 
 
 # ----------------------------------------------------------------------------------------
@@ -430,22 +247,6 @@ def profile_main(args, config_path: str) -> int:
 # Harness
 
 
-def _sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
-    children = children_map()
-    workers = descendants(trainers, children)
-    sums = {"trainers": 0, "workers": 0, "extra": 0}
-    anon = 0
-    for kind, pids in (("trainers", trainers), ("workers", workers), ("extra", extra)):
-        for pid in pids:
-            roll = smaps_rollup(pid)
-            if roll:
-                sums[kind] += roll.get("Pss", 0)
-                anon += roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
-    sums["total"] = sums["trainers"] + sums["workers"] + sums["extra"]
-    sums["anon_shmem"] = anon
-    sums["processes"] = len(trainers) + len(workers) + len(extra)
-    return sums
-
 
 def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
     """Starts R trainers in `mode`; returns the samples and their reports."""
@@ -480,7 +281,7 @@ def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
         sample_s = args.sample_ms / 1000.0
         idle = []
         for _ in range(3):
-            idle.append(_sample(pids, mode.extra_pids(mode.state))["total"])
+            idle.append(sample(pids, mode.extra_pids(mode.state))["total"])
             time.sleep(sample_s)
         for p in procs:
             p.stdin.write("go\n")
@@ -501,12 +302,12 @@ def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
         for t in readers:
             t.start()
         while any(t.is_alive() for t in readers):
-            samples.append(_sample(pids, mode.extra_pids(mode.state)))
+            samples.append(sample(pids, mode.extra_pids(mode.state)))
             time.sleep(sample_s)
         if reader_errors:
             raise reader_errors[0]
         for _ in range(3):  # every loader still alive, after its last micro-batch
-            samples.append(_sample(pids, mode.extra_pids(mode.state)))
+            samples.append(sample(pids, mode.extra_pids(mode.state)))
             time.sleep(sample_s)
         wall = time.monotonic() - start
         for p in procs:

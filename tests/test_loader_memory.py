@@ -1,9 +1,8 @@
-"""The per-rank baseline (benchmarks/baseline.py) and the loader memory harness
+"""The per-rank baseline (braid/bench/baseline.py) and the loader memory harness
 (benchmarks/loader_memory.py) at a tiny size."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,11 +19,9 @@ BENCHMARKS = ROOT / "benchmarks"
 
 
 def load_baseline():
-    spec = importlib.util.spec_from_file_location("baseline", BENCHMARKS / "baseline.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("baseline", module)
-    spec.loader.exec_module(module)
-    return module
+    from braid.bench import baseline
+
+    return baseline
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The ``braid`` command line: plan, run, demo.
+"""The ``braid`` command line: plan, run, demo, bench.
 
 Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad data or
 storage (stderr names the file); 130 interrupted (SIGINT, Ctrl-C); 141 the reader of
@@ -259,6 +259,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:  # --- planner: calibrate -
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from braid.bench import run
+
+    return run.main(args)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="braid", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -297,6 +303,12 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--column", help="token column (default: the first list<int>)")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
+
+    bench = sub.add_parser("bench", help="Braid against the per-rank baseline and peers: "
+                           "memory, tokens/s, imbalance, end-to-end steps/s")
+    from braid.bench.run import parser as bench_parser
+
+    bench_parser(bench).set_defaults(func=_cmd_bench)
 
     # --- the Ray runtime's jobs (docs/distributed.md) ---
     status = sub.add_parser("status", help="a Ray job's actors: node, memory, progress")

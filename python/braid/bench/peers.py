@@ -2,7 +2,7 @@
 
 Each peer converts the sources with its own writer (once, cached under the output folder)
 and builds a per-rank loader with forked workers. A loader yields what
-`benchmarks/loader_memory.py`'s trainers take: dicts with `input_ids` [batch, seq_len]
+`braid bench`'s and `benchmarks/loader_memory.py`'s trainers take: dicts with `input_ids` [batch, seq_len]
 and `cu_seqlens` (here one segment per row: the peers pack blocks of tokens across
 document boundaries and do not report them).
 
@@ -98,7 +98,7 @@ def litdata_loader(config: dict, folders: List[str], rank: int, world_size: int,
     return batches(), close
 
 
-def main() -> int:  # convert only: `python benchmarks/peers.py CONFIG.json OUT_DIR`
+def main() -> int:  # convert only: `python -m braid.bench.peers CONFIG.json OUT_DIR`
     import sys
 
     with open(sys.argv[1]) as f:

@@ -1,0 +1,169 @@
+"""The loaders `braid bench` and the loader memory harness compare, each a `Mode`: how a
+trainer process starts it, what the harness prepares first (a converted dataset, a Ray
+head) and which processes outside the trainers' trees it adds.
+
+`args` is the harness's namespace: `workers` and `shuffle_buffer` (the baseline's and
+the peers' DataLoader workers), `dir` (where converted data goes) and
+`ray_object_store_mb` (the Ray head the Ray modes start). Not thread-safe: a mode's
+`state` belongs to the harness thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from braid.bench.procs import children_map, descendants
+
+
+@dataclass
+class Mode:
+    """One way of feeding R trainers.
+
+    prepare(config, args) -> config     in the harness: the config this mode runs (may
+                                        start daemons and remember them in `state`)
+    start(config_path, rank, R, args)   in a trainer after the imports: returns
+        -> (iterator, close)            (iterator of micro-batch dicts, a close function)
+    extra_pids(state) -> [pid]          in the harness, at every sample: processes outside
+                                        the trainers' trees that the mode adds (daemons,
+                                        actors); their PSS counts
+    cleanup(state)                      in the harness after the run
+    """
+
+    name: str
+    start: Callable[..., Tuple[Optional[Iterable], Callable[[], None]]]
+    prepare: Callable[[dict, argparse.Namespace, dict], dict] = (
+        lambda config, args, state: config)
+    extra_pids: Callable[[dict], List[int]] = lambda state: []
+    cleanup: Callable[[dict], None] = lambda state: None
+    state: Dict[str, Any] = field(default_factory=dict)
+
+
+def _start_none(config_path, rank, world_size, args):
+    return None, lambda: None
+
+
+def _start_baseline(config_path, rank, world_size, args):
+    from braid.bench.baseline import make_loader
+
+    loader = make_loader(config_path, rank=rank, world_size=world_size,
+                         workers=args.workers, shuffle_buffer=args.shuffle_buffer)
+    it = iter(loader)
+
+    def close():
+        # Stops and joins the workers.
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    return it, close
+
+
+def _start_braid(config_path, rank, world_size, args):
+    import braid
+
+    loader = braid.Loader(config_path, rank, world_size)
+    return iter(loader), loader.close
+
+
+def _prepare_litdata(config: dict, args, state: dict) -> dict:
+    """Converts the sources to LitData's pre-tokenized chunks (braid/bench/peers.py; once,
+    under --dir/litdata) and records their folders in the config for the trainers."""
+    # In a process of its own: LitData's optimize starts workers of its own.
+    path = os.path.abspath(os.path.join(args.dir, "config-litdata-convert.json"))
+    with open(path, "w") as f:
+        json.dump(config, f)
+    done = subprocess.run([sys.executable, "-m", "braid.bench.peers", path,
+                           os.path.abspath(os.path.join(args.dir, "litdata"))],
+                          capture_output=True, text=True, check=True)
+    folders = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(config, litdata_folders=folders)
+
+
+def _start_litdata(config_path, rank, world_size, args):
+    with open(config_path) as f:
+        config = json.load(f)
+    from braid.bench.peers import litdata_loader
+
+    return litdata_loader(config, config["litdata_folders"], rank, world_size,
+                          args.workers)
+
+
+def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
+    """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
+    a small object store, token authentication off on loopback) and points the config
+    at it. With `delivery` node the trainers attach through a short-lived helper process
+    (counted while it lives: it is a trainer's child) and receive through the node's
+    constructor; with object_store each trainer is a Ray driver."""
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="braid-ray-bench-")
+    port = 20000 + os.getpid() % 20000
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the trainers inherit it
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp}",
+                    "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                    f"--object-store-memory={args.ray_object_store_mb << 20}"],
+                   check=True, capture_output=True, text=True)
+    state["temp"] = temp
+    runtime = {"kind": "ray", "address": f"127.0.0.1:{port}",
+               "namespace": f"bench{os.getpid()}", "delivery": delivery}
+    return dict(config, runtime={**config.get("runtime", {}), **runtime})
+
+
+def _ray_pids(state: dict) -> List[int]:
+    """The daemons of this run's Ray head (their command line names its temp dir) and
+    every process they started (the job's actors, idle workers)."""
+    temp = state.get("temp")
+    if not temp:
+        return []
+    roots = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if temp.encode() in f.read():
+                    roots.append(int(name))
+        except OSError:
+            continue
+    return sorted(set(roots) | set(descendants(roots, children_map())))
+
+
+def _cleanup_ray(state: dict) -> None:
+    import signal
+
+    pids = _ray_pids(state)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        time.sleep(1.0)
+    state.pop("temp", None)
+
+
+MODES: Dict[str, Mode] = {
+    "none": Mode("none", _start_none),
+    "baseline": Mode("baseline", _start_baseline),
+    "braid": Mode("braid", _start_braid),
+    # The Ray runtime: the trainers (Ray drivers) plus Ray's daemons and the job's
+    # actors (planner, source actors, the node's constructor), all counted.
+    "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
+                      extra_pids=_ray_pids, cleanup=_cleanup_ray),
+    # A peer (braid/bench/peers.py): LitData's pre-tokenized chunks, forked workers.
+    "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata),
+    # The same with runtime.delivery: object_store (every trainer a Ray driver).
+    "braid-ray-store": Mode(
+        "braid-ray-store", _start_braid,
+        prepare=lambda c, a, s: _prepare_ray(c, a, s, delivery="object_store"),
+        extra_pids=_ray_pids, cleanup=_cleanup_ray),
+}
+

@@ -1,0 +1,70 @@
+"""Memory of process trees from /proc: what `braid bench` and the loader memory harness
+count (PSS, so shared pages count once). Linux only. Stateless; thread-safe."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Optional
+
+
+def smaps_rollup(pid: int) -> Optional[Dict[str, int]]:
+    """The process's rollup fields in bytes (Pss, Pss_Anon, Pss_File, Pss_Shmem, Rss...),
+    or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            text = f.read()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines()[1:]:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0]) * 1024
+    return out
+
+
+def children_map() -> Dict[int, List[int]]:
+    """ppid -> pids, from one scan of /proc."""
+    out: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command may hold spaces and parentheses: fields follow the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def descendants(roots: Iterable[int], children: Dict[int, List[int]]) -> List[int]:
+    out, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+
+def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
+    """Summed PSS of the trainers, their descendants (forked workers) and `extra`."""
+    children = children_map()
+    workers = descendants(trainers, children)
+    sums = {"trainers": 0, "workers": 0, "extra": 0}
+    anon = 0
+    for kind, pids in (("trainers", trainers), ("workers", workers), ("extra", extra)):
+        for pid in pids:
+            roll = smaps_rollup(pid)
+            if roll:
+                sums[kind] += roll.get("Pss", 0)
+                anon += roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
+    sums["total"] = sums["trainers"] + sums["workers"] + sums["extra"]
+    sums["anon_shmem"] = anon
+    sums["processes"] = len(trainers) + len(workers) + len(extra)
+    return sums

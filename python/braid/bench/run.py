@@ -1,0 +1,501 @@
+"""`braid bench CONFIG --ranks R`: Braid against the per-rank baseline and peers, on the
+same mix, in one run.
+
+For each loader (Braid on the chosen runtime, then each of `--against`), R simulated
+trainer processes (braid/bench/trainer.py) run `--steps` synchronous data-parallel steps
+whose time per rank is the cost model of what the rank received. Reported per loader:
+
+- memory: the peak of the summed PSS of every process the loader adds (trainers, their
+  forked workers, daemons and actors), less the peak of R trainers that load nothing
+  (the `none` run: the same imports and process group);
+- tokens/s delivered, the trainers' wait for data (share of their run time);
+- DP imbalance per step: max / mean over ranks of the cost each received;
+- end-to-end steps/s after `--warmup` steps (a step ends when the slowest rank ends),
+  and the steps/s the costs alone allow (no waiting for data);
+- at `--imbalance-dp` ranks (default 64) and `--imbalance-micro-batches` micro-batches
+  per rank, the imbalance per step without running trainers: Braid's planner and the
+  baseline's streams (read and tokenized, images sized from their headers, one process).
+
+The time unit: `--step-ms` is the simulated compute of a rank's step at the mean cost
+Braid's planner assigns (the same seconds per cost unit for every loader).
+
+Writes DIR/bench.json and DIR/{imbalance,memory,throughput}.png; prints a table and a
+progress bar (stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from braid.bench.modes import MODES
+from braid.bench.procs import sample
+
+PEERS = ("baseline", "litdata")
+
+
+# ----------------------------------------------------------------------------------------
+# Configs
+
+
+def _rebase(config: dict, base_dir: str) -> dict:
+    """The config with every relative path made absolute (it is rewritten elsewhere)."""
+    out = copy.deepcopy(config)
+
+    def fix(d: dict, key: str) -> None:
+        value = d.get(key)
+        if isinstance(value, str) and "://" not in value and not os.path.isabs(value):
+            d[key] = os.path.normpath(os.path.join(base_dir, value))
+
+    for holder in [out] + out.get("sources", []):
+        fix(holder, "path")
+        if isinstance(holder.get("tokenizer"), dict):
+            fix(holder["tokenizer"], "model")
+            fix(holder["tokenizer"], "file")
+    return out
+
+
+def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) -> dict:
+    """The config at dp = `ranks`, each rank receiving the same micro-batches per step as
+    in `config` (or `micro_batches` at batch.seq_len)."""
+    out = copy.deepcopy(config)
+    batch = out["batch"]
+    dp = int(out.get("topology", {}).get("dp", 1))
+    mbs = int(batch.get("micro_batch_size", 1))
+    seq_len = int(batch["seq_len"])
+    per_rank = int(batch.get("global_tokens", dp * mbs * seq_len)) // dp
+    if micro_batches:
+        per_rank = micro_batches * mbs * seq_len
+    out.setdefault("topology", {})["dp"] = ranks
+    batch["global_tokens"] = per_rank * ranks
+    out.pop("runtime", None)
+    return out
+
+
+def cost_model(config: dict) -> Dict[str, float]:
+    cost = config.get("balance", {}).get("cost", {})
+    return {"attn": float(cost.get("attn", 1.0)), "linear": float(cost.get("linear", 0.0)),
+            "vision": float(cost.get("vision", 0.0))}
+
+
+def cannot_express(name: str, config: dict) -> Optional[str]:
+    """Why loader `name` cannot run this mix (None: it can)."""
+    if name != "litdata":
+        return None
+    for i, s in enumerate(config["sources"]):
+        if "tokens_column" not in s:
+            return f"sources[{i}]: litdata reads pre-tokenized token lists only"
+        if not isinstance(s.get("weight", 1.0), (int, float)):
+            return f"sources[{i}].weight: litdata takes constant weights only"
+    if config.get("phases"):
+        return "phases: litdata has one sequence length and one mix"
+    return None
+
+
+def _write(path: str, config: dict) -> str:
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+    return path
+
+
+# ----------------------------------------------------------------------------------------
+# Planner figures (no trainers)
+
+
+def braid_plan(config: dict, steps: int) -> List[List[float]]:
+    """Per step, the cost of each rank as Braid's planner assigns it."""
+    from braid import _core
+
+    out: List[List[float]] = []
+    parsed = _core.parse_config(json.dumps(config), os.getcwd())
+    _core.plan_job(parsed, steps, "",
+                   lambda line: out.append([r["cost"] for r in json.loads(line)["ranks"]]))
+    return out
+
+
+def baseline_costs(config: dict, ranks: int, steps: int, workers: int,
+                   shuffle_buffer: int, progress=None) -> List[List[float]]:
+    """Per step, the cost each of `ranks` baseline ranks receives (their DataLoaders'
+    streams replayed in this process from metadata: the same documents, no image
+    decoded)."""
+    from braid.bench.baseline import BaselineDataset
+    from braid.bench.trainer import batch_cost
+
+    model = cost_model(config)
+    costs = [[0.0] * ranks for _ in range(steps)]
+    for rank in range(ranks):
+        data = BaselineDataset.from_braid_config(config, rank=rank, world_size=ranks,
+                                                 shuffle_buffer=shuffle_buffer,
+                                                 metadata=True)
+        streams = [data.worker_stream(w, workers) for w in range(workers)]
+        item = 0
+        for step in range(steps):
+            for _ in range(data.plan.micro_batches_at(step)):
+                batch = next(streams[item % workers])  # DataLoader's round robin
+                item += 1
+                costs[step][rank] += batch_cost(batch, **model)
+        del streams
+        if progress is not None:
+            progress.update(1)
+    return costs
+
+
+def imbalance(costs: List[List[float]]) -> List[float]:
+    return [max(c) / statistics.fmean(c) if statistics.fmean(c) > 0 else 1.0
+            for c in costs]
+
+
+# ----------------------------------------------------------------------------------------
+# Trainer runs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_trainers(mode_name: str, config_path: str, args, spec: dict,
+                 progress=None) -> Dict[str, Any]:
+    """R trainers in one mode; returns memory samples and their reports."""
+    mode = MODES[mode_name]
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               PYTHONUNBUFFERED="1")
+    procs = []
+    for r in range(args.ranks):
+        s = dict(spec, mode=mode_name, config=config_path, rank=r, port=port)
+        procs.append(subprocess.Popen([sys.executable, "-m", "braid.bench.trainer",
+                                       json.dumps(s)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env))
+    deadline = time.monotonic() + args.timeout
+    events: "queue.Queue[tuple]" = queue.Queue()
+
+    def read(i: int, p: subprocess.Popen) -> None:
+        # Blocking reads in a thread of its own (select on a buffered pipe misses lines
+        # already in the buffer); EOF is an event too.
+        for line in p.stdout:
+            if line.startswith("{"):
+                events.put((i, json.loads(line)))
+        events.put((i, None))
+
+    def next_event(wait: Optional[float] = None) -> tuple:
+        """The next event within `wait` seconds (queue.Empty) and the deadline."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{mode_name}: the trainers did not finish in "
+                               f"{args.timeout:g} s")
+        i, event = events.get(timeout=left if wait is None else min(wait, left))
+        if event is None:
+            raise RuntimeError(f"{mode_name}: trainer {procs[i].pid} (rank {i}) exited "
+                               f"({procs[i].wait()})")
+        return i, event
+
+    try:
+        for i, p in enumerate(procs):
+            threading.Thread(target=read, args=(i, p), daemon=True).start()
+        for _ in procs:
+            i, event = next_event()
+            if event["event"] != "ready":
+                raise RuntimeError(f"{mode_name}: rank {i} did not start: {event}")
+        pids = [p.pid for p in procs]
+        sample_s = args.sample_ms / 1000.0
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        samples = [sample(pids, mode.extra_pids(mode.state))]
+        reports: List[Optional[dict]] = [None] * len(procs)
+        last = time.monotonic()
+        while any(r is None for r in reports):
+            if time.monotonic() - last >= sample_s:
+                samples.append(sample(pids, mode.extra_pids(mode.state)))
+                last = time.monotonic()
+            try:
+                i, event = next_event(max(0.0, sample_s - (time.monotonic() - last)))
+            except queue.Empty:
+                continue
+            if event["event"] == "step":
+                if progress is not None:
+                    progress.update(1)
+            elif event["event"] == "done":
+                reports[i] = event
+        for _ in range(2):  # every loader still alive after its last step
+            samples.append(sample(pids, mode.extra_pids(mode.state)))
+            time.sleep(sample_s)
+        for p in procs:
+            p.stdin.write("exit\n")
+            p.stdin.flush()
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if p.returncode != 0:
+                raise RuntimeError(f"{mode_name}: trainer {p.pid} exited {p.returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {"peak": max(samples, key=lambda s: s["total"]), "reports": reports}
+
+
+def summarize(run: dict, none_peak: float, warmup: int) -> Dict[str, Any]:
+    reports = run["reports"]
+    steps = len(reports[0]["steps"])
+    per_step_costs = [[r["steps"][k]["cost"] for r in reports] for k in range(steps)]
+    ends = reports[0]["steps"]
+    span = ends[-1]["end_s"] - ends[warmup - 1]["end_s"] if warmup else ends[-1]["end_s"]
+    compute = sum(max(c) for c in per_step_costs[warmup:])
+    tokens = sum(r["tokens"] for r in reports)
+    elapsed = max(r["elapsed_s"] for r in reports)
+    return {
+        "added_pss_bytes": run["peak"]["total"] - none_peak,
+        "peak_processes": run["peak"]["processes"],
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+        "wait_fraction": (sum(s["wait_s"] for r in reports for s in r["steps"]) /
+                          sum(r["elapsed_s"] for r in reports)),
+        "imbalance_per_step": imbalance(per_step_costs),
+        "mean_rank_cost": statistics.fmean(x for c in per_step_costs for x in c),
+        "steps_per_s": (steps - warmup) / span if span > 0 else 0.0,
+        "compute_bound_steps_per_s": (steps - warmup) / compute if compute > 0 else 0.0,
+    }
+
+
+# ----------------------------------------------------------------------------------------
+# Output
+
+
+def plots(out_dir: str, result: dict) -> List[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    loaders = result["loaders"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in loaders.items():
+        axes[0].plot(r["imbalance_per_step"], label=name)
+    axes[0].set(title=f"imbalance per step, {result['ranks']} ranks (trainers)",
+                xlabel="step", ylabel="max / mean rank cost")
+    for name, values in result["imbalance_dp"]["per_step"].items():
+        axes[1].plot(values, label=name)
+    axes[1].set(title=f"imbalance per step, dp={result['imbalance_dp']['dp']} (planned)",
+                xlabel="step")
+    for ax in axes:
+        ax.legend()
+    fig.tight_layout()
+    written.append(os.path.join(out_dir, "imbalance.png"))
+    fig.savefig(written[-1], dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in loaders:
+        points = sorted((int(r), m[name]) for r, m in result["memory_by_ranks"].items()
+                        if name in m)
+        ax.plot([p[0] for p in points], [p[1] / 1e9 for p in points], "o-", label=name)
+    ax.set(title="loader memory (added PSS)", xlabel="trainer ranks", ylabel="GB")
+    ax.legend()
+    fig.tight_layout()
+    written.append(os.path.join(out_dir, "memory.png"))
+    fig.savefig(written[-1], dpi=90)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    names = list(loaders)
+    axes[0].bar(names, [loaders[n]["tokens_per_s"] / 1e6 for n in names])
+    axes[0].set(title="tokens/s delivered", ylabel="M tokens/s")
+    axes[1].bar(names, [loaders[n]["steps_per_s"] for n in names], label="measured")
+    axes[1].plot(names, [loaders[n]["ideal_steps_per_s"] for n in names], "k_",
+                 markersize=30, label="costs alone")
+    axes[1].set(title="end-to-end steps/s (simulated trainer)")
+    axes[1].legend()
+    fig.tight_layout()
+    written.append(os.path.join(out_dir, "throughput.png"))
+    fig.savefig(written[-1], dpi=90)
+    plt.close(fig)
+    return written
+
+
+def table(result: dict) -> str:
+    lines = [f"{'loader':<12} {'memory GB':>10} {'tokens/s':>11} {'wait':>6} "
+             f"{'cost':>6} {'imbalance':>10} {'steps/s':>8} {'vs base':>8} "
+             f"{'dp=' + str(result['imbalance_dp']['dp']):>8}"]
+    base = result["loaders"].get("baseline")
+    dp_mean = result["imbalance_dp"]["mean"]
+    unit = next(iter(result["loaders"].values()))["mean_rank_cost"] or 1.0
+    for name, r in result["loaders"].items():
+        ratio = r["steps_per_s"] / base["steps_per_s"] if base else float("nan")
+        dp = f"{dp_mean[name]:.4f}" if name in dp_mean else "-"
+        lines.append(f"{name:<12} {r['added_pss_bytes'] / 1e9:>10.2f} "
+                     f"{r['tokens_per_s']:>11,.0f} {r['wait_fraction']:>6.3f} "
+                     f"{r['mean_rank_cost'] / unit:>6.3f} {statistics.fmean(r['imbalance_per_step']):>10.4f} "
+                     f"{r['steps_per_s']:>8.3f} {ratio:>7.2f}x {dp:>8}")
+    for name, why in result["skipped"].items():
+        lines.append(f"{name:<12} skipped: {why}")
+    lines.append("cost: the mean cost a rank received per step, against Braid's; "
+                 "imbalance: mean over steps of max / mean rank cost")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Main
+
+
+def parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
+    p = p or argparse.ArgumentParser(prog="braid bench", description=__doc__.split("\n")[0])
+    p.add_argument("config", help="a Braid config (JSON or YAML)")
+    p.add_argument("--ranks", default="8",
+                   help="trainer processes; a comma list (4,8) runs each, for memory "
+                   "against ranks (the other figures: the largest)")
+    p.add_argument("--runtime", choices=["embedded", "ray"], default="embedded",
+                   help="Braid's runtime (ray: a Ray head of its own, node delivery)")
+    p.add_argument("--against", default="baseline",
+                   help=f"comma list of {', '.join(PEERS)} (none: '')")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--warmup", type=int, default=4, help="steps not timed")
+    p.add_argument("--step-ms", type=float, default=200.0,
+                   help="simulated compute of a rank's step at Braid's mean rank cost")
+    p.add_argument("--imbalance-dp", type=int, default=64)
+    p.add_argument("--imbalance-micro-batches", type=int, default=8,
+                   help="micro-batches per rank at --imbalance-dp (0: the config's)")
+    p.add_argument("--imbalance-steps", type=int, default=12)
+    p.add_argument("--workers", type=int, default=2,
+                   help="DataLoader workers per rank of the baseline and peers")
+    p.add_argument("--shuffle-buffer", type=int, default=64,
+                   help="baseline: documents per source")
+    p.add_argument("--out", help="output folder (default: out/bench/CONFIG_NAME)")
+    p.add_argument("--sample-ms", type=float, default=200.0)
+    p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
+    p.add_argument("--ray-object-store-mb", type=int, default=256, help=argparse.SUPPRESS)
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401  (the plots, at the end)
+        from tqdm import tqdm
+    except ImportError as e:
+        raise ValueError(f"braid bench needs {e.name}: pip install 'braid[bench]'")
+    from braid.bench.baseline import load_braid_config
+
+    ranks_list = sorted({int(r) for r in str(args.ranks).split(",") if r})
+    if not ranks_list or min(ranks_list) < 1:
+        raise ValueError("--ranks: positive integers")
+    against = [a for a in args.against.split(",") if a]
+    for a in against:
+        if a not in PEERS:
+            raise ValueError(f"--against: unknown loader {a!r} (of {', '.join(PEERS)})")
+    if not 0 <= args.warmup < args.steps:
+        raise ValueError("--warmup must be below --steps")
+    config = _rebase(load_braid_config(args.config),
+                     os.path.dirname(os.path.abspath(args.config)))
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    out_dir = os.path.abspath(args.out or os.path.join("out", "bench", name))
+    os.makedirs(out_dir, exist_ok=True)
+    args.dir = out_dir  # where modes put converted data
+    braid_mode = "braid" if args.runtime == "embedded" else "braid-ray"
+    skipped = {a: why for a in against if (why := cannot_express(a, config))}
+    loaders = [braid_mode] + [a for a in against if a not in skipped]
+    model = cost_model(config)
+
+    total = (len(ranks_list) * (len(loaders) + 1) * args.steps + args.imbalance_dp *
+             ("baseline" in loaders) + 1)
+    progress = tqdm(total=total, desc=name, unit="step", disable=args.no_progress,
+                    file=sys.stderr, mininterval=0.5)
+    # The time unit: Braid's mean rank cost at the largest R is --step-ms.
+    top = max(ranks_list)
+    planned = braid_plan(with_ranks(config, top), args.steps)
+    scale = args.step_ms / 1000.0 / statistics.fmean(x for c in planned for x in c)
+
+    memory_by_ranks: Dict[int, Dict[str, float]] = {}
+    figures: Dict[str, dict] = {}
+    for ranks in ranks_list:
+        args.ranks = ranks
+        base = with_ranks(config, ranks)
+        dp = base["topology"]["dp"]
+        spec = {"ranks": ranks, "steps": args.steps, "scale": scale, **model,
+                "tokens_per_rank_step": base["batch"]["global_tokens"] // dp,
+                "workers": args.workers, "shuffle_buffer": args.shuffle_buffer}
+        runs = {}
+        for mode_name in ["none"] + loaders:
+            progress.set_description(f"{name}: {mode_name} x {ranks}")
+            mode = MODES[mode_name]
+            prepared = mode.prepare(dict(base), args, mode.state)
+            path = _write(os.path.join(out_dir, f"config-{mode_name}-{ranks}.json"),
+                          prepared)
+            try:
+                runs[mode_name] = run_trainers(mode_name, path, args, spec, progress)
+            finally:
+                mode.cleanup(mode.state)
+        none_peak = runs["none"]["peak"]["total"]
+        memory_by_ranks[ranks] = {}
+        for mode_name in loaders:
+            s = summarize(runs[mode_name], none_peak, args.warmup)
+            memory_by_ranks[ranks][mode_name] = s["added_pss_bytes"]
+            if ranks == top:
+                figures[mode_name] = s
+    for s in figures.values():
+        s["ideal_steps_per_s"] = s["compute_bound_steps_per_s"] / scale
+
+    # Imbalance at a large dp, from the planner and the baseline's replayed streams.
+    progress.set_description(f"{name}: imbalance at dp={args.imbalance_dp}")
+    big = with_ranks(config, args.imbalance_dp, args.imbalance_micro_batches or None)
+    per_step = {braid_mode: imbalance(braid_plan(big, args.imbalance_steps))}
+    dp_costs = {}
+    if "baseline" in loaders:
+        dp_costs["baseline"] = baseline_costs(big, args.imbalance_dp, args.imbalance_steps,
+                                              args.workers, args.shuffle_buffer, progress)
+        per_step["baseline"] = imbalance(dp_costs["baseline"])
+    progress.update(1)
+    progress.close()
+
+    result = {
+        "config": os.path.abspath(args.config), "ranks": top, "runtime": args.runtime,
+        "steps": args.steps, "warmup": args.warmup, "step_ms": args.step_ms,
+        "scale_s": scale, "cost": model, "workers": args.workers,
+        "loaders": figures, "skipped": skipped,
+        "memory_by_ranks": {str(r): m for r, m in memory_by_ranks.items()},
+        "imbalance_dp": {"dp": args.imbalance_dp,
+                         "micro_batches": args.imbalance_micro_batches or "config",
+                         "steps": args.imbalance_steps, "per_step": per_step,
+                         "mean": {k: statistics.fmean(v) for k, v in per_step.items()}},
+    }
+    if "baseline" in figures:
+        b = figures["baseline"]
+        result["speedup_over_baseline"] = {
+            n: figures[n]["steps_per_s"] / b["steps_per_s"] for n in figures
+            if n != "baseline" and b["steps_per_s"] > 0}
+        result["speedup_costs_alone_over_baseline"] = {
+            n: figures[n]["ideal_steps_per_s"] / b["ideal_steps_per_s"] for n in figures
+            if n != "baseline" and b["ideal_steps_per_s"] > 0}
+        result["memory_ratio_baseline_over"] = {
+            n: b["added_pss_bytes"] / figures[n]["added_pss_bytes"] for n in figures
+            if n != "baseline" and figures[n]["added_pss_bytes"] > 0}
+    result["plots"] = plots(out_dir, result)
+    path = os.path.join(out_dir, "bench.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{name}: {top} ranks, {args.steps} steps ({args.warmup} warm-up) of "
+          f"{args.step_ms:g} ms at Braid's mean rank cost; dp={args.imbalance_dp} "
+          f"imbalance over {args.imbalance_steps} planned steps")
+    print(table(result))
+    for n, v in result.get("speedup_over_baseline", {}).items():
+        print(f"end-to-end {n} / baseline: {v:.2f}x; memory baseline / {n}: "
+              f"{result['memory_ratio_baseline_over'].get(n, float('nan')):.2f}x")
+    print(f"wrote {path} and {len(result['plots'])} plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(parser().parse_args()))

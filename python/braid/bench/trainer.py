@@ -1,0 +1,123 @@
+"""A simulated synchronous data-parallel trainer rank, as `braid bench` starts it.
+
+One process per rank (a fresh interpreter that imports torch and braid, as a trainer
+does), joined to the others by a gloo process group. Per step it pulls micro-batches from
+its loader until it holds the rank's share of the step's tokens; after each one it
+"computes" for the cost model's time of what it received (it sleeps, so the loaders keep
+the CPUs), then waits at a barrier for the slowest rank: a step ends when the slowest
+rank ends, as with an all-reduce of gradients.
+
+The cost of a micro-batch is the planner's cost model (docs/planner.md):
+`attn * len^2 + linear * len` per piece of `cu_seqlens` plus `vision * image tokens`
+(rows of `pixel_values`), times `scale` seconds. A loader that cannot report document
+boundaries (one segment per row) pays full-row attention, as its trainer would.
+
+Protocol with the harness (stdout JSON lines, stdin words): prints {"event": "ready"},
+waits for "go", prints {"event": "step", ...} after each step on rank 0, then
+{"event": "done", ...} with per-step figures, and exits after "exit".
+
+    python -m braid.bench.trainer '{"mode": "braid", "config": ..., "rank": 0, ...}'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Dict, List
+
+
+def _emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def batch_cost(batch: Dict, attn: float, linear: float, vision: float) -> float:
+    """The cost model of one micro-batch (see the module's docstring)."""
+    import torch
+
+    cu = batch["cu_seqlens"].to(torch.float64)
+    lens = cu[1:] - cu[:-1]
+    cost = float(attn * (lens * lens).sum() + linear * lens.sum())
+    if "image_tokens" in batch:
+        cost += vision * float(batch["image_tokens"].sum())
+    elif "pixel_values" in batch:
+        cost += vision * batch["pixel_values"].shape[0]
+    return cost
+
+
+def batch_tokens(batch: Dict) -> int:
+    if "input_ids" in batch:
+        return batch["input_ids"].numel()
+    return int(batch["cu_seqlens"][-1])
+
+
+def main(spec: dict) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import braid  # noqa: F401  (a trainer imports it; the `none` mode loads nothing)
+    from braid.bench.modes import MODES
+
+    rank, world = spec["rank"], spec["ranks"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}",
+                            rank=rank, world_size=world)
+    mode = MODES[spec["mode"]]
+    _emit({"event": "ready", "pid": os.getpid()})
+    if sys.stdin.readline().strip() != "go":
+        return 1
+    attn, linear, vision = spec["attn"], spec["linear"], spec["vision"]
+    scale = spec["scale"]
+    per_step = spec["tokens_per_rank_step"]
+    dist.barrier()
+    start = time.monotonic()
+    it, close = mode.start(spec["config"], rank, world, _Args(spec))
+    steps: List[dict] = []
+    tokens = 0
+    for step in range(spec["steps"]):
+        if it is None:
+            dist.barrier()
+            steps.append({"cost": 0.0, "wait_s": 0.0, "end_s": time.monotonic() - start})
+            if rank == 0:
+                _emit({"event": "step", "step": step})
+            continue
+        cost = wait = 0.0
+        got = 0
+        while got < per_step:
+            t = time.monotonic()
+            batch = next(it)
+            wait += time.monotonic() - t
+            c = batch_cost(batch, attn, linear, vision)
+            n = batch_tokens(batch)
+            got += n
+            cost += c
+            del batch
+            time.sleep(c * scale)  # the simulated forward and backward
+        tokens += got
+        t = time.monotonic()
+        dist.barrier()  # the gradients' all-reduce: the slowest rank ends the step
+        steps.append({"cost": cost, "wait_s": wait, "barrier_s": time.monotonic() - t,
+                      "tokens": got, "end_s": time.monotonic() - start})
+        if rank == 0:
+            _emit({"event": "step", "step": step})
+    elapsed = time.monotonic() - start
+    _emit({"event": "done", "rank": rank, "tokens": tokens, "elapsed_s": elapsed,
+           "steps": steps})
+    sys.stdin.readline()  # "exit": the harness has its samples
+    close()
+    dist.destroy_process_group()
+    return 0
+
+
+class _Args:
+    """The harness options a mode's start() reads."""
+
+    def __init__(self, spec: dict):
+        self.workers = spec["workers"]
+        self.shuffle_buffer = spec["shuffle_buffer"]
+
+
+if __name__ == "__main__":
+    torch_threads = os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main(json.loads(sys.argv[1])))

@@ -1,0 +1,186 @@
+"""`braid bench` as a user runs it, and the per-rank baseline on the mixes it must read
+(phases, weight schedules, text and image-caption sources)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import random
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import encoded_image, write_config, write_docs
+
+from braid import _core
+from braid.bench import baseline, run
+
+
+def token_source(root: Path, name: str, seed: int, mean: float, weight) -> dict:
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(mean), 0.8, size=400), 2, 4000).astype(int)
+    docs = [[int(x) for x in rng.integers(3, 30000, size=n)] for n in lengths]
+    write_docs(root / name / "part-000.parquet", docs, row_group_size=64)
+    return {"name": name, "path": name, "tokens_column": "input_ids", "weight": weight}
+
+
+@pytest.fixture(scope="module")
+def mix(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("mix")
+    sources = [token_source(root, "short", 1, 60, 0.5), token_source(root, "long", 2, 700,
+                                                                    0.5)]
+    return write_config(root / "job.json", {
+        "seed": 9, "topology": {"dp": 2},
+        "batch": {"global_tokens": 2 * 2 * 512, "seq_len": 512, "micro_batch_size": 1},
+        "balance": {"cost": {"attn": 1.0, "linear": 512.0}},
+        "sources": sources})
+
+
+def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [sys.executable, "-m", "braid.cli", "bench", str(mix), "--ranks", "2",
+         "--steps", "6", "--warmup", "2", "--step-ms", "40", "--imbalance-dp", "8",
+         "--imbalance-micro-batches", "2", "--imbalance-steps", "3", "--sample-ms", "50",
+         "--timeout", "240", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "%|" in result.stderr  # the progress bar
+    figures = json.loads((out / "bench.json").read_text())
+    assert set(figures["loaders"]) == {"braid", "baseline"}
+    for name, f in figures["loaders"].items():
+        assert f["tokens"] == 2 * 6 * 2 * 512, name  # every rank's share of every step
+        assert f["added_pss_bytes"] > 0, name
+        assert f["steps_per_s"] > 0 and f["ideal_steps_per_s"] > 0, name
+        assert len(f["imbalance_per_step"]) == 6, name
+        assert all(x >= 1.0 for x in f["imbalance_per_step"]), name
+        assert 0 <= f["wait_fraction"] < 1, name
+    # The costs the trainers received are the planner's, step for step.
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    planned = run.imbalance(run.braid_plan(run.with_ranks(config, 2), 6))
+    assert figures["loaders"]["braid"]["imbalance_per_step"] == pytest.approx(planned,
+                                                                              rel=1e-9)
+    dp = figures["imbalance_dp"]
+    assert dp["dp"] == 8 and set(dp["per_step"]) == {"braid", "baseline"}
+    assert all(len(v) == 3 for v in dp["per_step"].values())
+    assert figures["speedup_over_baseline"]["braid"] > 0
+    assert figures["memory_ratio_baseline_over"]["braid"] > 0
+    for png in ("imbalance.png", "memory.png", "throughput.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "end-to-end braid / baseline" in result.stdout
+
+
+def test_bench_refuses_what_a_peer_cannot_express(mix: Path, tmp_path: Path):
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    assert run.cannot_express("litdata", config) is None
+    config["sources"][0]["weight"] = {"schedule": [[0, 0.1], [10, 0.5]]}
+    assert "sources[0].weight" in run.cannot_express("litdata", config)
+    result = subprocess.run([sys.executable, "-m", "braid.cli", "bench", str(mix),
+                             "--against", "mosaic"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 2 and "mosaic" in result.stderr
+
+
+def test_with_ranks_keeps_each_ranks_share(mix: Path):
+    config = baseline.load_braid_config(str(mix))
+    big = run.with_ranks(config, 64)
+    assert big["topology"]["dp"] == 64 and big["batch"]["global_tokens"] == 64 * 2 * 512
+    assert run.with_ranks(config, 64, 8)["batch"]["global_tokens"] == 64 * 8 * 512
+
+
+def baseline_items(config, n: int, rank: int = 0, world: int = 2, metadata=False):
+    data = baseline.BaselineDataset.from_braid_config(config, rank=rank, world_size=world,
+                                                      shuffle_buffer=8, metadata=metadata)
+    it = data.worker_stream(0, 1)
+    return [next(it) for _ in range(n)]
+
+
+def test_baseline_follows_phases_and_schedules(tmp_path: Path):
+    sources = [token_source(tmp_path, "a", 3, 50, {"schedule": [[0, 0.9], [6, 0.1]]}),
+               token_source(tmp_path, "b", 4, 50, {"schedule": [[0, 0.1], [6, 0.9]]})]
+    config = write_config(tmp_path / "job.json", {
+        "seed": 1, "topology": {"dp": 2},
+        "batch": {"global_tokens": 2 * 2 * 256, "seq_len": 256},
+        "phases": [{"until_step": 3, "seq_len": 128}],
+        "sources": sources})
+    items = baseline_items(str(config), 4 * 3 + 2 * 9)
+    # Steps 0-2: 4 micro-batches of 128 per rank; then 2 of 256.
+    shapes = [tuple(b["input_ids"].shape) for b in items]
+    assert shapes == [(1, 128)] * 12 + [(1, 256)] * 18
+    def share_b(batches):
+        src = np.concatenate([b["source_ids"].numpy().ravel() for b in batches])
+        return float((src == 1).mean())
+
+    # The schedule moves the token share from a to b (b: 0.1 .. 0.37 in steps 0-2, 0.9
+    # from step 6 on; drawn per document, so not exact per step).
+    assert share_b(items[:12]) < 0.45
+    assert share_b(items[18:]) > 0.7
+
+
+def test_baseline_sizes_images_as_braid_does(tmp_path: Path):
+    rng = random.Random(3)
+    sizes = [(700, 500), (1000, 30), (15, 15), (13, 40), (300, 301), (1024, 1024),
+             (29, 27), (640, 480)]
+    images = [encoded_image(rng, w, h) for w, h in sizes]
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()),
+                             "caption": [""] * len(images)}),
+                   tmp_path / "c.parquet", row_group_size=4)
+    captions = ["a b c d e f g h", "loader planner constructor"] * 50
+    model = _core.train_tiny_sentencepiece(captions, str(tmp_path / "tok"), 40)
+    config = {"seed": 2, "topology": {"dp": 1},
+              "batch": {"global_tokens": 2048, "seq_len": 2048},
+              "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+              "sources": [{"name": "c", "path": str(tmp_path / "c.parquet"),
+                           "image_column": "image", "text_column": "caption",
+                           "image": {"patch_size": 14, "image_token_id": 500}}]}
+    import braid
+
+    loader = braid.Loader(config, rank=0, world_size=1)
+    grids = []
+    for batch in loader:
+        if "image_grid" in batch:
+            grids += [tuple(g) for g in batch["image_grid"].tolist()]
+        if len(grids) >= len(sizes):
+            break
+    loader.close()
+    expected = [baseline.image_grid(h, w, 14, 262144) for w, h in sizes]
+    assert collections.Counter(grids[:len(sizes)]) == collections.Counter(expected)
+    # The baseline's documents: placeholders then EOS; pixel rows follow placeholders.
+    items = baseline_items(config, 6, world=1)
+    for b in items:
+        placeholders = int((b["input_ids"] == 500).sum())
+        rows = b["pixel_values"].shape[0] if "pixel_values" in b else 0
+        assert rows == placeholders
+        if rows:
+            assert b["pixel_values"].shape[1] == 3 * 14 * 14
+            assert float(b["pixel_values"].abs().max()) <= 1.0
+    meta = baseline_items(config, 6, world=1, metadata=True)
+    assert [int(m["image_tokens"].sum()) for m in meta] == [
+        int((b["input_ids"] == 500).sum()) for b in items]
+
+
+def test_baseline_tokenizes_text_as_the_model_does(tmp_path: Path):
+    texts = [f"row {i}: the loader reads many sources and packs them" * (1 + i % 3)
+             for i in range(40)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=40)
+    model = _core.train_tiny_sentencepiece(texts, str(tmp_path / "tok"), 50)
+    config = {"seed": 2, "topology": {"dp": 1},
+              "batch": {"global_tokens": 4096, "seq_len": 4096},
+              "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+              "sources": [{"name": "t", "path": str(tmp_path / "t.parquet"),
+                           "text_column": "text"}]}
+    data = baseline.BaselineDataset.from_braid_config(config, shuffle_buffer=1)
+    ids = next(data.worker_stream(0, 1))["input_ids"].numpy().ravel()
+    expected = set()
+    for t in texts:
+        expected.add(tuple(_core.sentencepiece_tokenize(model, t)) + (2,))
+    cu = np.flatnonzero(ids == 2)
+    first = tuple(ids[:cu[0] + 1])
+    assert first in expected
