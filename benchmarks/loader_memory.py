@@ -55,6 +55,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from braid.bench.modes import MODES, Mode
+from braid.bench.overrides import apply_overrides, parse_set
 from braid.bench.procs import children_map, descendants, sample, smaps_rollup
 
 
@@ -337,7 +338,7 @@ def write_config(path: str, base: str, args, extra: dict) -> dict:
                      "tokens_column": "input_ids", "weight": float(1 + s % 4)}
                     for s in range(args.sources)],
     }
-    _sibling("many_sources").apply_overrides(config, extra)
+    apply_overrides(config, extra)
     with open(path, "w") as f:
         json.dump(config, f, indent=1)
     return config
@@ -408,7 +409,7 @@ def main(argv=None) -> int:
         base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
                          args.sources)
         path = os.path.join(args.dir, f"config-profile-{args.profile}.json")
-        extra = _sibling("many_sources").parse_set(args.set)
+        extra = parse_set(args.set)
         config = MODES[args.profile].prepare(write_config(path, base, args, extra), args,
                                              MODES[args.profile].state)
         with open(path, "w") as f:
@@ -424,7 +425,7 @@ def main(argv=None) -> int:
             p.error(f"--loaders: unknown mode {m!r}")
     base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
                      args.sources)
-    extra = _sibling("many_sources").parse_set(args.set)
+    extra = parse_set(args.set)
     print(f"ranks={args.ranks} sources={args.sources} tokens/file={args.tokens_per_file:,} "
           f"seq_len={args.seq_len} micro_batch_size={args.micro_batch_size} "
           f"micro-batches/rank={args.micro_batches} interval={args.interval_ms:g} ms "

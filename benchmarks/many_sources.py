@@ -41,6 +41,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from braid.bench.overrides import apply_overrides, parse_set
+
 SEQ_LEN = 2048
 DP = 1024
 MEAN_LOG = np.log(12000.0)  # median document length; mean ~25K tokens
@@ -94,17 +96,6 @@ def make_data(root: str, sources: int, files: int, tokens: int, layout: str,
     return base
 
 
-def parse_set(items):
-    out = {}
-    for item in items or []:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def write_config(path: str, base: str, sources: int, extra: dict) -> None:
     config = {
         "seed": 7,
@@ -117,21 +108,6 @@ def write_config(path: str, base: str, sources: int, extra: dict) -> None:
     apply_overrides(config, extra)
     with open(path, "w") as f:
         json.dump(config, f, indent=1)
-
-
-def apply_overrides(config: dict, extra: dict) -> None:
-    """Sets each `--set KEY=VALUE` in `config`: a dotted key path, or `sources.KEY` on
-    every source."""
-    for key, value in extra.items():
-        if key.startswith("sources."):  # every source
-            for source in config["sources"]:
-                source[key[len("sources."):]] = value
-            continue
-        node = config
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
 
 
 def proc_status(pid: int):

@@ -72,6 +72,7 @@ def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
     assert all(len(v) == 3 for v in dp["per_step"].values())
     assert figures["speedup_over_baseline"]["braid"] > 0
     assert figures["memory_ratio_baseline_over"]["braid"] > 0
+    assert figures["speedup_balance_only_over_baseline"]["braid"] > 0
     for png in ("imbalance.png", "memory.png", "throughput.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "end-to-end braid / baseline" in result.stdout
