@@ -75,7 +75,7 @@ def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
     assert figures["speedup_balance_only_over_baseline"]["braid"] > 0
     for png in ("imbalance.png", "memory.png", "throughput.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "end-to-end braid / baseline" in result.stdout
+    assert "braid / baseline: end-to-end" in result.stdout
 
 
 def test_bench_refuses_what_a_peer_cannot_express(mix: Path, tmp_path: Path):
