@@ -20,9 +20,10 @@ forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer
 embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
 this script starts: Ray's daemons and the job's actors count as extra processes; the
 trainers receive through node delivery), `braid-ray-store` (the same with
-runtime.delivery: object_store: the trainers are Ray drivers), `litdata` (a peer,
-braid/bench/peers.py: LitData's pre-tokenized chunks with --workers forked workers per
-rank; needs benchmarks/requirements-peers.txt). A mode is a `Mode` (braid/bench/modes.py): what it changes in the config, how a
+runtime.delivery: object_store: the trainers are Ray drivers), `litdata` and `energon`
+(peers, braid/bench/peers.py: LitData's pre-tokenized chunks, or Megatron-Energon's
+WebDataset shards and blend metadataset, with --workers forked workers per rank; they
+need benchmarks/requirements-peers.txt). A mode is a `Mode` (braid/bench/modes.py): what it changes in the config, how a
 trainer starts its loader, which extra PIDs count.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \

@@ -89,6 +89,25 @@ def test_bench_refuses_what_a_peer_cannot_express(mix: Path, tmp_path: Path):
     assert result.returncode == 2 and "mosaic" in result.stderr
 
 
+def test_bench_refuses_what_energon_cannot_express(mix: Path):
+    # Runs without Megatron-Energon installed: only the refusals, not the loader.
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    assert "energon" in run.PEERS
+    assert run.cannot_express("energon", config) is None
+    scheduled = json.loads(json.dumps(config))
+    scheduled["sources"][1]["weight"] = {"steps": [[0, 0.2], [5, 0.8]]}
+    assert run.cannot_express("energon", scheduled) == (
+        "sources[1].weight: energon takes constant weights only")
+    text = json.loads(json.dumps(config))
+    del text["sources"][0]["tokens_column"]
+    text["sources"][0]["text_column"] = "text"
+    assert run.cannot_express("energon", text) == (
+        "sources[0]: energon reads pre-tokenized token lists only")
+    phased = dict(config, phases=[{"until_step": 4, "seq_len": 256}])
+    assert run.cannot_express("energon", phased).startswith("phases: energon")
+    assert run.cannot_express("baseline", phased) is None
+
+
 def test_with_ranks_keeps_each_ranks_share(mix: Path):
     config = baseline.load_braid_config(str(mix))
     big = run.with_ranks(config, 64)

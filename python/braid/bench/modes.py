@@ -72,18 +72,34 @@ def _start_braid(config_path, rank, world_size, args):
     return iter(loader), loader.close
 
 
-def _prepare_litdata(config: dict, args, state: dict) -> dict:
-    """Converts the sources to LitData's pre-tokenized chunks (braid/bench/peers.py; once,
-    under --dir/litdata) and records their folders in the config for the trainers."""
-    # In a process of its own: LitData's optimize starts workers of its own.
-    path = os.path.abspath(os.path.join(args.dir, "config-litdata-convert.json"))
+def _convert(config: dict, args, peer: str) -> List[str]:
+    """Runs braid/bench/peers.py's converter for `peer` (once: its folders under
+    --dir/PEER are reused) in a process of its own (LitData's optimize starts workers of
+    its own); returns the folders."""
+    path = os.path.abspath(os.path.join(args.dir, f"config-{peer}-convert.json"))
     with open(path, "w") as f:
         json.dump(config, f)
-    done = subprocess.run([sys.executable, "-m", "braid.bench.peers", path,
-                           os.path.abspath(os.path.join(args.dir, "litdata"))],
-                          capture_output=True, text=True, check=True)
-    folders = json.loads(done.stdout.strip().splitlines()[-1])
-    return dict(config, litdata_folders=folders)
+    flag = ["--energon"] if peer == "energon" else []
+    done = subprocess.run([sys.executable, "-m", "braid.bench.peers", *flag, path,
+                           os.path.abspath(os.path.join(args.dir, peer))],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{peer}: converting the sources failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _prepare_litdata(config: dict, args, state: dict) -> dict:
+    """Converts the sources to LitData's pre-tokenized chunks and records their folders in
+    the config for the trainers."""
+    return dict(config, litdata_folders=_convert(config, args, "litdata"))
+
+
+def _prepare_energon(config: dict, args, state: dict) -> dict:
+    """Converts the sources to Energon datasets (WebDataset shards, `energon prepare`)
+    with a metadataset blending them by the config's weights, and records its folder in
+    the config for the trainers."""
+    _convert(config, args, "energon")
+    return dict(config, energon_root=os.path.abspath(os.path.join(args.dir, "energon")))
 
 
 def _start_litdata(config_path, rank, world_size, args):
@@ -93,6 +109,15 @@ def _start_litdata(config_path, rank, world_size, args):
 
     return litdata_loader(config, config["litdata_folders"], rank, world_size,
                           args.workers)
+
+
+def _start_energon(config_path, rank, world_size, args):
+    with open(config_path) as f:
+        config = json.load(f)
+    from braid.bench.peers import energon_loader
+
+    return energon_loader(config, config["energon_root"], rank, world_size, args.workers,
+                          shuffle_buffer=args.shuffle_buffer)
 
 
 def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
@@ -160,6 +185,9 @@ MODES: Dict[str, Mode] = {
                       extra_pids=_ray_pids, cleanup=_cleanup_ray),
     # A peer (braid/bench/peers.py): LitData's pre-tokenized chunks, forked workers.
     "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata),
+    # A peer: Megatron-Energon's WebDataset shards and a blend metadataset, packing with
+    # document boundaries, forked workers.
+    "energon": Mode("energon", _start_energon, prepare=_prepare_energon),
     # The same with runtime.delivery: object_store (every trainer a Ray driver).
     "braid-ray-store": Mode(
         "braid-ray-store", _start_braid,

@@ -42,7 +42,7 @@ from braid.bench.modes import MODES
 from braid.bench.overrides import apply_overrides, parse_set
 from braid.bench.procs import sample
 
-PEERS = ("baseline", "litdata")
+PEERS = ("baseline", "litdata", "energon")
 
 
 # ----------------------------------------------------------------------------------------
@@ -90,16 +90,21 @@ def cost_model(config: dict) -> Dict[str, float]:
 
 
 def cannot_express(name: str, config: dict) -> Optional[str]:
-    """Why loader `name` cannot run this mix (None: it can)."""
-    if name != "litdata":
+    """Why loader `name` cannot run this mix (None: it can).
+
+    litdata and energon read the token lists their converters wrote (braid/bench/peers.py:
+    pre-tokenized sources only), with one constant weight per source (LitData's
+    `CombinedStreamingDataset` weights, Energon's metadataset `blend` weights: floats)
+    and one seq_len for the whole run (no phases)."""
+    if name not in ("litdata", "energon"):
         return None
     for i, s in enumerate(config["sources"]):
         if "tokens_column" not in s:
-            return f"sources[{i}]: litdata reads pre-tokenized token lists only"
+            return f"sources[{i}]: {name} reads pre-tokenized token lists only"
         if not isinstance(s.get("weight", 1.0), (int, float)):
-            return f"sources[{i}].weight: litdata takes constant weights only"
+            return f"sources[{i}].weight: {name} takes constant weights only"
     if config.get("phases"):
-        return "phases: litdata has one sequence length and one mix"
+        return f"phases: {name} has one sequence length and one mix"
     return None
 
 
