@@ -23,8 +23,8 @@ trainers receive through node delivery), `braid-ray-store` (the same with
 runtime.delivery: object_store: the trainers are Ray drivers), `litdata` and `energon`
 (peers, braid/bench/peers.py: LitData's pre-tokenized chunks, or Megatron-Energon's
 WebDataset shards and blend metadataset, with --workers forked workers per rank; they
-need benchmarks/requirements-peers.txt). A mode is a `Mode` (braid/bench/modes.py): what it changes in the config, how a
-trainer starts its loader, which extra PIDs count.
+need benchmarks/requirements-peers.txt). A mode is a `Mode` (braid/bench/modes.py): what
+it changes in the config, how a trainer starts its loader, which extra PIDs count.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
         [--ranks 8] [--sources 4] [--tokens-per-file 4500000] [--loaders baseline,braid,braid-ray] \

@@ -84,7 +84,8 @@ def _convert(config: dict, args, peer: str) -> List[str]:
                            os.path.abspath(os.path.join(args.dir, peer))],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{peer}: converting the sources failed:\n{done.stderr[-4000:]}")
+        raise RuntimeError(f"{peer}: converting the sources failed:\n"
+                           f"{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

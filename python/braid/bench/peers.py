@@ -148,8 +148,8 @@ def _energon_write(source: dict, folder: str) -> Dict[str, int]:
 
 
 def _energon_prepare(folder: str) -> None:
-    """`energon prepare FOLDER`, non-interactive (its command, in this process): every shard
-    in the train split, crude samples (the task encoder's cooker reads them)."""
+    """`energon prepare FOLDER`, non-interactive (its command, in this process): every
+    shard in the train split, crude samples (the task encoder's cooker reads them)."""
     from megatron.energon.tools.prepare import command
 
     command.main([folder, "--non-interactive", "--split-ratio", "1,0,0", "--sample-type",
@@ -166,7 +166,8 @@ def energon_convert(config: dict, root: str) -> List[str]:
     folders, blend = [], []
     for i, source in enumerate(config["sources"]):
         if "tokens_column" not in source:
-            raise ValueError(f"sources[{i}]: energon reads pre-tokenized token lists only")
+            raise ValueError(f"sources[{i}]: energon reads pre-tokenized token lists "
+                             "only")
         folder = os.path.join(root, source["name"])
         stats_path = os.path.join(root, source["name"] + ".stats.json")
         ready = (os.path.exists(stats_path) and
@@ -193,15 +194,16 @@ def energon_convert(config: dict, root: str) -> List[str]:
     lines = ["__module__: megatron.energon", "__class__: MetadatasetV2", "splits:",
              "  train:", "    blend:"]
     for folder, weight in blend:
-        lines += [f"      - weight: {weight / total!r}", f"        path: {json.dumps(folder)}"]
+        lines += [f"      - weight: {weight / total!r}",
+                  f"        path: {json.dumps(folder)}"]
     with open(os.path.join(root, _ENERGON_META), "w") as f:
         f.write("\n".join(lines) + "\n")
     return folders
 
 
-def _energon_task_encoder(seq_len: int, micro_batch_size: int):
-    """A task encoder: cooks a crude sample into its token array, cuts it into pieces of at
-    most seq_len tokens, packs pieces into seq_len rows (first fit decreasing over the
+def _energon_task_encoder(seq_len: int):
+    """A task encoder: cooks a crude sample into its token array, cuts it into pieces of
+    at most seq_len tokens, packs pieces into seq_len rows (first fit decreasing over the
     packing buffer, the rest of a row padded with 0) and batches rows with their
     `cu_seqlens`."""
     import numpy as np
@@ -279,7 +281,7 @@ def energon_loader(config: dict, root: str, rank: int, world_size: int, workers:
                                 shuffle_buffer_size=shuffle_buffer,
                                 max_samples_per_sequence=100,
                                 packing_buffer_size=packing_buffer,
-                                task_encoder=_energon_task_encoder(seq_len, batch))
+                                task_encoder=_energon_task_encoder(seq_len))
     loader = get_loader(dataset)
     blocks = iter(loader)
 
