@@ -108,6 +108,16 @@ def test_bench_refuses_what_energon_cannot_express(mix: Path):
     assert run.cannot_express("baseline", phased) is None
 
 
+def test_bench_says_what_the_baseline_cannot_read(mix: Path):
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    assert run.cannot_express("baseline", config) is None
+    chat = dict(config, sources=config["sources"] + [
+        {"name": "chat", "path": config["sources"][0]["path"], "chat_column": "c"}])
+    assert "sources[2]" in run.cannot_express("baseline", chat)
+    gone = dict(config, sources=[dict(config["sources"][0], path=str(mix.parent / "no"))])
+    assert "no Parquet files" in run.cannot_express("baseline", gone)
+
+
 def test_with_ranks_keeps_each_ranks_share(mix: Path):
     config = baseline.load_braid_config(str(mix))
     big = run.with_ranks(config, 64)

@@ -139,7 +139,7 @@ def resolve_paths(path: str) -> List[str]:
     elif any(c in path for c in "*?["):
         found = glob.glob(path, recursive=True)
     else:
-        found = [path]
+        found = [path] if os.path.isfile(path) else []
     if not found:
         raise FileNotFoundError(f"no Parquet files at {path}")
     return sorted(found)

@@ -95,7 +95,23 @@ def cannot_express(name: str, config: dict) -> Optional[str]:
     litdata and energon read the token lists their converters wrote (braid/bench/peers.py:
     pre-tokenized sources only), with one constant weight per source (LitData's
     `CombinedStreamingDataset` weights, Energon's metadataset `blend` weights: floats)
-    and one seq_len for the whole run (no phases)."""
+    and one seq_len for the whole run (no phases). The baseline reads token, text and
+    image-caption sources with a SentencePiece tokenizer (braid/bench/baseline.py)."""
+    if name == "baseline":
+        from braid.bench import baseline
+
+        try:
+            baseline.sources_from_config(config)
+            baseline.plan_from_config(config)
+            tokenizer = config.get("tokenizer", {}).get("type", "sentencepiece")
+            if tokenizer != "sentencepiece" and any("tokens_column" not in s
+                                                    for s in config["sources"]):
+                return "tokenizer.type: the baseline tokenizes with sentencepiece only"
+        except (ValueError, FileNotFoundError) as e:
+            return str(e)
+        except KeyError as e:
+            return f"the baseline needs the key {e}"
+        return None
     if name not in ("litdata", "energon"):
         return None
     for i, s in enumerate(config["sources"]):
