@@ -78,6 +78,35 @@ def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
     assert "braid / baseline: end-to-end" in result.stdout
 
 
+def bench(config: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "braid.cli", "bench", str(config), "--ranks", "2",
+         "--warmup", "1", "--no-progress", "--out", str(cwd / "out"), *extra],
+        capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_bad_data_and_a_stuck_run_are_clear_errors(mix: Path, tmp_path: Path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    ids = [list(range(3, 40))] * 30 + [None] + [list(range(5, 60))] * 30
+    pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32()))}),
+                   bad / "part-000.parquet", row_group_size=64)
+    config = write_config(tmp_path / "job.json", {
+        "seed": 1, "topology": {"dp": 2},
+        "batch": {"global_tokens": 2 * 128, "seq_len": 128},
+        "sources": [{"name": "bad", "path": "bad", "tokens_column": "input_ids"}]})
+    result = bench(config, tmp_path, "--steps", "30")
+    assert result.returncode == 3, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "part-000.parquet (row group 0, row 30)" in last and "Traceback" not in last
+    # Trainers that do not finish in --timeout: the loader and rank are named.
+    result = bench(mix, tmp_path, "--steps", "4", "--timeout", "1")
+    assert result.returncode == 3, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("braid: error: ")
+    assert last.endswith(": the trainers did not finish in 1 s (--timeout)"), last
+
+
 def test_bench_refuses_what_a_peer_cannot_express(mix: Path, tmp_path: Path):
     config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
     assert run.cannot_express("litdata", config) is None

@@ -1,10 +1,11 @@
 """The ``braid`` command line: plan, run, demo, bench.
 
 Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad data or
-storage (stderr names the file); 130 interrupted (SIGINT, Ctrl-C); 141 the reader of
-stdout went away (``braid plan ... | head``); 143 terminated (SIGTERM, as launchers
-send). Each prints at most one line on stderr and no traceback; 1 is an internal error
-(a bug in braid), the only case that prints a traceback.
+storage (stderr names the file), or in ``braid bench`` a loader that failed in its
+trainers; 130 interrupted (SIGINT, Ctrl-C); 141 the reader of stdout went away
+(``braid plan ... | head``); 143 terminated (SIGTERM, as launchers send). Each prints
+at most one line on stderr and no traceback; 1 is an internal error (a bug in braid), the
+only case that prints a traceback.
 """
 
 from __future__ import annotations
@@ -262,7 +263,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:  # --- planner: calibrate -
 def _cmd_bench(args: argparse.Namespace) -> int:
     from braid.bench import run
 
-    return run.main(args)
+    try:
+        return run.main(args)
+    except run.BenchError as e:  # a loader failed in its trainers: not a bug of the CLI
+        return _error(e, EXIT_DATA)
 
 
 def _parser() -> argparse.ArgumentParser:

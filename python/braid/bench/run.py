@@ -45,6 +45,10 @@ from braid.bench.procs import sample
 PEERS = ("baseline", "litdata", "energon")
 
 
+class BenchError(RuntimeError):
+    """A loader under test failed in its trainers (their own error is on stderr above)."""
+
+
 # ----------------------------------------------------------------------------------------
 # Configs
 
@@ -202,6 +206,7 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
                                       stdout=subprocess.PIPE, text=True, env=env))
     deadline = time.monotonic() + args.timeout
     events: "queue.Queue[tuple]" = queue.Queue()
+    label = mode_name if mode_name != "none" else "none (the trainers that load nothing)"
 
     def read(i: int, p: subprocess.Popen) -> None:
         # Blocking reads in a thread of its own (select on a buffered pipe misses lines
@@ -214,13 +219,19 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
     def next_event(wait: Optional[float] = None) -> tuple:
         """The next event within `wait` seconds (queue.Empty) and the deadline."""
         left = deadline - time.monotonic()
+        timeout = BenchError(f"{label}: the trainers did not finish in "
+                             f"{args.timeout:g} s (--timeout)")
         if left <= 0:
-            raise TimeoutError(f"{mode_name}: the trainers did not finish in "
-                               f"{args.timeout:g} s")
-        i, event = events.get(timeout=left if wait is None else min(wait, left))
+            raise timeout
+        try:
+            i, event = events.get(timeout=left if wait is None else min(wait, left))
+        except queue.Empty:
+            if wait is None or wait >= left:
+                raise timeout from None
+            raise
         if event is None:
-            raise RuntimeError(f"{mode_name}: trainer {procs[i].pid} (rank {i}) exited "
-                               f"({procs[i].wait()})")
+            raise BenchError(f"{label}: the trainer of rank {i} exited with "
+                             f"{procs[i].wait()} (its error is above)")
         return i, event
 
     try:
@@ -229,7 +240,7 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
         for _ in procs:
             i, event = next_event()
             if event["event"] != "ready":
-                raise RuntimeError(f"{mode_name}: rank {i} did not start: {event}")
+                raise BenchError(f"{label}: rank {i} did not start: {event}")
         pids = [p.pid for p in procs]
         sample_s = args.sample_ms / 1000.0
         for p in procs:
@@ -260,7 +271,8 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
             if p.returncode != 0:
-                raise RuntimeError(f"{mode_name}: trainer {p.pid} exited {p.returncode}")
+                raise BenchError(f"{label}: trainer {p.pid} exited with {p.returncode} "
+                                 "(its error is above)")
     finally:
         for p in procs:
             if p.poll() is None:
