@@ -48,16 +48,14 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 import argparse
 import importlib.util
 import json
-import select
 import statistics
-import subprocess
-import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from braid.bench.modes import MODES, Mode
 from braid.bench.overrides import apply_overrides, parse_set
 from braid.bench.procs import children_map, descendants, sample, smaps_rollup
+from braid.bench.run import run_processes
 
 
 
@@ -257,76 +255,17 @@ def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
            "--micro-batches", str(args.micro_batches), "--interval-ms",
            str(args.interval_ms), "--workers", str(args.workers),
            "--shuffle-buffer", str(args.shuffle_buffer)]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
-             for r in range(args.ranks)]
-    deadline = time.monotonic() + args.timeout
-    try:
-        def read_event(p):
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{mode.name}: a trainer did not answer in time")
-                ready, _, _ = select.select([p.stdout], [], [], min(left, 1.0))
-                if ready:
-                    line = p.stdout.readline()
-                    if not line:
-                        raise RuntimeError(f"{mode.name}: trainer {p.pid} exited "
-                                           f"({p.wait()})")
-                    if line.startswith("{"):
-                        return json.loads(line)
+    idle = []
 
-        for p in procs:
-            assert read_event(p)["event"] == "ready"
-        pids = [p.pid for p in procs]
-        sample_s = args.sample_ms / 1000.0
-        idle = []
+    def idle_samples(pids: List[int]) -> None:  # the trainers, ready, before their loaders
         for _ in range(3):
             idle.append(sample(pids, mode.extra_pids(mode.state))["total"])
-            time.sleep(sample_s)
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        start = time.monotonic()
-        samples = []
-        reports: List[Optional[dict]] = [None] * len(procs)
-        reader_errors: List[BaseException] = []
+            time.sleep(args.sample_ms / 1000.0)
 
-        def collect(i, p):
-            try:
-                reports[i] = read_event(p)
-            except BaseException as e:  # reported below
-                reader_errors.append(e)
-
-        readers = [threading.Thread(target=collect, args=(i, p), daemon=True)
-                   for i, p in enumerate(procs)]
-        for t in readers:
-            t.start()
-        while any(t.is_alive() for t in readers):
-            samples.append(sample(pids, mode.extra_pids(mode.state)))
-            time.sleep(sample_s)
-        if reader_errors:
-            raise reader_errors[0]
-        for _ in range(3):  # every loader still alive, after its last micro-batch
-            samples.append(sample(pids, mode.extra_pids(mode.state)))
-            time.sleep(sample_s)
-        wall = time.monotonic() - start
-        for p in procs:
-            p.stdin.write("exit\n")
-            p.stdin.flush()
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            if p.returncode != 0:
-                raise RuntimeError(f"{mode.name}: trainer {p.pid} exited {p.returncode}")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    peak = max(samples, key=lambda s: s["total"])
-    return {"samples": len(samples), "idle_before": statistics.median(idle),
-            "peak": peak, "reports": reports, "wall_s": wall}
+    run = run_processes(mode.name, [cmd + ["--rank", str(r)] for r in range(args.ranks)],
+                        lambda: mode.extra_pids(mode.state), args.timeout, args.sample_ms,
+                        before_go=idle_samples)
+    return dict(run, idle_before=statistics.median(idle))
 
 
 def write_config(path: str, base: str, args, extra: dict) -> dict:

@@ -191,22 +191,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_trainers(mode_name: str, config_path: str, args, spec: dict,
-                 progress=None) -> Dict[str, Any]:
-    """R trainers in one mode; returns memory samples and their reports."""
-    mode = MODES[mode_name]
-    port = _free_port()
+def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
+                  sample_ms: float, progress=None, before_go=None) -> Dict[str, Any]:
+    """Runs one trainer process per command through the harness protocol (each prints
+    {"event": "ready"}, waits for "go" on stdin, may print {"event": "step"}, prints
+    {"event": "done", ...} and exits after "exit"), sampling the memory of the trainers,
+    their descendants and `extra_pids()` every `sample_ms` from "go" until every trainer
+    is done. `before_go(pids)` runs once all are ready. Returns the samples ("peak": the
+    largest), the done events in rank order and the wall time from "go". A trainer that
+    exits early or a run past `timeout` seconds raises BenchError naming `label`."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONUNBUFFERED="1")
-    procs = []
-    for r in range(args.ranks):
-        s = dict(spec, mode=mode_name, config=config_path, rank=r, port=port)
-        procs.append(subprocess.Popen([sys.executable, "-m", "braid.bench.trainer",
-                                       json.dumps(s)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, env=env))
-    deadline = time.monotonic() + args.timeout
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env) for cmd in cmds]
+    deadline = time.monotonic() + timeout
     events: "queue.Queue[tuple]" = queue.Queue()
-    label = mode_name if mode_name != "none" else "none (the trainers that load nothing)"
 
     def read(i: int, p: subprocess.Popen) -> None:
         # Blocking reads in a thread of its own (select on a buffered pipe misses lines
@@ -219,20 +218,25 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
     def next_event(wait: Optional[float] = None) -> tuple:
         """The next event within `wait` seconds (queue.Empty) and the deadline."""
         left = deadline - time.monotonic()
-        timeout = BenchError(f"{label}: the trainers did not finish in "
-                             f"{args.timeout:g} s (--timeout)")
+        late = BenchError(f"{label}: the trainers did not finish in {timeout:g} s "
+                          "(--timeout)")
         if left <= 0:
-            raise timeout
+            raise late
         try:
             i, event = events.get(timeout=left if wait is None else min(wait, left))
         except queue.Empty:
             if wait is None or wait >= left:
-                raise timeout from None
+                raise late from None
             raise
         if event is None:
             raise BenchError(f"{label}: the trainer of rank {i} exited with "
                              f"{procs[i].wait()} (its error is above)")
         return i, event
+
+    def send(word: str) -> None:
+        for p in procs:
+            p.stdin.write(word + "\n")
+            p.stdin.flush()
 
     try:
         for i, p in enumerate(procs):
@@ -242,16 +246,17 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
             if event["event"] != "ready":
                 raise BenchError(f"{label}: rank {i} did not start: {event}")
         pids = [p.pid for p in procs]
-        sample_s = args.sample_ms / 1000.0
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        samples = [sample(pids, mode.extra_pids(mode.state))]
+        if before_go is not None:
+            before_go(pids)
+        sample_s = sample_ms / 1000.0
+        send("go")
+        start = time.monotonic()
+        samples = [sample(pids, extra_pids())]
         reports: List[Optional[dict]] = [None] * len(procs)
         last = time.monotonic()
         while any(r is None for r in reports):
             if time.monotonic() - last >= sample_s:
-                samples.append(sample(pids, mode.extra_pids(mode.state)))
+                samples.append(sample(pids, extra_pids()))
                 last = time.monotonic()
             try:
                 i, event = next_event(max(0.0, sample_s - (time.monotonic() - last)))
@@ -262,12 +267,11 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
                     progress.update(1)
             elif event["event"] == "done":
                 reports[i] = event
-        for _ in range(2):  # every loader still alive after its last step
-            samples.append(sample(pids, mode.extra_pids(mode.state)))
+        for _ in range(2):  # every loader still alive after its last micro-batch
+            samples.append(sample(pids, extra_pids()))
             time.sleep(sample_s)
-        for p in procs:
-            p.stdin.write("exit\n")
-            p.stdin.flush()
+        wall = time.monotonic() - start
+        send("exit")
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
             if p.returncode != 0:
@@ -278,7 +282,21 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return {"peak": max(samples, key=lambda s: s["total"]), "reports": reports}
+    return {"peak": max(samples, key=lambda s: s["total"]), "samples": len(samples),
+            "reports": reports, "wall_s": wall}
+
+
+def run_trainers(mode_name: str, config_path: str, args, spec: dict,
+                 progress=None) -> Dict[str, Any]:
+    """R simulated trainers (braid/bench/trainer.py) in one mode."""
+    mode = MODES[mode_name]
+    port = _free_port()
+    cmds = [[sys.executable, "-m", "braid.bench.trainer",
+             json.dumps(dict(spec, mode=mode_name, config=config_path, rank=r, port=port))]
+            for r in range(args.ranks)]
+    label = mode_name if mode_name != "none" else "none (the trainers that load nothing)"
+    return run_processes(label, cmds, lambda: mode.extra_pids(mode.state), args.timeout,
+                         args.sample_ms, progress)
 
 
 def summarize(run: dict, none_peak: float, warmup: int) -> Dict[str, Any]:
