@@ -1,10 +1,11 @@
 """The loaders people use, on the benchmarks' data, set up the way their docs recommend.
 
 Each peer converts the sources with its own writer (once, cached under the output folder)
-and builds a per-rank loader with forked workers. A loader yields what
-`braid bench`'s and `benchmarks/loader_memory.py`'s trainers take: dicts with `input_ids` [batch, seq_len]
-and `cu_seqlens` (LitData: one segment per row, it packs blocks of tokens across
-document boundaries and does not report them; Energon: one per document piece).
+and builds a per-rank loader with forked workers. A loader yields what the trainers of
+`braid bench` and `benchmarks/loader_memory.py` take: dicts with `input_ids`
+[batch, seq_len] and `cu_seqlens` (LitData: one segment per row, it packs blocks of
+tokens across document boundaries and does not report them; Energon: one per document
+piece).
 
 - LitData (`litdata`): `litdata.optimize` writes each source's token lists as
   pre-tokenized chunks (`TokensLoader`, the form its docs recommend for LLM pre-training,

@@ -299,13 +299,14 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
                          args.sample_ms, progress)
 
 
-def summarize(run: dict, none_peak: float, warmup: int) -> Dict[str, Any]:
+def summarize(run: dict, none_peak: float, warmup: int, scale: float) -> Dict[str, Any]:
+    """One loader's figures from its run (`scale`: seconds per cost unit)."""
     reports = run["reports"]
     steps = len(reports[0]["steps"])
     per_step_costs = [[r["steps"][k]["cost"] for r in reports] for k in range(steps)]
     ends = reports[0]["steps"]
     span = ends[-1]["end_s"] - ends[warmup - 1]["end_s"] if warmup else ends[-1]["end_s"]
-    compute = sum(max(c) for c in per_step_costs[warmup:])
+    compute_s = scale * sum(max(c) for c in per_step_costs[warmup:])
     tokens = sum(r["tokens"] for r in reports)
     elapsed = max(r["elapsed_s"] for r in reports)
     return {
@@ -318,7 +319,8 @@ def summarize(run: dict, none_peak: float, warmup: int) -> Dict[str, Any]:
         "imbalance_per_step": imbalance(per_step_costs),
         "mean_rank_cost": statistics.fmean(x for c in per_step_costs for x in c),
         "steps_per_s": (steps - warmup) / span if span > 0 else 0.0,
-        "compute_bound_steps_per_s": (steps - warmup) / compute if compute > 0 else 0.0,
+        # What the costs alone allow: each step as long as its slowest rank's compute.
+        "ideal_steps_per_s": (steps - warmup) / compute_s if compute_s > 0 else 0.0,
     }
 
 
@@ -390,7 +392,8 @@ def table(result: dict) -> str:
         dp = f"{dp_mean[name]:.4f}" if name in dp_mean else "-"
         lines.append(f"{name:<12} {r['added_pss_bytes'] / 1e9:>10.2f} "
                      f"{r['tokens_per_s']:>11,.0f} {r['wait_fraction']:>6.3f} "
-                     f"{r['mean_rank_cost'] / unit:>6.3f} {statistics.fmean(r['imbalance_per_step']):>10.4f} "
+                     f"{r['mean_rank_cost'] / unit:>6.3f} "
+                     f"{statistics.fmean(r['imbalance_per_step']):>10.4f} "
                      f"{r['steps_per_s']:>8.3f} {ratio:>7.2f}x {dp:>8}")
     for name, why in result["skipped"].items():
         lines.append(f"{name:<12} skipped: {why}")
@@ -498,22 +501,19 @@ def main(args: argparse.Namespace) -> int:
         none_peak = runs["none"]["peak"]["total"]
         memory_by_ranks[ranks] = {}
         for mode_name in loaders:
-            s = summarize(runs[mode_name], none_peak, args.warmup)
+            s = summarize(runs[mode_name], none_peak, args.warmup, scale)
             memory_by_ranks[ranks][mode_name] = s["added_pss_bytes"]
             if ranks == top:
                 figures[mode_name] = s
-    for s in figures.values():
-        s["ideal_steps_per_s"] = s["compute_bound_steps_per_s"] / scale
 
     # Imbalance at a large dp, from the planner and the baseline's replayed streams.
     progress.set_description(f"{name}: imbalance at dp={args.imbalance_dp}")
     big = with_ranks(config, args.imbalance_dp, args.imbalance_micro_batches or None)
     per_step = {braid_mode: imbalance(braid_plan(big, args.imbalance_steps))}
-    dp_costs = {}
     if "baseline" in loaders:
-        dp_costs["baseline"] = baseline_costs(big, args.imbalance_dp, args.imbalance_steps,
-                                              args.workers, args.shuffle_buffer, progress)
-        per_step["baseline"] = imbalance(dp_costs["baseline"])
+        per_step["baseline"] = imbalance(baseline_costs(
+            big, args.imbalance_dp, args.imbalance_steps, args.workers,
+            args.shuffle_buffer, progress))
     progress.update(1)
     progress.close()
 
