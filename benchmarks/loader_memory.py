@@ -29,7 +29,8 @@ it changes in the config, how a trainer starts its loader, which extra PIDs coun
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
         [--ranks 8] [--sources 4] [--tokens-per-file 4500000] \
         [--loaders baseline,braid,braid-ray] [--micro-batches 40] [--interval-ms 100] \
-        [--seq-len 2048] [--micro-batch-size 4] [--workers 2] [--dir out/loader_memory] [--json out.json] [--set KEY=VALUE ...]
+        [--seq-len 2048] [--micro-batch-size 4] [--workers 2] [--dir out/loader_memory] \
+        [--json out.json] [--set KEY=VALUE ...]
 
 Prints a table, then the JSON (last line): per mode the peak PSS added (total, per
 rank), tokens/s delivered, and the baseline/braid ratio.
