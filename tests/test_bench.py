@@ -152,6 +152,10 @@ def test_with_ranks_keeps_each_ranks_share(mix: Path):
     big = run.with_ranks(config, 64)
     assert big["topology"]["dp"] == 64 and big["batch"]["global_tokens"] == 64 * 2 * 512
     assert run.with_ranks(config, 64, 8)["batch"]["global_tokens"] == 64 * 8 * 512
+    # The config's runtime settings stay; its runtime kind is the bench's to choose.
+    ray = dict(config, runtime={"kind": "ray", "threads": 3})
+    assert run.with_ranks(ray, 4)["runtime"] == {"threads": 3}
+    assert "runtime" not in run.with_ranks(config, 4)
 
 
 def baseline_items(config, n: int, rank: int = 0, world: int = 2, metadata=False):

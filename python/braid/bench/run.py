@@ -72,7 +72,7 @@ def _rebase(config: dict, base_dir: str) -> dict:
 
 def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) -> dict:
     """The config at dp = `ranks`, each rank receiving the same micro-batches per step as
-    in `config` (or `micro_batches` at batch.seq_len)."""
+    in `config` (or `micro_batches` at batch.seq_len), on the embedded runtime."""
     out = copy.deepcopy(config)
     batch = out["batch"]
     dp = int(out.get("topology", {}).get("dp", 1))
@@ -83,7 +83,12 @@ def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) ->
         per_rank = micro_batches * mbs * seq_len
     out.setdefault("topology", {})["dp"] = ranks
     batch["global_tokens"] = per_rank * ranks
+    # The config's runtime settings stay (threads, memory budget...); which runtime runs
+    # is the bench's choice (--runtime), not the config's.
+    runtime = {k: v for k, v in out.get("runtime", {}).items() if k != "kind"}
     out.pop("runtime", None)
+    if runtime:
+        out["runtime"] = runtime
     return out
 
 
