@@ -55,7 +55,7 @@ from typing import Any, Dict, List
 
 from braid.bench.modes import MODES, Mode
 from braid.bench.overrides import apply_overrides, parse_set
-from braid.bench.procs import children_map, descendants, sample, smaps_rollup
+from braid.bench.procs import children_map, descendants, sample, smaps_rollup, threads
 from braid.bench.run import run_processes
 
 
@@ -93,11 +93,9 @@ def _self_figures() -> dict:
     import pyarrow as pa
 
     roll = smaps_rollup(os.getpid()) or {}
-    with open("/proc/self/status") as f:
-        threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
     return {"pss": roll.get("Pss", 0), "pss_anon": roll.get("Pss_Anon", 0),
             "pss_file": roll.get("Pss_File", 0), "pss_shmem": roll.get("Pss_Shmem", 0),
-            **_arrow_figures(pa), "threads": threads}
+            **_arrow_figures(pa), "threads": threads(os.getpid())}
 
 
 def _arrow_figures(pa) -> Dict[str, int]:
@@ -194,9 +192,7 @@ def profile_main(args, config_path: str) -> int:
         if "pyarrow" in sys.modules:
             row.update(_arrow_figures(sys.modules["pyarrow"]))
         row.update(_malloc_figures())
-        with open("/proc/self/status") as f:
-            row["threads"] = next(int(line.split()[1]) for line in f
-                                  if line.startswith("Threads:"))
+        row["threads"] = threads(os.getpid())
         rows.append(row)
 
     snap("python")

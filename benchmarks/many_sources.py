@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from braid.bench.overrides import apply_overrides, parse_set
+from braid.bench.procs import proc_fields
 
 SEQ_LEN = 2048
 DP = 1024
@@ -110,19 +111,6 @@ def write_config(path: str, base: str, sources: int, extra: dict) -> None:
         json.dump(config, f, indent=1)
 
 
-def proc_status(pid: int):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            text = f.read()
-    except OSError:
-        return None
-    fields = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value.strip()
-    return fields
-
-
 def measure(cmd, timeout: float):
     """Runs cmd; returns (line times from start, peak RSS bytes, max threads, rc, tail)."""
     start = time.monotonic()
@@ -133,7 +121,7 @@ def measure(cmd, timeout: float):
 
     def poll():
         while not done.is_set():
-            st = proc_status(proc.pid)
+            st = proc_fields(proc.pid, "status")
             if st:
                 hwm = int(st.get("VmHWM", "0 kB").split()[0]) * 1024
                 peak["rss"] = max(peak["rss"], hwm)

@@ -7,21 +7,39 @@ import os
 from typing import Any, Dict, Iterable, List, Optional
 
 
-def smaps_rollup(pid: int) -> Optional[Dict[str, int]]:
-    """The process's rollup fields in bytes (Pss, Pss_Anon, Pss_File, Pss_Shmem, Rss...),
-    or None if it is gone."""
+def proc_fields(pid: int, name: str) -> Optional[Dict[str, str]]:
+    """The "Key: value" lines of /proc/PID/NAME (status, smaps_rollup...) as
+    {key: value}, or None if the process is gone."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(f"/proc/{pid}/{name}") as f:
             text = f.read()
     except OSError:
         return None
     out = {}
-    for line in text.splitlines()[1:]:
-        key, _, rest = line.partition(":")
-        parts = rest.split()
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key] = value.strip()
+    return out
+
+
+def smaps_rollup(pid: int) -> Optional[Dict[str, int]]:
+    """The process's rollup fields in bytes (Pss, Pss_Anon, Pss_File, Pss_Shmem, Rss...),
+    or None if it is gone."""
+    fields = proc_fields(pid, "smaps_rollup")
+    if fields is None:
+        return None
+    out = {}
+    for key, value in fields.items():
+        parts = value.split()
         if len(parts) == 2 and parts[1] == "kB":
             out[key] = int(parts[0]) * 1024
     return out
+
+
+def threads(pid: int) -> int:
+    """The process's thread count (0 if it is gone)."""
+    return int((proc_fields(pid, "status") or {}).get("Threads", "0"))
 
 
 def children_map() -> Dict[int, List[int]]:
