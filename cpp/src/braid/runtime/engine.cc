@@ -115,8 +115,20 @@ void Engine::PlannerLoop() {
       return;
     }
     if (options_.on_plan) options_.on_plan(*plan);
+    WantOwnPayloads(*plan);
     auto shared = std::make_shared<const StepPlan>(std::move(*plan));
     if (!plans_.Push(PlanItem{Status::OK(), std::move(shared)})) return;
+  }
+}
+
+void Engine::WantOwnPayloads(const StepPlan& plan) const {
+  if (plan.arena.pieces_without_payloads()) return;
+  for (int64_t dp : options_.dp_ranks) {
+    for (const MicroBatch& mb : plan.ranks[size_t(dp)].micro_batches) {
+      for (const Sequence& seq : mb.sequences) {
+        for (const DocPiece& piece : seq.docs) piece.payload.Want();
+      }
+    }
   }
 }
 

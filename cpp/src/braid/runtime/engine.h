@@ -12,7 +12,9 @@
 // Micro-batches come out in (step, dp rank, micro-batch) order; with Options::view set,
 // each is this trainer rank's view of the micro-batch (TP/PP/CP, construct/views.h).
 // Several processes that each embed an Engine compute the same global plan (it is
-// deterministic) and each builds only its own ranks.
+// deterministic) and each builds only its own ranks: once a step is planned, the engine
+// wants the payloads of its own pieces (PayloadRef::Want), so image decoding, which is
+// done on demand (source/source_loader.h), happens for those alone.
 //
 // Thread-compatible: call Next() and StateJson() from one thread; the destructor stops and
 // joins every thread.
@@ -111,6 +113,9 @@ class Engine {
 
   Engine(const Config& config, Options options);
   void PlannerLoop();
+  // Starts the on-demand payloads (image decodes) of the pieces this process builds; the
+  // other processes' pieces are never decoded here.
+  void WantOwnPayloads(const StepPlan& plan) const;
   void ConstructorLoop();
   Result<Batch> View(Batch batch) const;  // options_.view's view of a built batch
 

@@ -12,7 +12,9 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include <parquet/arrow/writer.h>
 
@@ -808,6 +810,64 @@ TEST(EngineImageTest, SameBatchesForAnyWorkerCountWithABlankedImageUnderSkip) {
   // The blanked row is counted per source (run summaries report it).
   EXPECT_GE(one->blanked_payloads().at(0), 1);
   EXPECT_EQ(one->blanked_payloads().size(), 1u);
+}
+
+TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
+  testing::ScopedTempDir dir("braid-engine-images-own");
+  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  const std::string path = dir.Sub("captions.parquet");
+  ASSERT_TRUE(WriteCaptionFile(path, /*cut_row=*/-1).ok());
+  Config config = CaptionConfig(path, dir.Sub("tok.model"), OnError::kFail, /*workers=*/2);
+  config.topology.dp = 2;
+  config.batch.global_tokens = 256;  // 2 micro-batches per rank
+  ASSERT_TRUE(ValidateConfig(config).ok());
+  // Every piece of every plan, with its rank (copies share the payload's handle).
+  struct Planned {
+    int64_t step, dp;
+    DocPiece piece;
+  };
+  std::mutex mu;
+  std::vector<Planned> planned;
+  Engine::Options options;
+  options.dp_ranks = {1};
+  options.on_plan = [&](const StepPlan& plan) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const RankPlan& rank : plan.ranks) {
+      for (const MicroBatch& mb : rank.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          for (const DocPiece& d : seq.docs) planned.push_back({plan.step, rank.dp, d});
+        }
+      }
+    }
+  };
+  auto engine = MakeEngine(config, options);
+  ASSERT_NE(engine, nullptr);
+  constexpr int64_t kSteps = 6;
+  const auto batches = Take(engine.get(), kSteps * 2);
+  ASSERT_EQ(batches.size(), size_t(kSteps * 2));
+  std::lock_guard<std::mutex> lock(mu);
+  using Key = std::tuple<int32_t, int32_t, int64_t, int64_t>;
+  std::set<Key> own;
+  for (const Planned& p : planned) {
+    if (p.dp == 1) own.insert({p.piece.source, p.piece.file, p.piece.row, p.piece.epoch});
+  }
+  int64_t own_checked = 0, others_checked = 0;
+  for (const Planned& p : planned) {
+    if (p.step >= kSteps || !p.piece.payload) continue;
+    const Key key{p.piece.source, p.piece.file, p.piece.row, p.piece.epoch};
+    if (p.dp == 1) {
+      EXPECT_TRUE(p.piece.payload.ready()) << "row " << p.piece.row;  // built
+      ++own_checked;
+    } else if (own.count(key) == 0) {
+      // Rank 0's documents are built by another process: never decoded here.
+      EXPECT_FALSE(p.piece.payload.ready()) << "row " << p.piece.row << " was decoded";
+      ++others_checked;
+    }
+  }
+  EXPECT_GT(own_checked, 0);
+  EXPECT_GT(others_checked, 0);
 }
 
 }  // namespace

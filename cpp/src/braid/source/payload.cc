@@ -8,12 +8,31 @@ PayloadRef PayloadRef::Pending() {
   return ref;
 }
 
+PayloadRef PayloadRef::OnDemand(Producer produce) {
+  PayloadRef ref = Pending();
+  ref.state_->produce = std::move(produce);
+  return ref;
+}
+
+void PayloadRef::Start(bool urgent) const {
+  if (!state_) return;
+  Producer produce;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->done || !state_->produce) return;
+    produce = std::move(state_->produce);
+    state_->produce = nullptr;
+  }
+  produce(*this, urgent);
+}
+
 void PayloadRef::Set(Result<TokenPayload> result) const {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->done) return;
     state_->result = std::move(result);
     state_->done = true;
+    state_->produce = nullptr;
   }
   state_->cv.notify_all();
 }
@@ -26,6 +45,7 @@ bool PayloadRef::ready() const {
 
 Result<TokenPayload> PayloadRef::Get() const {
   if (ready_ != nullptr) return ready_;
+  Start(/*urgent=*/true);
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [this] { return state_->done; });
   return state_->result;

@@ -3,13 +3,17 @@
 // A source loader publishes a sample's metadata as soon as it knows it, and its payload
 // (tokens, loss mask, decoded images) when the transform has finished. PayloadRef is the
 // shared handle between the two: the planner passes it along without looking; the
-// constructor calls Get(), which blocks until the payload is ready. Thread-safe.
+// constructor calls Get(), which blocks until the payload is ready. A payload whose work
+// is deferred (image decoding) is produced on demand: its work starts when someone first
+// wants it (Want(), once a step that uses it is planned for this process, or Get()), so
+// a process decodes only the images of the micro-batches it builds. Thread-safe.
 #pragma once
 
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
@@ -144,19 +148,33 @@ class PayloadRef {
   PayloadRef(TokenPayload ready)  // NOLINT: implicit, a ready payload is a PayloadRef
       : ready_(std::move(ready)) {}
 
+  /// Produces an on-demand payload: must complete `ref` with Set(), at once or from work
+  /// it hands to another thread. `urgent`: the caller waits for it (Get()). Must not
+  /// call back into `ref` other than Set().
+  using Producer = std::function<void(const PayloadRef& ref, bool urgent)>;
+
   /// A payload still to be produced; complete it with Set().
   static PayloadRef Pending();
+  /// A payload produced on demand: `produce` runs once, on the thread that first calls
+  /// Want() or Get() (outside any lock of the handle). Until then nothing is done, and a
+  /// handle that nobody wants frees `produce` with its last copy.
+  static PayloadRef OnDemand(Producer produce);
 
   /// Completes a pending payload (once; later calls are ignored); wakes every waiter.
-  /// REQUIRES: made by Pending().
+  /// REQUIRES: made by Pending() or OnDemand().
   void Set(Result<TokenPayload> result) const;
+
+  /// Starts producing an on-demand payload that has not started (a hint that it will be
+  /// needed soon); does nothing to any other.
+  void Want() const { Start(/*urgent=*/false); }
 
   /// True if a payload exists, ready or pending.
   explicit operator bool() const { return ready_ != nullptr || state_ != nullptr; }
-  /// True if Get() would not block.
+  /// True if the payload is complete (Get() returns at once).
   bool ready() const;
 
-  /// The payload; blocks while pending. REQUIRES: *this is not empty.
+  /// The payload; starts it if on demand and blocks while pending. REQUIRES: *this is
+  /// not empty.
   Result<TokenPayload> Get() const;
 
   /// The ready payload's bytes, or 0 while pending, failed or empty.
@@ -175,7 +193,10 @@ class PayloadRef {
     mutable std::condition_variable cv;
     bool done = false;               // GUARDED_BY(mu)
     Result<TokenPayload> result;     // GUARDED_BY(mu)
+    Producer produce;                // GUARDED_BY(mu) set until it is started
   };
+  // Runs the producer if it is set (once).
+  void Start(bool urgent) const;
   TokenPayload ready_;             // INVARIANT: at most one of ready_ and state_ is set
   std::shared_ptr<State> state_;
 };

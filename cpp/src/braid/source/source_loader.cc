@@ -112,10 +112,14 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       files_(std::move(files)),
       transform_(std::move(transform)),
       pool_(options_.pool),
+      gate_(std::make_shared<DecodeGate>()),
       skip_log_(options_.skip_log ? options_.skip_log : NewSkipLog()),
       total_rows_(files_->total_rows()),
       next_window_(start),
-      lengths_only_(!options_.read_payloads && transform_->metadata_from_lengths()) {}
+      lengths_only_(!options_.read_payloads && transform_->metadata_from_lengths()) {
+  gate_->loader = this;
+  gate_->source_name = source_.name;
+}
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                                          int32_t source_index,
@@ -209,6 +213,10 @@ void SourceLoader::Start() {
 void SourceLoader::RequestStop() {
   stop_requested_.store(true, std::memory_order_relaxed);
   {
+    std::lock_guard<std::mutex> lock(gate_->mu);  // no payload reaches the loader now
+    gate_->loader = nullptr;
+  }
+  {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
@@ -273,11 +281,7 @@ Result<Sample> SourceLoader::Next() {
   if (!queue_.empty() && !stopping_) {
     Queued& front = queue_.front();
     Sample s = std::move(front.sample);
-    if (front.pending) {
-      ReleaseLocked(front.pending.get());
-    } else {
-      queued_bytes_ -= front.bytes;
-    }
+    queued_bytes_ -= front.bytes;
     queue_.pop_front();
     // Resume reading once the queue is half empty (not per sample: a task per sample
     // costs more than the sample).
@@ -357,33 +361,14 @@ Status SourceLoader::SkipRowGroup(int file, int row_group, const Status& error,
   return Status::OK();
 }
 
-void SourceLoader::ReleaseLocked(PendingCharge* charge) {
-  if (--charge->holds == 0) queued_bytes_ -= charge->bytes;
-}
-
 bool SourceLoader::PushBatch(std::vector<Sample>* batch,
-                             const std::vector<int64_t>& charges,
-                             std::vector<Deferred>* deferred) {
+                             const std::vector<int64_t>& charges) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return false;
-  auto next_deferred = deferred->begin();
   for (size_t j = 0; j < batch->size(); ++j) {
-    Sample& sample = (*batch)[j];
-    const bool pending = next_deferred != deferred->end() && next_deferred->sample == j;
-    const int64_t bytes = kSampleOverheadBytes + (pending ? next_deferred->bytes : charges[j]);
+    const int64_t bytes = kSampleOverheadBytes + charges[j];
     queued_bytes_ += bytes;
-    Queued q{std::move(sample), pending ? 0 : bytes, nullptr};
-    if (pending) {
-      q.pending = std::make_shared<PendingCharge>();
-      q.pending->bytes = bytes;
-      // Decoding starts as soon as the sample is queued (never later: the consumer may
-      // already wait for it, and its charge is only released once it is finished).
-      SubmitCounted([this, d = std::move(*next_deferred), ref = q.sample.payload,
-                     charge = q.pending] { FinishPayload(d, ref, charge); },
-                    /*urgent=*/false);
-      ++next_deferred;
-    }
-    queue_.push_back(std::move(q));
+    queue_.push_back(Queued{std::move((*batch)[j]), bytes});
   }
   const bool wake = consumer_waiting_;
   lock.unlock();
@@ -391,35 +376,37 @@ bool SourceLoader::PushBatch(std::vector<Sample>* batch,
   return true;
 }
 
-void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref,
-                                 const std::shared_ptr<PendingCharge>& charge) {
+void SourceLoader::SubmitFinish(Deferred d, const PayloadRef& ref, bool urgent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) {
+    ref.Set(Status::Cancelled("source '", source_.name, "' stopped"));
+    return;
+  }
+  SubmitCounted([this, d = std::move(d), ref] { FinishPayload(d, ref); }, urgent);
+}
+
+void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
   if (stop_requested_.load(std::memory_order_relaxed)) {
     ref.Set(Status::Cancelled("source '", source_.name, "' stopped"));
-  } else {
-    const Status st = transform_->Finish(d.cols, d.index, d.where, d.payload.get());
-    if (st.ok()) {
-      ref.Set(TokenPayload(d.payload));
-    } else if (source_.on_error == OnError::kSkip) {
-      // Its metadata is out: keep the token count, deliver the blank Finish left.
-      blanked_.fetch_add(1, std::memory_order_relaxed);
-      std::string what = st.message();
-      const std::string prefix = d.where.ToString() + ": ";
-      if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
-      RowOutput o;
-      o.skip = SkipReason::kError;
-      o.null_what = what + "; its metadata was already published, so its payload is "
-                    "blank and its loss mask 0";
-      LogSkip(d.where, o);
-      ref.Set(TokenPayload(d.payload));
-    } else {
-      ref.Set(st.WithMessage(st.message(), " (set on_error: skip to skip such rows)"));
-    }
+    return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  ReleaseLocked(charge.get());
-  if (!reading_ && !finished_ && !stopping_ && started_ &&
-      queued_bytes_ <= options_.read_ahead_bytes / 2) {
-    ScheduleLocked(/*urgent=*/false);
+  const Status st = transform_->Finish(d.cols, d.index, d.where, d.payload.get());
+  if (st.ok()) {
+    ref.Set(TokenPayload(d.payload));
+  } else if (source_.on_error == OnError::kSkip) {
+    // Its metadata is out: keep the token count, deliver the blank Finish left.
+    blanked_.fetch_add(1, std::memory_order_relaxed);
+    std::string what = st.message();
+    const std::string prefix = d.where.ToString() + ": ";
+    if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
+    RowOutput o;
+    o.skip = SkipReason::kError;
+    o.null_what = what + "; its metadata was already published, so its payload is "
+                  "blank and its loss mask 0";
+    LogSkip(d.where, o);
+    ref.Set(TokenPayload(d.payload));
+  } else {
+    ref.Set(st.WithMessage(st.message(), " (set on_error: skip to skip such rows)"));
   }
 }
 
@@ -687,7 +674,6 @@ Status SourceLoader::ReadStep() {
   Status error;
   std::vector<Sample> samples;
   std::vector<int64_t> charges;
-  std::vector<Deferred> deferred;
   samples.reserve(size_t(m));
   for (int64_t j = 0; j < m && error.ok(); ++j) {
     const RowRef& r = rows_[size_t(order_[size_t(k + j)])];
@@ -717,19 +703,29 @@ Status SourceLoader::ReadStep() {
       s.meta.tokens = o.tokens;
       s.meta.image_tokens = o.image_tokens;
       if (o.payload && o.deferred) {
-        s.payload = PayloadRef::Pending();
-        deferred.push_back(Deferred{samples.size(), std::move(o.payload),
-                                    arrays_[size_t(r.arrays_slot)], r.array_index,
-                                    where(r), o.payload_bytes});
+        s.payload = PayloadRef::OnDemand(
+            [gate = gate_, d = Deferred{std::move(o.payload), arrays_[size_t(r.arrays_slot)],
+                                        r.array_index, where(r)}](const PayloadRef& ref,
+                                                                  bool urgent) mutable {
+              std::lock_guard<std::mutex> lock(gate->mu);
+              if (gate->loader == nullptr) {
+                ref.Set(Status::Cancelled("source '", gate->source_name, "' stopped"));
+              } else {
+                gate->loader->SubmitFinish(std::move(d), ref, urgent);
+              }
+            });
       } else if (o.payload) {
         s.payload = PayloadRef(TokenPayload(std::move(o.payload)));
       }
     }
-    // Charged what it holds, or without a payload what its row decoded to.
-    charges.push_back(s.payload ? s.payload.bytes() : estimate[size_t(j)]);
+    // Charged what it holds (a payload still to decode: its finished size), or without a
+    // payload what its row decoded to.
+    charges.push_back(!s.payload           ? estimate[size_t(j)]
+                      : s.payload.ready() ? s.payload.bytes()
+                                          : o.payload_bytes);
     samples.push_back(std::move(s));
   }
-  if (!PushBatch(&samples, charges, &deferred)) return Status::Cancelled("stopping");
+  if (!PushBatch(&samples, charges)) return Status::Cancelled("stopping");
   ARROW_RETURN_NOT_OK(error);
   loaded_pos_.offset = end;
   if (end >= n) {  // the window is done: its arrays go with its last samples

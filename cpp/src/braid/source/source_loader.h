@@ -53,18 +53,21 @@
 // each row's metadata made from its count (Transform::ApplyLength), the same as from its
 // list. Other sources read their columns and drop them once the metadata is made.
 //
-// Metadata first. For a transform that defers (image-caption: Transform::defers), a
-// row's metadata comes from the image header alone and the sample is queued at once with
-// a PayloadRef::Pending(); the pool decodes the images, submitted in stream
-// order, and completes each payload (the read step does the header / caption work alone).
-// The planner can so plan a step while its images still decode; the constructor's
-// PayloadRef::Get() waits for them. A pending payload is charged its exact finished
-// size (known from the header) from queueing until it is both taken by Next() and
-// finished. A body that does not decode becomes, with on_error: fail, an error from
-// Get() naming file, row group and row; with on_error: skip, a blank payload (pixels 0,
-// loss mask 0) that keeps the published token count, logged and counted
-// (blanked_payloads()). Without payloads nothing is decoded. Stop() completes every
-// pending payload (decoded, or Cancelled).
+// Metadata first, payloads on demand. For a transform that defers (image-caption:
+// Transform::defers), a row's metadata comes from the image header alone and the sample
+// is queued at once with a PayloadRef::OnDemand(): its images are decoded on the pool
+// only once the payload is wanted (PayloadRef::Want(), which the embedded runtime calls
+// for the pieces of its own ranks once a step is planned, or Get()). A process so decodes
+// only the images of the micro-batches it builds, and an image nobody wants is never
+// decoded (its row group's columns go with the last copy of its handle). A queued sample
+// with such a payload is charged its exact finished size (known from the header) until
+// Next() takes it, as any sample; decoded images of planned steps are bounded by the
+// plans in flight. A body that does not decode becomes, with on_error: fail, an error
+// from Get() naming file, row group and row; with on_error: skip, a blank payload
+// (pixels 0, loss mask 0) that keeps the published token count, logged and counted
+// (blanked_payloads(), by the process that wanted it). Without payloads nothing is
+// decoded. After Stop(), a payload whose decode had started completes (decoded, or
+// Cancelled) and one wanted later is Cancelled at once: no Get() blocks.
 #pragma once
 
 #include <atomic>
@@ -208,36 +211,31 @@ class SourceLoader : public SampleStream {
   // An unreadable row group: an error with on_error: fail; with skip, counts and logs it
   // and returns OK unless no file of the source is left readable.
   Status SkipRowGroup(int file, int row_group, const Status& error, bool was_lost);
-  // A payload Apply left to Transform::Finish: sample `sample` of the batch.
+  // A payload Apply left to Transform::Finish, with what Finish reads.
   struct Deferred {
-    size_t sample = 0;
     std::shared_ptr<Payload> payload;
     Columns cols;  // the row group's columns, kept alive for Finish
     int64_t index = 0;
     RowLocation where;
-    int64_t bytes = 0;  // the finished payload's
   };
-  // The read-ahead charge of a pending payload, released when the sample has been taken
-  // by Next() and its payload finished, whichever is last.
-  struct PendingCharge {
-    int64_t bytes = 0;
-    int holds = 2;  // GUARDED_BY(mu_)
+  // How on-demand payloads reach their loader: `loader` until it stops (null after).
+  struct DecodeGate {
+    std::mutex mu;
+    SourceLoader* loader = nullptr;  // GUARDED_BY(mu)
+    std::string source_name;
   };
   struct Queued {
     Sample sample;
-    int64_t bytes = 0;                      // charged while queued (0 if pending)
-    std::shared_ptr<PendingCharge> pending;  // set for a pending payload
+    int64_t bytes = 0;  // charged while queued
   };
-  // Queues the samples in order (charging each `charges[j]`), waking the consumer once,
-  // and submits each deferred payload (in sample order) once its sample is queued; false
-  // when stopping.
-  bool PushBatch(std::vector<Sample>* batch, const std::vector<int64_t>& charges,
-                 std::vector<Deferred>* deferred);
+  // Queues the samples in order (charging each `charges[j]`), waking the consumer once;
+  // false when stopping.
+  bool PushBatch(std::vector<Sample>* batch, const std::vector<int64_t>& charges);
+  // An on-demand payload that has been wanted: its decode on the pool, or Cancelled when
+  // stopping.
+  void SubmitFinish(Deferred d, const PayloadRef& ref, bool urgent);
   // Finishes a deferred payload and completes `ref` (runs on the pool).
-  void FinishPayload(const Deferred& d, const PayloadRef& ref,
-                     const std::shared_ptr<PendingCharge>& charge);
-  // REQUIRES: mu_ held.
-  void ReleaseLocked(PendingCharge* charge);
+  void FinishPayload(const Deferred& d, const PayloadRef& ref);
 
   const SourceConfig source_;
   const uint64_t seed_;
@@ -247,6 +245,7 @@ class SourceLoader : public SampleStream {
   std::unique_ptr<SourceFiles> files_;    // used by the running read step only
   std::unique_ptr<Transform> transform_;  // const; shared by the workers
   std::shared_ptr<ReadPool> pool_;        // set before the first step is submitted
+  std::shared_ptr<DecodeGate> gate_;      // shared with the on-demand payloads' producers
   std::atomic<int64_t> blanked_{0};
   std::shared_ptr<internal::LogEveryN> skip_log_;
   int64_t total_rows_ = 0;
