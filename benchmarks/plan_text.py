@@ -10,8 +10,11 @@ regex pre-tokenizer, trained at start; no download), the time of:
   plan (text)        metadata only over the text source: one full encode
   run (text)         payloads over the text source: the same encode, plus the payloads
   plan (tokens)      metadata only over the pre-tokenized copy (Parquet levels)
-  plan (length)      the same with a length column (what a cached length sidecar,
-                     keyed by file, tokenizer and transform, would cost to read)
+  plan (length)      the same with a length column
+  plan (cache, cold) metadata only over the text source with `runtime.length_cache` on
+                     an empty folder: the encode, plus keeping every row group's counts
+  plan (cache, warm) the same once the folder holds them: no encode (the next
+                     `braid plan`, or a restarted Ray planner, on the same files)
 
 Best of --repeat runs each, through `_core.read_source` on one source with --workers.
 
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import string
 
 import pyarrow as pa
@@ -57,11 +61,13 @@ def train(path: str, texts) -> str:
     return path
 
 
-def config(source: dict, tokenizer: str, workers: int):
+def config(source: dict, tokenizer: str, workers: int, length_cache: str = ""):
     c = {"seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
          "tokenizer": {"type": "huggingface", "file": tokenizer,
                        "add_special_tokens": False},
          "sources": [dict({"name": "s", "workers": workers}, **source)]}
+    if length_cache:
+        c["runtime"] = {"length_cache": length_cache}
     return _core.parse_config(json.dumps(c), "/")
 
 
@@ -94,20 +100,28 @@ def main() -> None:
                                  "n_tokens": [len(x) for x in ids[part]]}),
                        os.path.join(tok_dir, f"part-{f}.parquet"), row_group_size=1024)
     total = sum(len(x) for x in ids)
+    text = {"path": text_dir, "text_column": "text"}
+    cache = os.path.abspath(os.path.join(args.dir, "lens"))
     cases = [
-        ("plan (text)", {"path": text_dir, "text_column": "text"}, False),
-        ("run (text)", {"path": text_dir, "text_column": "text"}, True),
-        ("plan (tokens)", {"path": tok_dir, "tokens_column": "input_ids"}, False),
+        ("plan (text)", text, False, ""),
+        ("run (text)", text, True, ""),
+        ("plan (tokens)", {"path": tok_dir, "tokens_column": "input_ids"}, False, ""),
         ("plan (length)", {"path": tok_dir, "tokens_column": "input_ids",
-                           "length_column": "n_tokens"}, False),
+                           "length_column": "n_tokens"}, False, ""),
+        ("plan (cache, cold)", text, False, "cold"),
+        ("plan (cache, warm)", text, False, "warm"),
     ]
     print(f"{args.rows} rows, {total:,} tokens, {args.files} files, "
           f"workers={args.workers}, best of {args.repeat}")
     seconds = {}
-    for name, source, payloads in cases:
-        cfg = config(source, tok_path, args.workers)
+    for name, source, payloads, cached in cases:
+        cfg = config(source, tok_path, args.workers, cache if cached else "")
         runs = []
         for _ in range(args.repeat):
+            if cached == "cold" or (cached == "warm" and not os.path.isdir(cache)):
+                shutil.rmtree(cache, ignore_errors=True)
+                if cached == "warm":  # a first pass keeps the counts
+                    _core.read_source(cfg, 0, args.rows, payloads)
             r = _core.read_source(cfg, 0, args.rows, payloads)
             assert r["samples"] == args.rows and r["tokens"] == total, (name, r)
             runs.append(r["seconds"])
@@ -117,9 +131,15 @@ def main() -> None:
     out = {"rows": args.rows, "tokens": total, "workers": args.workers,
            "seconds": seconds,
            "plan_text_over_run_text": seconds["plan (text)"] / seconds["run (text)"],
-           "plan_length_over_plan_text": seconds["plan (length)"] / seconds["plan (text)"]}
+           "plan_length_over_plan_text": seconds["plan (length)"] / seconds["plan (text)"],
+           "cold_cache_over_plan_text":
+               seconds["plan (cache, cold)"] / seconds["plan (text)"],
+           "warm_cache_over_plan_text":
+               seconds["plan (cache, warm)"] / seconds["plan (text)"]}
     print(f"plan (text) / run (text): {out['plan_text_over_run_text']:.2f}; "
-          f"plan (length) / plan (text): {out['plan_length_over_plan_text']:.4f}")
+          f"plan (length) / plan (text): {out['plan_length_over_plan_text']:.4f}; "
+          f"cache cold / plan (text): {out['cold_cache_over_plan_text']:.2f}; "
+          f"cache warm / plan (text): {out['warm_cache_over_plan_text']:.4f}")
     print(json.dumps(out))
 
 

@@ -380,3 +380,40 @@ def test_chat_uses_the_tokenizers_own_template(tmp_path: Path):
                      dict(source, on_error="fail"))
     with pytest.raises(_core.DataError, match=r"row 5\).*no tool turns here"):
         _core.source_samples(failing, 0, 40)
+
+
+def test_plan_with_a_length_cache_reads_what_the_first_plan_kept(tmp_path: Path,
+                                                                 tok_file: str):
+    # `braid plan` as a user runs it, twice: the first encodes every row it counts and
+    # keeps the counts (one entry per row group); the second finds every entry and
+    # writes none, with the same plan; another tokenizer option is another key.
+    path = write_texts(tmp_path / "t.parquet", texts_for_test())  # 150 rows, groups of 16
+    def job(name: str, tok: Dict, cache: bool = True) -> Path:
+        cfg = {"seed": 3, "batch": {"global_tokens": 4096, "seq_len": 1024},
+               "tokenizer": tok,
+               "sources": [{"name": "s", "path": path, "text_column": "text",
+                            "workers": 2}]}
+        if cache:
+            cfg["runtime"] = {"length_cache": "lens"}  # beside the config
+        return write_config(tmp_path / name, cfg)
+
+    def entries() -> Dict[str, int]:
+        folder = tmp_path / "lens"
+        return {p.name: p.stat().st_mtime_ns for p in folder.glob("*.lens")}
+
+    tok = {"type": "huggingface", "file": tok_file}
+    first = braid_cli("plan", job("c.json", tok), "--steps", "12")
+    assert first.returncode == 0, first.stderr
+    kept = entries()
+    assert len(kept) == 10, kept
+    second = braid_cli("plan", job("c.json", tok), "--steps", "12")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert entries() == kept  # every entry read, none written again
+    uncached = braid_cli("plan", job("plain.json", tok, cache=False), "--steps", "12")
+    assert uncached.stdout == first.stdout
+    other = braid_cli("plan", job("c.json", dict(tok, add_special_tokens=False)),
+                      "--steps", "12")
+    assert other.returncode == 0, other.stderr
+    assert other.stdout != first.stdout
+    assert len(entries()) == 20

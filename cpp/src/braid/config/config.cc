@@ -14,6 +14,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "braid/util/hash_internal.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {
@@ -837,6 +838,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
+                                 "length_cache",
                                  "threads", "memory_bytes", "address", "namespace", "job",
                                  "source_actors", "steps_in_flight", "timeout_s",
                                  "actor_resources", "shadow", "delivery"}));
@@ -948,6 +950,17 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     ARROW_ASSIGN_OR_RAISE(cache_max_bytes,
                           PositiveInt(cache["max_bytes"], "runtime.cache.max_bytes"));
   }
+  // --- Planning: cached token counts of tokenized sources (source/length_cache.h) ---
+  std::string length_cache_dir;
+  if (root["runtime"] && root["runtime"]["length_cache"]) {
+    ARROW_ASSIGN_OR_RAISE(length_cache_dir,
+                          Scalar<std::string>(root["runtime"]["length_cache"],
+                                              "runtime.length_cache", "a folder path"));
+    if (length_cache_dir.empty()) {
+      return ConfigError("runtime.length_cache", "must not be empty");
+    }
+    length_cache_dir = ResolvePath(length_cache_dir, base_dir);
+  }
   const YAML::Node sources = root["sources"];
   if (!sources) return ConfigError("sources", "is required");
   if (!sources.IsSequence() || sources.size() == 0) {
@@ -975,6 +988,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     }
     src.cache_dir = cache_dir;
     src.cache_max_bytes = cache_max_bytes;
+    src.length_cache_dir = length_cache_dir;
     c.sources.push_back(std::move(src));
   }
   // --- Planner: phases (docs/planner.md) ---
@@ -1106,8 +1120,7 @@ std::string Config::Fingerprint() const {
     tok(sources[i].tokenizer);
   }
   const std::string text = os.str();
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a, then mixed
-  for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ULL;
+  const uint64_t h = internal::Fnv1a(text);  // then mixed
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx",
                 static_cast<unsigned long long>(internal::Mix64(h)));

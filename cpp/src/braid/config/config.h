@@ -133,6 +133,8 @@ struct SourceConfig {
   bool storage_anonymous = false;  ///< gs:// without credentials (public buckets, emulators)
   std::string cache_dir;        ///< runtime.cache.dir, copied here; empty: no cache
   int64_t cache_max_bytes = 0;  ///< runtime.cache.max_bytes
+  /// runtime.length_cache, copied here; empty: planning encodes every row it counts.
+  std::string length_cache_dir;
 };
 
 /// A parallel dimension of the trainer's layout.

@@ -667,5 +667,20 @@ TEST(ConfigTest, LengthColumnIsCheckedAndLeavesTheFingerprint) {
       "sources[0].length_column", "tokens_column sources only");
 }
 
+TEST(ConfigTest, LengthCacheResolvesAgainstTheBaseAndLeavesTheFingerprint) {
+  auto with = ParseConfig(Minimal() + "runtime: {length_cache: lens}\n", "/base");
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  for (const auto& s : with->sources) EXPECT_EQ(s.length_cache_dir, "/base/lens");
+  auto without = ParseConfig(Minimal(), "/base");
+  ASSERT_TRUE(without.ok());
+  EXPECT_EQ(without->sources[0].length_cache_dir, "");
+  // A cache cannot change the stream: a state saved without it resumes with it.
+  EXPECT_EQ(with->Fingerprint(), without->Fingerprint());
+  ExpectConfigError(Minimal() + "runtime: {length_cache: ''}\n", "runtime.length_cache",
+                    "empty");
+  ExpectConfigError(Minimal() + "runtime: {length_cache: [a]}\n", "runtime.length_cache",
+                    "a folder path");
+}
+
 }  // namespace
 }  // namespace braid

@@ -19,6 +19,8 @@
 #include <arrow/buffer.h>
 #include <arrow/io/file.h>
 
+#include "braid/util/hash_internal.h"
+
 namespace braid {
 namespace stdfs = std::filesystem;
 
@@ -152,8 +154,7 @@ std::shared_ptr<FileCache> FileCache::Make(std::string dir, int64_t max_bytes) {
 std::string FileCache::EntryName(const arrow::fs::FileInfo& info) {
   const std::string key = info.path() + "|" + std::to_string(info.size()) + "|" +
                           std::to_string(info.mtime().time_since_epoch().count());
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
-  for (unsigned char ch : key) h = (h ^ ch) * 0x100000001b3ULL;
+  const uint64_t h = internal::Fnv1a(key);
   char prefix[20];
   std::snprintf(prefix, sizeof(prefix), "%016llx-", static_cast<unsigned long long>(h));
   return prefix + stdfs::path(info.path()).filename().string();

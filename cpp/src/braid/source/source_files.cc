@@ -20,12 +20,36 @@
 #include <parquet/column_page.h>
 #include <parquet/column_reader.h>
 #include <parquet/file_reader.h>
+#include <parquet/metadata.h>
+#include <parquet/statistics.h>
 
 #include "braid/source/read_memory.h"
+#include "braid/util/hash_internal.h"
 #include "braid/util/retry_internal.h"
 
 namespace braid {
 namespace {
+
+// What identifies a row group's contents without reading it: each read leaf chunk's
+// place, sizes, value count and statistics, from the footer.
+uint64_t RowGroupDigest(const parquet::RowGroupMetaData& row_group,
+                        const std::vector<int>& leaves) {
+  std::string key = std::to_string(row_group.num_rows());
+  for (int leaf : leaves) {
+    const auto chunk = row_group.ColumnChunk(leaf);
+    key += '|' + std::to_string(chunk->file_offset()) + ',' +
+           std::to_string(chunk->data_page_offset()) + ',' +
+           std::to_string(chunk->total_compressed_size()) + ',' +
+           std::to_string(chunk->total_uncompressed_size()) + ',' +
+           std::to_string(chunk->num_values());
+    if (chunk->is_stats_set()) {
+      const auto stats = chunk->statistics();
+      if (stats && stats->HasMinMax()) key += ',' + stats->EncodeMin() + ',' + stats->EncodeMax();
+      if (stats) key += ',' + std::to_string(stats->null_count());
+    }
+  }
+  return internal::Fnv1a(key);
+}
 
 // Glob characters in the location part (a URI's "?query" is not a glob).
 bool HasGlob(const std::string& s) {
@@ -555,6 +579,9 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
         bytes += std::max(chunk->total_uncompressed_size(), width * chunk->num_values());
       }
       file.row_group_bytes.push_back(bytes);
+      if (!source.length_cache_dir.empty()) {
+        file.row_group_digest.push_back(RowGroupDigest(*row_group, leaves));
+      }
       first += rows;
     }
     out->leaf_index_.push_back(std::move(leaves));

@@ -113,6 +113,10 @@ class SourceFiles {
     /// What the read columns of each row group decode to, about, from the footer: per
     /// column chunk its uncompressed size or, for fixed-width values, values * width.
     std::vector<int64_t> row_group_bytes;
+    /// With a length cache (SourceConfig::length_cache_dir): per row group, a hash of its
+    /// read column chunks' footer metadata (offsets, sizes, value counts, statistics), so
+    /// a rewritten row group gets new cache entries (source/length_cache.h); else empty.
+    std::vector<uint64_t> row_group_digest;
   };
 
   /// Resolves and opens every file of `source`; `key_path` is its config path

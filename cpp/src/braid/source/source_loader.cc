@@ -169,9 +169,14 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                 std::to_string(start.offset) +
                                 ") lies outside the source; did its files change?");
   }
-  return std::unique_ptr<SourceLoader>(
-      new SourceLoader(config, source_index, start, options, std::move(files),
-                       std::move(transform)));
+  std::unique_ptr<LengthCache> length_cache;
+  if (!options.read_payloads) {
+    ARROW_ASSIGN_OR_RAISE(length_cache, LengthCache::Make(config, source_index));
+  }
+  std::unique_ptr<SourceLoader> loader(new SourceLoader(
+      config, source_index, start, options, std::move(files), std::move(transform)));
+  loader->length_cache_ = std::move(length_cache);
+  return loader;
 }
 
 SourceLoader::~SourceLoader() { Stop(); }
@@ -451,6 +456,8 @@ Status SourceLoader::LoadWindow() {
   lengths_.clear();
   unread_.clear();
   rows_.clear();
+  cached_.clear();
+  to_cache_.clear();
   rows_.reserve(static_cast<size_t>(w.rows));
   for (size_t e = 0; e < w.row_groups.size(); ++e) {
     const auto [file, rg] = w.row_groups[e];
@@ -461,6 +468,28 @@ Status SourceLoader::LoadWindow() {
     const bool was_lost = files_->is_lost(file);
     Status read;
     int64_t unread_rows = f.row_group_rows[size_t(rg)];  // of the row group or block
+    if (length_cache_ && !was_lost) {
+      // Planning a tokenized source: the entry's counts from an earlier pass, if kept.
+      const int64_t block = block_rows == 0 ? 0 : w.blocks[e];
+      const int64_t first = block * block_rows;
+      const int64_t n = block_rows == 0
+                            ? unread_rows
+                            : std::min(block_rows, f.row_group_rows[size_t(rg)] - first);
+      LengthCacheEntry entry{f.path, f.row_group_digest[size_t(rg)], rg, block_rows, block};
+      auto kept = length_cache_->Read(entry);
+      const int64_t slot = static_cast<int64_t>(arrays_.size());
+      if (kept && static_cast<int64_t>(kept->size()) == n) {
+        for (int64_t i = 0; i < n; ++i) {
+          rows_.push_back(RowRef{file, row + first + i, rg, i, slot});
+        }
+        arrays_.emplace_back();
+        unread_.emplace_back();
+        cached_.emplace(slot, std::move(*kept));
+        length_cache_hits_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      to_cache_.push_back(CacheWrite{std::move(entry), slot, -1});
+    }
     if (lengths_only_) {
       // Token counts alone: the row group's (read once for all its blocks), then this
       // entry's rows of it.
@@ -507,6 +536,7 @@ Status SourceLoader::LoadWindow() {
         arrays_.emplace_back();
       }
       unread_.push_back("row group not read: " + read.message());
+      if (!to_cache_.empty() && to_cache_.back().end_slot < 0) to_cache_.pop_back();
       continue;
     }
     for (auto& cols : chunks) {
@@ -517,6 +547,9 @@ Status SourceLoader::LoadWindow() {
       row += n;
       arrays_.push_back(std::move(cols));
       unread_.emplace_back();
+    }
+    if (!to_cache_.empty() && to_cache_.back().end_slot < 0) {
+      to_cache_.back().end_slot = static_cast<int64_t>(arrays_.size());
     }
   }
   order_.resize(rows_.size());
@@ -570,6 +603,15 @@ Status SourceLoader::LoadWindow() {
           outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
           continue;
         }
+        if (const auto kept = cached_.find(r.arrays_slot); kept != cached_.end()) {
+          const CachedRow& k = kept->second[size_t(r.array_index)];
+          RowOutput& o = outputs_[size_t(i)];
+          o.skip = k.skip;
+          o.tokens = k.tokens;
+          o.image_tokens = k.image_tokens;
+          estimates_[size_t(i)] = k.estimate_bytes;
+          continue;
+        }
         const Columns& cols = arrays_[size_t(r.arrays_slot)];
         estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
         batch.push_back(BatchRow{
@@ -589,10 +631,31 @@ Status SourceLoader::LoadWindow() {
     if (stop_requested_.load(std::memory_order_relaxed)) {
       return Status::Cancelled("stopping");
     }
+    KeepLengths();
     arrays_.clear();
+    cached_.clear();
     precomputed_ = true;
   }
   return Status::OK();
+}
+
+void SourceLoader::KeepLengths() {
+  if (to_cache_.empty()) return;
+  // rows_ holds each slot's rows together, slots in increasing order.
+  size_t i = 0;
+  for (const CacheWrite& w : to_cache_) {
+    while (i < rows_.size() && rows_[i].arrays_slot < w.first_slot) ++i;
+    std::vector<CachedRow> rows;
+    bool clean = true;
+    for (; i < rows_.size() && rows_[i].arrays_slot < w.end_slot; ++i) {
+      const RowOutput& o = outputs_[i];
+      clean = clean && output_status_[i].ok() && o.null_what.empty() &&
+              o.skip != SkipReason::kNull && o.skip != SkipReason::kError;
+      rows.push_back(CachedRow{o.tokens, o.image_tokens, estimates_[i], o.skip});
+    }
+    if (clean && !rows.empty()) length_cache_->Write(w.entry, rows);
+  }
+  to_cache_.clear();
 }
 
 Status SourceLoader::ReadStep() {

@@ -76,8 +76,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "braid/config/config.h"
+#include "braid/source/length_cache.h"
 #include "braid/source/sample.h"
 #include "braid/source/source_files.h"
 #include "braid/source/transform.h"
@@ -167,6 +169,12 @@ class SourceLoader : public SampleStream {
   /// Stop() without the wait: the loader's queued tasks return at once when they run.
   /// Stopping many loaders: RequestStop() each, then Stop() each.
   void RequestStop();
+
+  /// Window entries (row groups or blocks) whose counts came from runtime.length_cache
+  /// instead of their columns (planning a tokenized source). Thread-safe.
+  int64_t length_cache_hits() const {
+    return length_cache_hits_.load(std::memory_order_relaxed);
+  }
 
   /// Samples published with a payload that then failed to finish (an image whose header
   /// read but whose body did not decode) and were blanked under on_error: skip.
@@ -276,6 +284,20 @@ class SourceLoader : public SampleStream {
   std::vector<RowOutput> outputs_;  // per row of rows_
   std::vector<Status> output_status_;
   std::vector<int64_t> estimates_;
+  // Planning a tokenized source with runtime.length_cache (source/length_cache.h): the
+  // loaded window's entries found in the cache (by slot of arrays_, which holds no
+  // columns for them), and those read whose counts are to be kept, with their slots.
+  std::unique_ptr<LengthCache> length_cache_;  // null: none
+  std::atomic<int64_t> length_cache_hits_{0};
+  std::unordered_map<int64_t, std::vector<CachedRow>> cached_;
+  struct CacheWrite {
+    LengthCacheEntry entry;
+    int64_t first_slot = 0;
+    int64_t end_slot = -1;  // -1 while its entry is being read
+  };
+  std::vector<CacheWrite> to_cache_;
+  // Writes the counts of to_cache_'s entries whose rows all transformed cleanly.
+  void KeepLengths();
 
   std::mutex mu_;
   std::condition_variable cv_;
