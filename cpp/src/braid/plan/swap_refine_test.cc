@@ -39,6 +39,21 @@ TEST(SwapBetweenExtremeBinsTest, SwapsThePairNearestHalfTheGap) {
   EXPECT_THAT(capped[0], ElementsAre(0, 1));
 }
 
+TEST(SwapBetweenExtremeBinsTest, TriesDearerPartnersWhenTheCheapestHasNoPair) {
+  const std::vector<double> costs = {19, 2, 16, 13, 12, 13};
+  // 21, 29, 25: against the cheapest bin (gap 8) every shift is 14, 11 or negative; the
+  // middle bin (gap 4) takes 16 for 13 (a shift of 3, as near half the gap as 1).
+  std::vector<std::vector<int32_t>> bins = {{0, 1}, {2, 3}, {4, 5}};
+  EXPECT_EQ(SwapBetweenExtremeBins(costs, &bins, /*max_swaps=*/1), 1);
+  EXPECT_THAT(bins[0], ElementsAre(0, 1));  // 21
+  EXPECT_THAT(bins[1], ElementsAre(5, 3));  // 26
+  EXPECT_THAT(bins[2], ElementsAre(4, 2));  // 28
+  // The pair budget bounds the work: none, no swap.
+  std::vector<std::vector<int32_t>> unbudgeted = {{0, 1}, {2, 3}, {4, 5}};
+  EXPECT_EQ(SwapBetweenExtremeBins(costs, &unbudgeted, 10, /*max_pairs=*/0), 0);
+  EXPECT_THAT(unbudgeted[1], ElementsAre(2, 3));
+}
+
 // On seeded long-tail instances after Karmarkar-Karp and greedy: the same items, the same
 // count per bin, a largest bin never higher and on average lower.
 TEST(SwapBetweenExtremeBinsTest, NeverRaisesTheMaximumAndKeepsCounts) {
