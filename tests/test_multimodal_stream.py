@@ -5,6 +5,7 @@ nothing else, and `braid run`. Regression for image documents cut by the step qu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import subprocess
@@ -173,3 +174,57 @@ def test_braid_run_reports_deferred_documents(tmp_path: Path, dataset):
     assert report["multimodal_deferred"] >= 6
     assert 0 < report["padding_tokens"] < 0.02 * report["tokens"]
     assert "deferred to a later step" in proc.stdout
+
+
+RANK_PROGRAM = textwrap.dedent("""
+    import hashlib, json, sys
+    import braid
+    config = json.load(open(sys.argv[1]))
+    rank, count = int(sys.argv[2]), int(sys.argv[3])
+    loader = braid.Loader(config, rank=rank, world_size=2)
+    digests = []
+    for _, b in zip(range(count), loader):
+        d = hashlib.sha256()
+        for key in sorted(b):
+            d.update(key.encode())
+            d.update(b[key].numpy().tobytes())
+        digests.append(d.hexdigest())
+    print(json.dumps(digests))
+""")
+
+
+def test_each_trainer_process_builds_its_own_ranks_images_and_they_add_up(tmp_path: Path,
+                                                                          dataset):
+    # Two trainer processes (dp=2) as torchrun starts them: each decodes only the images
+    # of its own micro-batches (docs/decisions.md 38), and together they give exactly
+    # what one engine building both ranks gives.
+    root, model = dataset
+    config = _config(root, model)
+    config["topology"]["dp"] = 2  # 2 micro-batches per rank per step
+    cfg = tmp_path / "dp2.json"
+    cfg.write_text(json.dumps(config))
+    prog = tmp_path / "rank.py"
+    prog.write_text(RANK_PROGRAM)
+    count = 12
+    procs = [subprocess.Popen([sys.executable, str(prog), str(cfg), str(r), str(count)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    ranks = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        ranks.append(json.loads(out.strip().splitlines()[-1]))
+    engine = _core.make_engine(_core.parse_config(json.dumps(config), "/"), [0, 1])
+    both = []
+    for _ in range(2 * count):  # (step, rank, micro-batch) order
+        b = engine.next()
+        d = hashlib.sha256()
+        for key in sorted(b):
+            d.update(key.encode())
+            d.update(np.ascontiguousarray(b[key]).tobytes())
+        both.append(d.hexdigest())
+    engine.stop()
+    for r in range(2):
+        expected = [both[4 * s + 2 * r + m] for s in range(count // 2) for m in range(2)]
+        assert ranks[r] == expected, f"rank {r}"
+    assert len(set(ranks[0]) | set(ranks[1])) == 2 * count  # no micro-batch twice
