@@ -51,7 +51,10 @@
 // token: a window's row groups are read as token counts (SourceFiles::ReadLengths: the
 // source's length_column, else the token lists' lengths from their Parquet levels) and
 // each row's metadata made from its count (Transform::ApplyLength), the same as from its
-// list. Other sources read their columns and drop them once the metadata is made.
+// list. Other sources read their columns and drop them once the metadata is made; with
+// runtime.length_cache, a text, chat or image-caption source first looks each window
+// entry up there and reads no column for an entry found, and keeps the counts of the
+// entries it had to transform (source/length_cache.h).
 //
 // Metadata first, payloads on demand. For a transform that defers (image-caption:
 // Transform::defers), a row's metadata comes from the image header alone and the sample
