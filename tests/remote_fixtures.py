@@ -199,6 +199,18 @@ class S3Server:
                 counts[path.split("/", 1)[1]] += 1
         return counts
 
+    def gets(self, prefix: str) -> int:
+        """GET requests (whole or ranged) for object keys under `prefix` since
+        start_counting."""
+        if not self.log_path.exists():
+            return 0
+        n = 0
+        for line in self.log_path.read_text().splitlines():
+            entry = json.loads(line)
+            path = urllib.parse.urlparse(entry["url"]).path.lstrip("/")
+            n += entry["method"] == "GET" and path.startswith(f"{S3_BUCKET}/{prefix}")
+        return n
+
 
 @contextlib.contextmanager
 def s3_server_running(log_path) -> Iterator[S3Server]:

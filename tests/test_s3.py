@@ -182,3 +182,43 @@ def test_local_cache_serves_remote_files_and_keeps_its_size(s3_server, s3_datase
     config["runtime"] = {"cache": {"dir": str(small), "max_bytes": one_file + 16}}
     batches(config, n=1)
     assert 0 < sum(p.stat().st_size for p in small.iterdir() if p.is_file()) <= one_file + 16
+
+
+def test_length_cache_plans_an_s3_text_source_without_reading_its_rows(s3_server, tmp_path):
+    # `braid plan` on a text source on S3, twice, as a user runs it: the first pass reads
+    # and encodes every row group and keeps the counts in runtime.length_cache; the
+    # second prints the same plan having fetched the footer alone.
+    import io
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from braid import _core
+
+    rng = random.Random(5)
+    words = "the loader reads many sources and plans every step for the ranks".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))
+             for _ in range(200)]
+    model = _core.train_tiny_sentencepiece(texts, str(tmp_path / "tok"), 60)
+    body = io.BytesIO()
+    pq.write_table(pa.table({"text": texts}), body, row_group_size=16)  # 13 row groups
+    server = s3_server["server"]
+    server.client.put_object(Bucket=BUCKET, Key="lens/text.parquet", Body=body.getvalue())
+    config = {"seed": 2, "batch": {"global_tokens": 1024, "seq_len": 256},
+              "tokenizer": {"type": "sentencepiece", "model": model},
+              "sources": [{"name": "t", "path": f"s3://{BUCKET}/lens/*.parquet",
+                           "storage": {"endpoint": s3_server["url"], "region": "us-east-1"},
+                           "text_column": "text"}],
+              "runtime": {"length_cache": str(tmp_path / "lens")}}
+    job = job_file(tmp_path / "job", config)
+    server.start_counting()
+    cold = plan_lines(fresh_cli("plan", job, "--steps", 6))
+    cold_gets = server.gets("lens/")
+    assert len(list((tmp_path / "lens").glob("*.lens"))) == 13
+    server.start_counting()
+    warm = plan_lines(fresh_cli("plan", job, "--steps", 6))
+    warm_gets = server.gets("lens/")
+    assert warm == cold
+    assert cold_gets >= 13, cold_gets  # the row groups' columns
+    assert warm_gets <= 2, warm_gets  # the footer only
