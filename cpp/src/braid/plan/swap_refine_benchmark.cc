@@ -34,18 +34,6 @@ std::vector<double> SequenceCosts(int64_t n, uint64_t seed) {
   return costs;
 }
 
-double Imbalance(const std::vector<double>& costs,
-                 const std::vector<std::vector<int32_t>>& bins) {
-  double top = 0, total = 0;
-  for (const auto& bin : bins) {
-    double sum = 0;
-    for (int32_t i : bin) sum += costs[size_t(i)];
-    top = std::max(top, sum);
-    total += sum;
-  }
-  return top / (total / double(bins.size()));
-}
-
 void BM_SwapAfterKarmarkarKarp(benchmark::State& state) {
   const int64_t dp = state.range(0);
   const auto costs = SequenceCosts(dp * 8, /*seed=*/7);
