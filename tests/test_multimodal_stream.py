@@ -228,3 +228,30 @@ def test_each_trainer_process_builds_its_own_ranks_images_and_they_add_up(tmp_pa
         expected = [both[4 * s + 2 * r + m] for s in range(count // 2) for m in range(2)]
         assert ranks[r] == expected, f"rank {r}"
     assert len(set(ranks[0]) | set(ranks[1])) == 2 * count  # no micro-batch twice
+
+
+def test_plan_with_a_length_cache_reads_no_image_the_second_time(tmp_path: Path, dataset):
+    # `braid plan` on the image-caption source twice with runtime.length_cache: the same
+    # plan (image tokens included), and the second pass writes no entry (it read every
+    # one instead of the images' headers and the captions).
+    root, model = dataset
+    config = _config(root, model)
+    config["runtime"] = {"length_cache": str(tmp_path / "lens")}
+    cfg = tmp_path / "job.json"
+    cfg.write_text(json.dumps(config))
+
+    def plan() -> str:
+        proc = subprocess.run([sys.executable, "-m", "braid.cli", "plan", str(cfg),
+                               "--steps", "8"], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    first = plan()
+    kept = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "lens").glob("*.lens")}
+    assert len(kept) == 4  # two files of two row groups
+    assert plan() == first
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "lens").glob("*.lens")} == kept
+    del config["runtime"]
+    cfg.write_text(json.dumps(config))
+    assert plan() == first
+    assert '"img"' in first
