@@ -34,7 +34,9 @@ std::optional<std::string> ReadAll(const std::string& path) {
 // A hash of a file's bytes; the file must exist and be readable.
 Result<uint64_t> FileBytesHash(const std::string& path, const std::string& key) {
   const auto bytes = ReadAll(path);
-  if (!bytes) return ConfigError(key, "cannot read " + path + " (for runtime.length_cache)");
+  if (!bytes) {
+    return ConfigError(key, "cannot read " + path + " (for runtime.length_cache)");
+  }
   return internal::Fnv1a(*bytes);
 }
 
@@ -47,7 +49,8 @@ Result<std::string> TokenizerIdentity(const TokenizerConfig& t) {
   ARROW_ASSIGN_OR_RAISE(uint64_t model, FileBytesHash(t.model, t.key));
   os << ":model=" << model;
   if (t.huggingface()) {  // its chat template lives beside it
-    const stdfs::path config = stdfs::path(t.model).parent_path() / "tokenizer_config.json";
+    const stdfs::path config =
+        stdfs::path(t.model).parent_path() / "tokenizer_config.json";
     std::error_code ec;
     if (stdfs::exists(config, ec)) {
       ARROW_ASSIGN_OR_RAISE(uint64_t h, FileBytesHash(config.string(), t.key));

@@ -44,7 +44,9 @@ uint64_t RowGroupDigest(const parquet::RowGroupMetaData& row_group,
            std::to_string(chunk->num_values());
     if (chunk->is_stats_set()) {
       const auto stats = chunk->statistics();
-      if (stats && stats->HasMinMax()) key += ',' + stats->EncodeMin() + ',' + stats->EncodeMax();
+      if (stats && stats->HasMinMax()) {
+        key += ',' + stats->EncodeMin() + ',' + stats->EncodeMax();
+      }
       if (stats) key += ',' + std::to_string(stats->null_count());
     }
   }

@@ -475,7 +475,8 @@ Status SourceLoader::LoadWindow() {
       const int64_t n = block_rows == 0
                             ? unread_rows
                             : std::min(block_rows, f.row_group_rows[size_t(rg)] - first);
-      LengthCacheEntry entry{f.path, f.row_group_digest[size_t(rg)], rg, block_rows, block};
+      LengthCacheEntry entry{f.path, f.row_group_digest[size_t(rg)], rg, block_rows,
+                             block};
       auto kept = length_cache_->Read(entry);
       const int64_t slot = static_cast<int64_t>(arrays_.size());
       if (kept && static_cast<int64_t>(kept->size()) == n) {
