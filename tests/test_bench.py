@@ -247,3 +247,20 @@ def test_baseline_tokenizes_text_as_the_model_does(tmp_path: Path):
     cu = np.flatnonzero(ids == 2)
     first = tuple(ids[:cu[0] + 1])
     assert first in expected
+
+
+def test_table_without_a_baseline_has_no_ratio_column_value():
+    # `braid bench --against ''` measures Braid alone: its row says "-", not "nanx".
+    from braid.bench.run import table
+
+    row = {"added_pss_bytes": 1.5e9, "tokens_per_s": 1000.0, "wait_fraction": 0.1,
+           "mean_rank_cost": 2.0, "imbalance_per_step": [1.01, 1.03], "steps_per_s": 4.0}
+    result = {"imbalance_dp": {"dp": 64, "mean": {"braid": 1.0002}},
+              "loaders": {"braid": row}, "skipped": {}}
+    text = table(result)
+    assert "nanx" not in text
+    line = next(l for l in text.splitlines() if l.startswith("braid "))
+    assert line.split()[-2:] == ["-", "1.0002"], line
+    with_base = dict(result, loaders={"braid": row,
+                                      "baseline": dict(row, steps_per_s=2.0)})
+    assert "2.00x" in table(with_base)

@@ -393,13 +393,14 @@ def table(result: dict) -> str:
     dp_mean = result["imbalance_dp"]["mean"]
     unit = next(iter(result["loaders"].values()))["mean_rank_cost"] or 1.0
     for name, r in result["loaders"].items():
-        ratio = r["steps_per_s"] / base["steps_per_s"] if base else float("nan")
+        vs = (f"{r['steps_per_s'] / base['steps_per_s']:>7.2f}x"
+              if base and base["steps_per_s"] > 0 else f"{'-':>8}")
         dp = f"{dp_mean[name]:.4f}" if name in dp_mean else "-"
         lines.append(f"{name:<12} {r['added_pss_bytes'] / 1e9:>10.2f} "
                      f"{r['tokens_per_s']:>11,.0f} {r['wait_fraction']:>6.3f} "
                      f"{r['mean_rank_cost'] / unit:>6.3f} "
                      f"{statistics.fmean(r['imbalance_per_step']):>10.4f} "
-                     f"{r['steps_per_s']:>8.3f} {ratio:>7.2f}x {dp:>8}")
+                     f"{r['steps_per_s']:>8.3f} {vs} {dp:>8}")
     for name, why in result["skipped"].items():
         lines.append(f"{name:<12} skipped: {why}")
     lines.append("cost: the mean cost a rank received per step, against Braid's; "
