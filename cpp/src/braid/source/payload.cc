@@ -2,14 +2,9 @@
 
 namespace braid {
 
-PayloadRef PayloadRef::Pending() {
+PayloadRef PayloadRef::OnDemand(Producer produce) {
   PayloadRef ref;
   ref.state_ = std::make_shared<State>();
-  return ref;
-}
-
-PayloadRef PayloadRef::OnDemand(Producer produce) {
-  PayloadRef ref = Pending();
   ref.state_->produce = std::move(produce);
   return ref;
 }
@@ -20,8 +15,7 @@ void PayloadRef::Start(bool urgent) const {
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->done || !state_->produce) return;
-    produce = std::move(state_->produce);
-    state_->produce = nullptr;
+    produce = std::exchange(state_->produce, nullptr);
   }
   produce(*this, urgent);
 }

@@ -153,15 +153,13 @@ class PayloadRef {
   /// call back into `ref` other than Set().
   using Producer = std::function<void(const PayloadRef& ref, bool urgent)>;
 
-  /// A payload still to be produced; complete it with Set().
-  static PayloadRef Pending();
   /// A payload produced on demand: `produce` runs once, on the thread that first calls
   /// Want() or Get() (outside any lock of the handle). Until then nothing is done, and a
   /// handle that nobody wants frees `produce` with its last copy.
   static PayloadRef OnDemand(Producer produce);
 
   /// Completes a pending payload (once; later calls are ignored); wakes every waiter.
-  /// REQUIRES: made by Pending() or OnDemand().
+  /// REQUIRES: made by OnDemand().
   void Set(Result<TokenPayload> result) const;
 
   /// Starts producing an on-demand payload that has not started (a hint that it will be
