@@ -1,8 +1,8 @@
 // The source loaders' memory budget: how runtime.memory_bytes is shared by the sources.
 //
 // One budget for every loader of a job bounds what the loaders decode and hold ahead of
-// the planner (queued samples with their payloads or, when planning, the bytes their rows
-// decoded to; pending payloads). Each source gets a share in proportion to what it must
+// the planner (queued samples with their payloads, an image payload at its decoded size,
+// or, when planning, the bytes their rows decoded to). Each source gets a share in proportion to what it must
 // deliver per step (its weight at step 0; equal shares if every weight is 0), capped by
 // runtime.read_ahead_bytes; a source always may hold one batch, however small its share
 // (docs/decisions.md, 26). The default budget follows

@@ -784,9 +784,9 @@ Status SourceLoader::ReadStep() {
     }
     // Charged what it holds (a payload still to decode: its finished size), or without a
     // payload what its row decoded to.
-    charges.push_back(!s.payload           ? estimate[size_t(j)]
-                      : s.payload.ready() ? s.payload.bytes()
-                                          : o.payload_bytes);
+    charges.push_back(!s.payload   ? estimate[size_t(j)]
+                      : o.deferred ? o.payload_bytes
+                                   : s.payload.bytes());
     samples.push_back(std::move(s));
   }
   if (!PushBatch(&samples, charges)) return Status::Cancelled("stopping");
