@@ -765,13 +765,18 @@ Config CaptionConfig(const std::string& path, const std::string& model, OnError 
   return c;
 }
 
+// A caption job in `dir`: a tiny tokenizer (tok.model) and captions.parquet, whose row
+// `cut_row` (-1: none) does not decode.
+Status WriteCaptionJob(const testing::ScopedTempDir& dir, int cut_row) {
+  ARROW_RETURN_NOT_OK(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                                      dir.Sub("tok"), 100));
+  return WriteCaptionFile(dir.Sub("captions.parquet"), cut_row);
+}
+
 TEST(EngineImageTest, BodyThatDoesNotDecodeFailsNextNamingTheRow) {
   testing::ScopedTempDir dir("braid-engine-images");
-  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
-                                              dir.Sub("tok"), 100)
-                  .ok());
+  ASSERT_TRUE(WriteCaptionJob(dir, /*cut_row=*/9).ok());
   const std::string path = dir.Sub("captions.parquet");
-  ASSERT_TRUE(WriteCaptionFile(path, /*cut_row=*/9).ok());
   auto engine =
       MakeEngine(CaptionConfig(path, dir.Sub("tok.model"), OnError::kFail, /*workers=*/2));
   ASSERT_NE(engine, nullptr);
@@ -787,11 +792,8 @@ TEST(EngineImageTest, BodyThatDoesNotDecodeFailsNextNamingTheRow) {
 
 TEST(EngineImageTest, SameBatchesForAnyWorkerCountWithABlankedImageUnderSkip) {
   testing::ScopedTempDir dir("braid-engine-images-skip");
-  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
-                                              dir.Sub("tok"), 100)
-                  .ok());
+  ASSERT_TRUE(WriteCaptionJob(dir, /*cut_row=*/9).ok());
   const std::string path = dir.Sub("captions.parquet");
-  ASSERT_TRUE(WriteCaptionFile(path, /*cut_row=*/9).ok());
   const std::string model = dir.Sub("tok.model");
   auto one = MakeEngine(CaptionConfig(path, model, OnError::kSkip, /*workers=*/1));
   auto three = MakeEngine(CaptionConfig(path, model, OnError::kSkip, /*workers=*/3));
@@ -814,11 +816,8 @@ TEST(EngineImageTest, SameBatchesForAnyWorkerCountWithABlankedImageUnderSkip) {
 
 TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
   testing::ScopedTempDir dir("braid-engine-images-own");
-  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
-                                              dir.Sub("tok"), 100)
-                  .ok());
+  ASSERT_TRUE(WriteCaptionJob(dir, /*cut_row=*/-1).ok());
   const std::string path = dir.Sub("captions.parquet");
-  ASSERT_TRUE(WriteCaptionFile(path, /*cut_row=*/-1).ok());
   Config config = CaptionConfig(path, dir.Sub("tok.model"), OnError::kFail, /*workers=*/2);
   config.topology.dp = 2;
   config.batch.global_tokens = 256;  // 2 micro-batches per rank
