@@ -159,17 +159,20 @@ void RegisterService(nb::module_& m) {
              PieceReply r = ValueOrThrow(std::move(reply));
              nb::object mask = r.loss_mask.empty() ? nb::none()
                                                    : OwnedArray(std::move(r.loss_mask));
-             nb::object images = nb::none(), pixels = nb::none();
+             nb::object images = nb::none(), image_bytes = nb::none(), paths = nb::none();
              if (!r.images.empty()) {
                images = OwnedArray(std::move(r.images));
-               pixels = OwnedArray(std::move(r.pixels));
+               image_bytes = OwnedArray(std::move(r.image_bytes));
+               paths = OwnedArray(std::move(r.paths));
              }
              return nb::make_tuple(OwnedArray(std::move(r.tokens)),
-                                   OwnedArray(std::move(r.offsets)), mask, images, pixels);
+                                   OwnedArray(std::move(r.offsets)), mask, images,
+                                   image_bytes, paths);
            },
            nb::arg("requests"),
            "(tokens int32, offsets int64, loss_mask uint8 or None, images int64 or None, "
-           "pixels float32 or None) for the requests: BucketPlan.attach's arguments.")
+           "image_bytes uint8 or None, paths uint8 or None) for the requests: "
+           "BucketPlan.attach's arguments after the source (images still encoded).")
       .def_prop_ro("cached_bytes", &PayloadService::cached_bytes);
   m.def("make_payload_service",
         [](const Config& config, int32_t source, int64_t cache_bytes) {
@@ -225,24 +228,35 @@ void RegisterService(nb::module_& m) {
            },
            nb::arg("num_sources"), "Per source, its pieces' requests (int64 arrays).")
       .def("attach",
-           [](BucketPlan& b, int32_t source, Int32Array tokens, Int64Array offsets,
-              std::optional<UInt8Array> mask, std::optional<Int64Array> images,
-              std::optional<FloatArray> pixels) {
+           [](BucketPlan& b, const Config& config, int32_t source, Int32Array tokens,
+              Int64Array offsets, std::optional<UInt8Array> mask,
+              std::optional<Int64Array> images, std::optional<UInt8Array> image_bytes,
+              std::optional<UInt8Array> paths) {
+             if (source < 0 || size_t(source) >= config.sources.size()) {
+               ThrowStatus(ConfigError("sources", "no source " + std::to_string(source)));
+             }
              auto reply = std::make_shared<PieceReply>();
-             reply->tokens.assign(tokens.data(), tokens.data() + tokens.shape(0));
-             reply->offsets.assign(offsets.data(), offsets.data() + offsets.shape(0));
-             if (mask) reply->loss_mask.assign(mask->data(), mask->data() + mask->shape(0));
-             if (images) {
-               reply->images.assign(images->data(), images->data() + images->shape(0));
+             auto copy = [](auto* to, const auto& from) {
+               to->assign(from.data(), from.data() + from.shape(0));
+             };
+             copy(&reply->tokens, tokens);
+             copy(&reply->offsets, offsets);
+             if (mask) copy(&reply->loss_mask, *mask);
+             if (images) copy(&reply->images, *images);
+             if (image_bytes) copy(&reply->image_bytes, *image_bytes);
+             if (paths) copy(&reply->paths, *paths);
+             Status st;
+             {
+               GilRelease release;  // decodes the images
+               st = AttachPieces(&b.plan, b.bucket, source, config.sources[size_t(source)],
+                                 std::move(reply));
              }
-             if (pixels) {
-               reply->pixels.assign(pixels->data(), pixels->data() + pixels->shape(0));
-             }
-             ThrowIfError(AttachPieces(&b.plan, b.bucket, source, std::move(reply)));
+             ThrowIfError(st);
            },
-           nb::arg("source"), nb::arg("tokens"), nb::arg("offsets"),
+           nb::arg("config"), nb::arg("source"), nb::arg("tokens"), nb::arg("offsets"),
            nb::arg("loss_mask").none(), nb::arg("images").none() = nb::none(),
-           nb::arg("pixels").none() = nb::none())
+           nb::arg("image_bytes").none() = nb::none(), nb::arg("paths").none() = nb::none(),
+           "Attaches a source's fetch reply to this bucket's pieces, decoding its images.")
       .def("build",
            [](const BucketPlan& b, int64_t micro_batch) {
              if (micro_batch < 0 ||

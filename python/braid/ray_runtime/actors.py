@@ -65,8 +65,8 @@ class _PayloadHost:
         self._requests = 0
 
     def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
-        """Per source, ``(tokens, offsets, loss_mask, images, pixels)`` (None where a
-        source has none) for its piece requests."""
+        """Per source, ``(tokens, offsets, loss_mask, images, image_bytes, paths)`` (None
+        where a source has none) for its piece requests; images stay encoded."""
         self._requests += 1
         return {i: self._services[i].fetch(r) for i, r in requests.items()}
 
@@ -399,7 +399,8 @@ class ConstructorActor:
             else:
                 replies = ray.get(call, timeout=self._timeout)
             for source, reply in replies.items():
-                part.attach(source, *reply)  # tokens, offsets, mask, images, pixels
+                # tokens, offsets, mask, images, image bytes, paths: decoded here
+                part.attach(self._config, source, *reply)
         batches = [part.build(mb) for mb in range(part.micro_batches)]
         self._built += 1
         return plan, batches

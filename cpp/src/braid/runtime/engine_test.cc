@@ -730,28 +730,6 @@ TEST(EngineErrorTest, MissingSourceFailsMake) {
 
 // 24 rows of small PNG images (4 rows per row group) and captions; row `cut_row` keeps
 // only its PNG header, so its body cannot decode.
-Status WriteCaptionFile(const std::string& path, int cut_row) {
-  arrow::BinaryBuilder images;
-  arrow::StringBuilder captions;
-  for (int i = 0; i < 24; ++i) {
-    const int w = 14 + 7 * (i % 5), h = 28 - 3 * (i % 4);
-    std::vector<uint8_t> px(size_t(w * h * 3));
-    for (size_t k = 0; k < px.size(); ++k) px[k] = uint8_t(k * 7 + size_t(i));
-    ARROW_ASSIGN_OR_RAISE(std::string png, EncodePng(px.data(), w, h));
-    if (i == cut_row) png.resize(64);
-    ARROW_RETURN_NOT_OK(images.Append(png));
-    ARROW_RETURN_NOT_OK(captions.Append("a small picture number " + std::to_string(i)));
-  }
-  ARROW_ASSIGN_OR_RAISE(auto ia, images.Finish());
-  ARROW_ASSIGN_OR_RAISE(auto ca, captions.Finish());
-  auto table = arrow::Table::Make(arrow::schema({arrow::field("image", arrow::binary()),
-                                                 arrow::field("caption", arrow::utf8())}),
-                                  {ia, ca});
-  ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
-  return parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
-                                    /*chunk_size=*/4);
-}
-
 Config CaptionConfig(const std::string& path, const std::string& model, OnError on_error,
                      int64_t workers) {
   Config c;
@@ -770,7 +748,7 @@ Config CaptionConfig(const std::string& path, const std::string& model, OnError 
 Status WriteCaptionJob(const testing::ScopedTempDir& dir, int cut_row) {
   ARROW_RETURN_NOT_OK(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
                                                       dir.Sub("tok"), 100));
-  return WriteCaptionFile(dir.Sub("captions.parquet"), cut_row);
+  return testing::WriteCaptionFile(dir.Sub("captions.parquet"), cut_row);
 }
 
 TEST(EngineImageTest, BodyThatDoesNotDecodeFailsNextNamingTheRow) {

@@ -105,7 +105,8 @@ Result<PayloadService::Unit*> PayloadService::UnitFor(int32_t file, int64_t row,
   return &cache_.emplace(key_tuple, std::move(unit)).first->second;
 }
 
-Result<std::shared_ptr<Payload>> PayloadService::Row(int32_t file, int64_t row) {
+Result<std::shared_ptr<Payload>> PayloadService::Row(int32_t file, int64_t row,
+                                                     std::vector<std::string_view>* encoded) {
   int32_t rg = 0;
   ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
   const int64_t in_unit = row - unit->first_row;
@@ -124,13 +125,60 @@ Result<std::shared_ptr<Payload>> PayloadService::Row(int32_t file, int64_t row) 
                                                                   : out.null_what) +
                                            ") but was planned; did the file change?");
   }
-  if (out.deferred) {
-    const Status st = transform_->Finish(cols, index, where, out.payload.get());
-    if (!st.ok() && config_.sources[size_t(source_index_)].on_error != OnError::kSkip) {
-      return st;
-    }
-  }
+  // A deferred payload's images stay encoded: the constructor decodes them.
+  transform_->EncodedImages(cols, index, encoded);
   return out.payload;
+}
+
+Status PayloadService::AddImages(const Payload& payload,
+                                 const std::vector<std::string_view>& encoded,
+                                 int64_t piece, int64_t start, int64_t len, int32_t file,
+                                 int64_t row, PieceReply* reply,
+                                 std::map<int32_t, int64_t>* path_index) const {
+  if (payload.images.empty()) return Status::OK();
+  const std::string& path = files_->files()[size_t(file)].path;
+  if (encoded.size() != payload.images.size()) {
+    return DataError(DataLocation(path, -1, row), "the row's images changed");
+  }
+  // The images whose placeholders lie in the piece's own tokens (the planner cuts a
+  // document after its image tokens, so an image is never split between pieces).
+  std::vector<bool> inside(payload.images.size());
+  bool all_inside = true;
+  for (size_t i = 0; i < payload.images.size(); ++i) {
+    const int64_t at = payload.image_start[i];
+    const int64_t patches = payload.images[i].num_patches();
+    const int64_t overlap =
+        std::max<int64_t>(0, std::min(at + patches, start + len) - std::max(at, start));
+    if (overlap != 0 && overlap != patches) {  // as the embedded constructor refuses it
+      return DataError(DataLocation(path, -1, row),
+                       "an image was split (the piece holds " + std::to_string(overlap) +
+                           " of its " + std::to_string(patches) +
+                           " placeholder tokens); set oversize: skip or raise seq_len");
+    }
+    inside[i] = overlap == patches && patches > 0;
+    all_inside = all_inside && inside[i];
+  }
+  // on_error: skip blanks a row whose images do not all decode, every piece of it: a
+  // piece that lacks some of its row's images gets them too, to check.
+  const bool check_others =
+      !all_inside && config_.sources[size_t(source_index_)].on_error == OnError::kSkip;
+  for (size_t i = 0; i < payload.images.size(); ++i) {
+    if (!inside[i] && !check_others) continue;
+    auto [it, added] = path_index->emplace(file, int64_t(path_index->size()));
+    if (added) {
+      reply->paths.insert(reply->paths.end(), path.begin(), path.end());
+      reply->paths.push_back(0);
+    }
+    const ImagePatches& image = payload.images[i];
+    reply->images.insert(
+        reply->images.end(),
+        {piece, inside[i] ? payload.image_start[i] - start : -1, image.grid_h,
+         image.grid_w, static_cast<int64_t>(encoded[i].size()), it->second, int64_t(i),
+         int64_t(payload.images.size())});
+    reply->image_bytes.insert(reply->image_bytes.end(), encoded[i].begin(),
+                              encoded[i].end());
+  }
+  return Status::OK();
 }
 
 Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
@@ -138,11 +186,13 @@ Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
   PieceReply reply;
   reply.offsets.reserve(size_t(n) + 1);
   bool masked = false;
+  std::vector<std::string_view> encoded;
+  std::map<int32_t, int64_t> path_index;  // file -> its index in reply.paths
   for (int64_t k = 0; k < n; ++k) {
     const int64_t* q = requests + k * kRequestFields;
     const int32_t file = static_cast<int32_t>(q[0]);
     const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
-    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row));
+    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, &encoded));
     const std::string& path = files_->files()[size_t(file)].path;
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
     if (start < 0 || len < 0 || start + len > doc_tokens || doc_tokens > have) {
@@ -166,26 +216,8 @@ Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
     } else if (masked) {
       reply.loss_mask.insert(reply.loss_mask.end(), size_t(end - start), 1);
     }
-    // The images whose placeholders lie in the piece's own tokens (the planner cuts a
-    // document after its image tokens, so an image is never split between pieces).
-    for (size_t i = 0; i < payload->images.size(); ++i) {
-      const ImagePatches& image = payload->images[i];
-      const int64_t at = payload->image_start[i];
-      const int64_t end_at = at + image.num_patches();
-      const int64_t overlap =
-          std::max<int64_t>(0, std::min(end_at, start + len) - std::max(at, start));
-      if (overlap == 0 && image.num_patches() > 0) continue;
-      if (overlap != image.num_patches()) {  // as the embedded constructor refuses it
-        return DataError(DataLocation(path, -1, row),
-                         "an image was split (the piece holds " + std::to_string(overlap) +
-                             " of its " + std::to_string(image.num_patches()) +
-                             " placeholder tokens); set oversize: skip or raise seq_len");
-      }
-      reply.images.insert(reply.images.end(),
-                          {k, at - start, image.grid_h, image.grid_w,
-                           static_cast<int64_t>(image.pixels.size())});
-      reply.pixels.insert(reply.pixels.end(), image.pixels.begin(), image.pixels.end());
-    }
+    ARROW_RETURN_NOT_OK(
+        AddImages(*payload, encoded, k, start, len, file, row, &reply, &path_index));
     reply.offsets.push_back(static_cast<int64_t>(reply.tokens.size()));
   }
   return reply;

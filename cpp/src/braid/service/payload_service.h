@@ -11,9 +11,9 @@
 //
 // Errors name the file, row group and row: a row whose tokens no longer cover the
 // planned piece (the file changed since it was planned), a row that is now skipped
-// (null, empty), an unreadable row group (after SourceFiles' retries). A payload whose
-// images fail to decode follows on_error as in the loader. Image payloads are not sent
-// (their patches have no wire format yet): a data error.
+// (null, empty), an unreadable row group (after SourceFiles' retries). Images are sent
+// encoded, as the file holds them, with the grid their header gave; the constructor
+// decodes them (AttachPieces, docs/decisions.md 40), so this service decodes none.
 //
 // Thread-safe: Fetch calls are serialized by a mutex (SourceFiles is thread-compatible).
 #pragma once
@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "braid/config/config.h"
@@ -59,8 +60,15 @@ class PayloadService {
   };
   // The unit holding (file, row), read if not cached. REQUIRES: mu_ held.
   Result<Unit*> UnitFor(int32_t file, int64_t row, int32_t* row_group);
-  // The payload of one row. REQUIRES: mu_ held.
-  Result<std::shared_ptr<Payload>> Row(int32_t file, int64_t row);
+  // The payload of one row, its images not decoded; `encoded`: their bytes (views into
+  // the unit's columns). REQUIRES: mu_ held.
+  Result<std::shared_ptr<Payload>> Row(int32_t file, int64_t row,
+                                       std::vector<std::string_view>* encoded);
+  // Adds the images of piece `piece` ([start, start + len) of the row's tokens) to
+  // `reply`. REQUIRES: mu_ held.
+  Status AddImages(const Payload& payload, const std::vector<std::string_view>& encoded,
+                   int64_t piece, int64_t start, int64_t len, int32_t file, int64_t row,
+                   PieceReply* reply, std::map<int32_t, int64_t>* path_index) const;
 
   Config config_;
   int32_t source_index_ = 0;

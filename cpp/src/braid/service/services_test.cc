@@ -10,6 +10,7 @@
 #include "braid/service/planner_service.h"
 #include "braid/service/wire.h"
 #include "braid/testing/parquet_fixture.h"
+#include "braid/testing/sentencepiece_fixture.h"
 #include "braid/testing/temp_dir.h"
 
 namespace braid {
@@ -38,9 +39,16 @@ class ServicesTest : public ::testing::Test {
 
   // Every micro-batch of `steps` steps through the services, in (step, bucket,
   // micro-batch) order, the payload cache bounded by `cache_bytes`.
+  // What the replies held (ThroughServices).
+  struct ReplyCounts {
+    int64_t images = 0;          // in a piece
+    int64_t checked_images = 0;  // of a piece's row, outside the piece (on_error: skip)
+    int64_t image_bytes = 0;
+  };
+
   static std::vector<Batch> ThroughServices(const Config& config, int64_t steps,
-                                            int64_t cache_bytes,
-                                            const PlannerState& start) {
+                                            int64_t cache_bytes, const PlannerState& start,
+                                            ReplyCounts* counts = nullptr) {
     std::vector<Batch> out;
     auto planner = PlannerService::Make(config, start);
     EXPECT_TRUE(planner.ok()) << planner.status().ToString();
@@ -74,8 +82,14 @@ class ServicesTest : public ::testing::Test {
               r.data(), static_cast<int64_t>(r.size()) / kRequestFields);
           EXPECT_TRUE(reply.ok()) << reply.status().ToString();
           if (!reply.ok()) return out;
-          const Status st = AttachPieces(&*part, b, i,
-                                         std::make_shared<PieceReply>(std::move(*reply)));
+          for (size_t f = 0; counts != nullptr && f < reply->images.size();
+               f += kImageFields) {
+            ++(reply->images[f + 1] < 0 ? counts->checked_images : counts->images);
+          }
+          if (counts != nullptr) counts->image_bytes += int64_t(reply->image_bytes.size());
+          const Status st =
+              AttachPieces(&*part, b, i, config.sources[size_t(i)],
+                           std::make_shared<PieceReply>(std::move(*reply)));
           EXPECT_TRUE(st.ok()) << st.ToString();
         }
         for (size_t mb = 0; mb < part->ranks[size_t(b)].micro_batches.size(); ++mb) {
@@ -253,21 +267,26 @@ TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
     auto reply = (*service)->Fetch(requests[size_t(i)].data(),
                                    int64_t(requests[size_t(i)].size()) / kRequestFields);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
-    // Images the reply does not tie to a requested piece, or whose placeholders or
-    // pixels lie outside what the reply holds, are refused too.
+    // Images the reply does not tie to a requested piece, or whose placeholders, bytes
+    // or path lie outside what the reply holds, are refused too.
     for (const std::vector<int64_t>& images :
-         {std::vector<int64_t>{999, 0, 1, 1, 0}, std::vector<int64_t>{0, 0, 1, 1, 12},
-          std::vector<int64_t>{0, 1 << 20, 1, 1, 0}, std::vector<int64_t>{0, 0, 1}}) {
+         {std::vector<int64_t>{999, 0, 1, 1, 0, 0, 0, 1},
+          std::vector<int64_t>{0, 0, 1, 1, 12, 0, 0, 1},
+          std::vector<int64_t>{0, 1 << 20, 1, 1, 0, 0, 0, 1},
+          std::vector<int64_t>{0, 0, 1, 1, 0, 5, 0, 1},
+          std::vector<int64_t>{0, 0, 1, 1, 0, 0, 1, 1}, std::vector<int64_t>{0, 0, 1}}) {
       auto bad = std::make_shared<PieceReply>(*reply);
       bad->images = images;
-      const Status st = AttachPieces(&*part, 0, i, bad);
+      bad->paths = {'a', 0};
+      const Status st = AttachPieces(&*part, 0, i, config_->sources[size_t(i)], bad);
       EXPECT_FALSE(st.ok()) << images[0] << " " << images[1];
     }
     reply->tokens.pop_back();
     for (size_t k = 1; k < reply->offsets.size(); ++k) {
       reply->offsets[k] = std::max<int64_t>(0, reply->offsets[k] - 1);
     }
-    const Status st = AttachPieces(&*part, 0, i, std::make_shared<PieceReply>(*reply));
+    const Status st = AttachPieces(&*part, 0, i, config_->sources[size_t(i)],
+                                   std::make_shared<PieceReply>(*reply));
     ASSERT_FALSE(st.ok());
     EXPECT_THAT(st.message(), HasSubstr("sources[" + std::to_string(i) + "]"));
     break;
@@ -291,6 +310,120 @@ TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
   r = (*service)->Fetch(no_row, 1);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("no row"));
+}
+
+// An image-caption job in `dir` (a tiny tokenizer, 24 rows, every third with two PNG
+// images, row `cut_row` undecodable), at dp = 2 with pieces cut across sequences.
+Config CaptionJob(const testing::ScopedTempDir& dir, int cut_row, OnError on_error) {
+  EXPECT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  EXPECT_TRUE(
+      testing::WriteCaptionFile(dir.Sub("captions.parquet"), cut_row, /*two_images=*/true)
+          .ok());
+  Config c;
+  c.seed = 4;
+  c.batch.seq_len = 64;
+  c.batch.global_tokens = 256;
+  c.topology.dp = 2;
+  c.tokenizer.model = dir.Sub("tok.model");
+  c.sources.push_back(testing::CaptionSource(dir.Sub("captions.parquet"), on_error,
+                                             /*workers=*/2, /*window_rows=*/8));
+  EXPECT_TRUE(ValidateConfig(c).ok());
+  return c;
+}
+
+TEST_F(ServicesTest, ImagesCrossEncodedAndDecodeToTheEmbeddedBatchesBitForBit) {
+  testing::ScopedTempDir dir("braid-services-images");
+  const Config config = CaptionJob(dir, /*cut_row=*/-1, OnError::kFail);
+  const int64_t steps = 8;  // several epochs of the 24 rows
+  const auto embedded = Embedded(config, steps);
+  ASSERT_FALSE(embedded.empty());
+  ReplyCounts counts;
+  ExpectSame(ThroughServices(config, steps, int64_t{1} << 20,
+                             Planner::InitialState(config), &counts),
+             embedded);
+  EXPECT_GT(counts.images, 0);
+  EXPECT_EQ(counts.checked_images, 0);  // on_error: fail sends a piece's own images only
+  // Encoded, not patches: the PNG bytes are fewer than the float32 pixels they decode to.
+  int64_t pixel_bytes = 0;
+  for (const Batch& b : embedded) {
+    if (const Tensor* t = b.Find("pixel_values")) pixel_bytes += int64_t(t->storage->size());
+  }
+  EXPECT_GT(pixel_bytes, 0);
+  EXPECT_LT(counts.image_bytes, pixel_bytes);
+}
+
+TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded) {
+  testing::ScopedTempDir dir("braid-services-images-skip");
+  const Config config = CaptionJob(dir, /*cut_row=*/-1, OnError::kSkip);
+  const int64_t steps = 8;
+  // The row to break: one whose caption goes on in a piece of its own (start > 0: the
+  // planner cuts a document after its images), so that piece must learn of the break.
+  // Its header stays good, so the plans stay the same.
+  auto planner = PlannerService::Make(config, Planner::InitialState(config));
+  ASSERT_TRUE(planner.ok()) << planner.status().ToString();
+  int64_t tail_row = -1;
+  for (int64_t step = 0; step < steps && tail_row < 0; ++step) {
+    auto plan = (*planner)->Next();
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (const RankPlan& rank : plan->ranks) {
+      for (const MicroBatch& mb : rank.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          for (const DocPiece& d : seq.docs) {
+            if (d.start > 0 && tail_row < 0) tail_row = d.row;
+          }
+        }
+      }
+    }
+  }
+  ASSERT_GE(tail_row, 0) << "no document was cut";
+  ASSERT_TRUE(testing::WriteCaptionFile(dir.Sub("captions.parquet"), int(tail_row),
+                                        /*two_images=*/true)
+                  .ok());
+  const auto embedded = Embedded(config, steps);
+  ASSERT_FALSE(embedded.empty());
+  ReplyCounts counts;
+  ExpectSame(ThroughServices(config, steps, int64_t{1} << 20,
+                             Planner::InitialState(config), &counts),
+             embedded);
+  // Pieces without all of their row's images got the others to check (the caption tails
+  // of rows whose images are in an earlier piece).
+  EXPECT_GT(counts.checked_images, 0);
+}
+
+TEST_F(ServicesTest, AnImageThatDoesNotDecodeFailsTheBuildNamingFileAndRow) {
+  testing::ScopedTempDir dir("braid-services-images-fail");
+  const Config config = CaptionJob(dir, /*cut_row=*/9, OnError::kFail);
+  auto planner = PlannerService::Make(config, Planner::InitialState(config));
+  ASSERT_TRUE(planner.ok()) << planner.status().ToString();
+  auto service = PayloadService::Make(config, 0, int64_t{1} << 20);
+  ASSERT_TRUE(service.ok()) << service.status().ToString();
+  Status failed;
+  for (int64_t step = 0; step < 8 && failed.ok(); ++step) {
+    auto plan = (*planner)->Next();
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const auto message = EncodeStepPlan(*plan);
+    for (int64_t b = 0; b < 2 && failed.ok(); ++b) {
+      auto part = DecodeBucket(message.data(), message.size(), b);
+      ASSERT_TRUE(part.ok());
+      const auto requests = PieceRequests(*part, b, 1);
+      if (requests[0].empty()) continue;
+      // The service sends the bytes as they are; the constructor finds them bad.
+      auto reply = (*service)->Fetch(requests[0].data(),
+                                     int64_t(requests[0].size()) / kRequestFields);
+      ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+      failed = AttachPieces(&*part, b, 0, config.sources[0],
+                            std::make_shared<PieceReply>(std::move(*reply)));
+    }
+  }
+  ASSERT_FALSE(failed.ok()) << "row 9 was never planned";
+  EXPECT_THAT(failed.message(), HasSubstr("captions.parquet"));
+  EXPECT_THAT(failed.message(), HasSubstr("row 9"));
+  EXPECT_THAT(failed.message(), HasSubstr("cannot decode image: PNG"));
+  EXPECT_THAT(failed.message(), HasSubstr("set on_error: skip"));
+  ASSERT_NE(GetErrorDetail(failed), nullptr);
+  EXPECT_EQ(GetErrorDetail(failed)->kind(), ErrorKind::kData);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
+
+#include "braid/source/image.h"
 
 namespace braid {
 namespace {
@@ -202,7 +205,24 @@ std::vector<std::vector<int64_t>> PieceRequests(const StepPlan& plan, int64_t bu
   return out;
 }
 
+namespace {
+
+// The '\0'-terminated strings of `blob`.
+std::vector<std::string> SplitPaths(const std::vector<uint8_t>& blob) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  for (size_t i = 0; i < blob.size(); ++i) {
+    if (blob[i] != 0) continue;
+    out.emplace_back(reinterpret_cast<const char*>(blob.data()) + begin, i - begin);
+    begin = i + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
 Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
+                    const SourceConfig& source_config,
                     std::shared_ptr<const PieceReply> reply) {
   const std::string where = "step " + std::to_string(plan->step) + ": sources[" +
                             std::to_string(source) + "] reply";
@@ -214,8 +234,10 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
     return DataError(where, "image fields are not a multiple of " +
                                 std::to_string(kImageFields));
   }
+  const std::vector<std::string> paths = SplitPaths(reply->paths);
+  const ImageOptions options{source_config.image_patch_size, source_config.image_max_pixels};
   size_t next_image = 0;  // in reply->images, by piece order
-  int64_t next_pixel = 0;
+  int64_t next_byte = 0;
   size_t k = 0;
   for (MicroBatch& mb : plan->ranks[size_t(bucket)].micro_batches) {
     for (Sequence& seq : mb.sequences) {
@@ -241,24 +263,46 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
           payload->loss_mask.assign(reply->loss_mask.begin() + begin,
                                     reply->loss_mask.begin() + end);
         }
+        Status bad;  // the first of the row's images that does not decode
         for (; next_image < reply->images.size() &&
                reply->images[next_image] == int64_t(k - 1);
              next_image += size_t(kImageFields)) {
           const int64_t* f = reply->images.data() + next_image;
-          ImagePatches image;
-          image.grid_h = static_cast<int32_t>(f[2]);
-          image.grid_w = static_cast<int32_t>(f[3]);
-          if (f[1] < 0 || f[2] < 0 || f[3] < 0 || f[4] < 0 ||
-              f[1] + image.num_patches() > want ||
-              next_pixel + f[4] > static_cast<int64_t>(reply->pixels.size())) {
+          const ImageGrid grid{static_cast<int32_t>(f[2]), static_cast<int32_t>(f[3])};
+          if (f[1] < -1 || f[2] < 0 || f[3] < 0 || f[4] < 0 || f[5] < 0 ||
+              size_t(f[5]) >= paths.size() || f[6] < 0 || f[6] >= f[7] ||
+              (f[1] >= 0 && f[1] + grid.num_patches() > want) ||
+              next_byte + f[4] > static_cast<int64_t>(reply->image_bytes.size())) {
             return DataError(where, "piece " + std::to_string(k - 1) +
-                                        ": an image outside its tokens or pixels");
+                                        ": an image outside its tokens or bytes");
           }
-          image.pixels.assign(reply->pixels.begin() + next_pixel,
-                              reply->pixels.begin() + next_pixel + f[4]);
-          next_pixel += f[4];
+          const std::string_view bytes(
+              reinterpret_cast<const char*>(reply->image_bytes.data()) + next_byte,
+              size_t(f[4]));
+          next_byte += f[4];
+          ImagePatches image;
+          image.grid_h = grid.grid_h;
+          image.grid_w = grid.grid_w;
+          if (bad.ok()) {
+            Result<ImagePatches> decoded = DecodeImageAs(bytes, options, grid);
+            if (decoded.ok()) {
+              image = std::move(*decoded);
+            } else {
+              bad = DataError(DataLocation(paths[size_t(f[5])], -1, d.row),
+                              ImageErrorMessage(decoded.status(), source_config.image_column,
+                                                size_t(f[6]), size_t(f[7])));
+            }
+          }
+          if (f[1] < 0) continue;  // another piece's image: only checked
           payload->image_start.push_back(f[1]);
           payload->images.push_back(std::move(image));
+        }
+        if (!bad.ok()) {
+          if (source_config.on_error != OnError::kSkip) {
+            return bad.WithMessage(bad.message(), " (set on_error: skip to skip such rows)");
+          }
+          // As the source loader delivers such a row: blank images, nothing trained.
+          BlankImagePayload(options, payload.get());
         }
         d.payload = PayloadRef(TokenPayload(std::move(payload)));
         d.doc_tokens = want;
@@ -270,7 +314,7 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
     return DataError(where, "holds more pieces than requested");
   }
   if (next_image != reply->images.size() ||
-      next_pixel != static_cast<int64_t>(reply->pixels.size())) {
+      next_byte != static_cast<int64_t>(reply->image_bytes.size())) {
     return DataError(where, "holds images of no requested piece");
   }
   return Status::OK();

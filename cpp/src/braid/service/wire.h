@@ -8,7 +8,8 @@
 //   constructor -> loaders    PieceRequests: per source, the pieces of one bucket
 //   loaders -> constructor    PieceReply: each piece's tokens, plus the next one (its
 //                             label), the loss mask over them, and the images whose
-//                             placeholders the piece holds (grid and pixels)
+//                             placeholders the piece holds (grid and encoded bytes; the
+//                             constructor decodes them)
 //
 // A piece travels as kPieceFields int64: source, file, row, epoch, start, len,
 // doc_tokens, image_tokens (DocPiece's fields). A fetched piece is attached to the decoded
@@ -17,13 +18,14 @@
 // the document), so BuildMicroBatch builds exactly the tensors it builds from the whole
 // document in the embedded runtime.
 //
-// Pure functions over values; thread-safe.
+// Pure functions over values (AttachPieces decodes images); thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "braid/config/config.h"
 #include "braid/plan/step_plan.h"
 #include "braid/status.h"
 
@@ -61,27 +63,37 @@ std::vector<std::vector<int64_t>> PieceRequests(const StepPlan& plan, int64_t bu
                                                 int32_t num_sources);
 
 /// Fields of one image of a PieceReply: piece, start (of its placeholders within the
-/// piece's tokens), grid_h, grid_w, pixel count.
-inline constexpr int64_t kImageFields = 5;
+/// piece's tokens; -1 for an image of the piece's row outside the piece, sent only so
+/// that the constructor learns whether the row's images decode: on_error: skip blanks a
+/// whole row), grid_h, grid_w (from the header, as planned), encoded bytes, path (an
+/// index into `paths`), the image's index in its row, the row's images.
+inline constexpr int64_t kImageFields = 8;
 
 /// What a source's payload service returns for one PieceRequests list: piece k's tokens
 /// are tokens[offsets[k], offsets[k + 1]); loss_mask is empty (every token a target) or
-/// one 0/1 per token. `images` (kImageFields int64 each, in piece order) are the images
-/// whose placeholders lie in a piece's own tokens; their pixels follow each other in
-/// `pixels`.
+/// one 0/1 per token. `images` (kImageFields int64 each, in piece order) are the
+/// pieces' images, still encoded: their bytes follow each other in `image_bytes`, and the
+/// constructor decodes them (docs/decisions.md, 40). `paths` holds the files of those
+/// images' rows, each ending in '\0', for error messages.
 struct PieceReply {
   std::vector<int32_t> tokens;
   std::vector<int64_t> offsets{0};
   std::vector<uint8_t> loss_mask;
   std::vector<int64_t> images;
-  std::vector<float> pixels;
+  std::vector<uint8_t> image_bytes;
+  std::vector<uint8_t> paths;
 };
 
 /// Attaches a source's reply to the pieces of `plan->ranks[bucket]` from `source`, in
-/// PieceRequests order (see the header: each piece becomes a document of its own). The
-/// payloads view `reply` (kept alive by them, no copy). Fails (data error naming the
-/// source and step) when the reply does not match the pieces.
+/// PieceRequests order (see the header: each piece becomes a document of its own), and
+/// decodes its images with `source_config`'s image options. The payloads view `reply`'s
+/// tokens (kept alive by them, no copy). An image that does not decode follows
+/// `source_config.on_error` as in the source loader: an error naming its file and row,
+/// or (skip) the piece's images blank and its loss mask 0, as every piece of that row.
+/// Fails (data error naming the source and step) when the reply does not match the
+/// pieces. Thread-safe for distinct plans.
 Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
+                    const SourceConfig& source_config,
                     std::shared_ptr<const PieceReply> reply);
 
 }  // namespace braid

@@ -298,6 +298,29 @@ Result<ImagePatches> DecodeImage(std::string_view bytes, const ImageOptions& opt
   return Patchify(rgb, th, tw, options.patch_size);
 }
 
+Result<ImagePatches> DecodeImageAs(std::string_view bytes, const ImageOptions& options,
+                                   const ImageGrid& grid) {
+  ARROW_ASSIGN_OR_RAISE(ImagePatches patches, DecodeImage(bytes, options));
+  if (patches.grid_h != grid.grid_h || patches.grid_w != grid.grid_w) {
+    return Status::Invalid("cannot decode image: its size differs from its header");
+  }
+  return patches;
+}
+
+void BlankImagePayload(const ImageOptions& options, Payload* payload) {
+  const int64_t values = 3 * options.patch_size * options.patch_size;
+  for (ImagePatches& image : payload->images) {
+    image.pixels.assign(size_t(image.num_patches() * values), 0.0f);
+  }
+  payload->loss_mask.assign(payload->tokens.size(), 0);
+}
+
+std::string ImageErrorMessage(const Status& status, const std::string& column, size_t k,
+                              size_t n) {
+  return status.message() + " (column '" + column + "'" +
+         (n > 1 ? ", image " + std::to_string(k) : "") + ")";
+}
+
 Result<std::string> EncodeJpeg(const uint8_t* rgb, int width, int height, int quality) {
   TjHandle tj(tjInitCompress());
   if (!tj) return Status::Invalid("cannot start the JPEG encoder");

@@ -62,6 +62,21 @@ Result<ImageGrid> ReadImageGrid(std::string_view bytes, const ImageOptions& opti
 /// Fails with Invalid "cannot decode image: ..." for bytes of another format, or corrupt.
 Result<ImagePatches> DecodeImage(std::string_view bytes, const ImageOptions& options);
 
+/// DecodeImage for an image whose grid a header read gave earlier (`grid`: the sample's
+/// published placeholders): fails with Invalid "cannot decode image: its size differs
+/// from its header" when the decoded grid is another (the bytes changed since).
+Result<ImagePatches> DecodeImageAs(std::string_view bytes, const ImageOptions& options,
+                                   const ImageGrid& grid);
+
+/// Blanks a payload whose images cannot be decoded so that it still fits its published
+/// metadata: every image's pixels 0 (grid kept), nothing trained (loss mask all 0).
+void BlankImagePayload(const ImageOptions& options, Payload* payload);
+
+/// The message for image `k` of a row's `n` that failed to decode (`status`), naming the
+/// column ("..., image k" when the row holds more than one).
+std::string ImageErrorMessage(const Status& status, const std::string& column, size_t k,
+                              size_t n);
+
 /// Encodes packed RGB8 pixels (height * width * 3 bytes) as JPEG / PNG / lossless WebP;
 /// for tests and
 /// tools that make images.

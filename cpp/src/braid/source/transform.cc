@@ -725,24 +725,22 @@ class ImageCaptionTransform : public Transform {
     ImagesAt(*cols[0], i, &images);  // not null, as many as Apply saw
     for (size_t k = 0; k < payload->images.size(); ++k) {
       ImagePatches& im = payload->images[k];
-      Result<ImagePatches> patches = DecodeImage(images[k], options_);
-      if (patches.ok() && patches->grid_h == im.grid_h && patches->grid_w == im.grid_w) {
+      Result<ImagePatches> patches =
+          DecodeImageAs(images[k], options_, ImageGrid{im.grid_h, im.grid_w});
+      if (patches.ok()) {
         im = std::move(*patches);
         continue;
       }
-      // A blank that still fits the published metadata: no pixels, nothing trained.
-      for (ImagePatches& blank : payload->images) {
-        blank.pixels.assign(size_t(blank.num_patches() * PatchValues()), 0.0f);
-      }
-      payload->loss_mask.assign(payload->tokens.size(), 0);
-      const std::string what =
-          patches.ok() ? "cannot decode image: its size differs from its header"
-                       : patches.status().message();
-      return DataError(where.ToString(),
-                       what + " (column '" + image_column_ + "'" +
-                           (images.size() > 1 ? ", image " + std::to_string(k) : "") + ")");
+      BlankImagePayload(options_, payload);
+      return DataError(where.ToString(), ImageErrorMessage(patches.status(), image_column_,
+                                                           k, images.size()));
     }
     return Status::OK();
+  }
+
+  void EncodedImages(const Columns& cols, int64_t i,
+                     std::vector<std::string_view>* out) const override {
+    ImagesAt(*cols[0], i, out);
   }
 
  private:

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <arrow/array.h>
@@ -113,6 +114,13 @@ class Transform {
   virtual Status Finish(const Columns& /*cols*/, int64_t /*i*/,
                         const RowLocation& /*where*/, Payload* /*payload*/) const {
     return Status::OK();
+  }
+  /// The encoded images that Finish decodes for row `i`, in the payload's image order
+  /// (views into `cols`); none for a transform without images. The Ray runtime's payload
+  /// service sends these instead of decoded pixels (docs/decisions.md, 40).
+  virtual void EncodedImages(const Columns& /*cols*/, int64_t /*i*/,
+                             std::vector<std::string_view>* out) const {
+    out->clear();
   }
 };
 

@@ -12,6 +12,7 @@
 #include <parquet/metadata.h>
 #include <parquet/properties.h>
 
+#include "braid/source/image.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid::testing {
@@ -194,6 +195,42 @@ Result<DemoDataset> MakeDemoDataset(const std::string& dir, uint64_t seed, int64
          << sources_yaml << "runtime: {kind: local}\n";
   if (!config) return Status::IOError(out.config_path, ": cannot write");
   return out;
+}
+
+Status WriteCaptionFile(const std::string& path, int cut_row, bool two_images) {
+  auto png_of = [](int i, int w, int h) {
+    std::vector<uint8_t> px(size_t(w * h * 3));
+    for (size_t k = 0; k < px.size(); ++k) px[k] = uint8_t(k * 7 + size_t(i));
+    return EncodePng(px.data(), w, h);
+  };
+  auto values = std::make_shared<arrow::BinaryBuilder>();
+  arrow::ListBuilder lists(arrow::default_memory_pool(), values);
+  arrow::StringBuilder captions;
+  for (int i = 0; i < 24; ++i) {
+    const int w = 14 + 7 * (i % 5), h = 28 - 3 * (i % 4);
+    ARROW_ASSIGN_OR_RAISE(std::string png, png_of(i, w, h));
+    if (i == cut_row) png.resize(64);
+    if (two_images) ARROW_RETURN_NOT_OK(lists.Append());
+    ARROW_RETURN_NOT_OK(values->Append(png));
+    if (two_images && i % 3 == 0) {
+      ARROW_ASSIGN_OR_RAISE(std::string second, png_of(i + 100, h, w));
+      ARROW_RETURN_NOT_OK(values->Append(second));
+    }
+    ARROW_RETURN_NOT_OK(captions.Append("a small picture number " + std::to_string(i)));
+  }
+  std::shared_ptr<arrow::Array> ia;
+  if (two_images) {
+    ARROW_ASSIGN_OR_RAISE(ia, lists.Finish());
+  } else {
+    ARROW_ASSIGN_OR_RAISE(ia, values->Finish());
+  }
+  ARROW_ASSIGN_OR_RAISE(auto ca, captions.Finish());
+  auto table = arrow::Table::Make(
+      arrow::schema({arrow::field("image", ia->type()), arrow::field("caption", arrow::utf8())}),
+      {ia, ca});
+  ARROW_ASSIGN_OR_RAISE(auto out, arrow::io::FileOutputStream::Open(path));
+  return parquet::arrow::WriteTable(*table, arrow::default_memory_pool(), out,
+                                    /*chunk_size=*/4);
 }
 
 SourceConfig CaptionSource(const std::string& path, OnError on_error, int64_t workers,

@@ -61,6 +61,12 @@ std::vector<std::vector<int32_t>> RandomDocs(int64_t count, const LengthSpec& le
 SourceConfig CaptionSource(const std::string& path, OnError on_error, int64_t workers,
                            int64_t window_rows);
 
+/// Writes `path`: 24 image-caption rows in row groups of 4, PNG images of 14-42 x 19-28
+/// pixels (column "image") and captions "a small picture number i" (column "caption").
+/// Row `cut_row` (-1: none) has a valid header but a body that does not decode. With
+/// `two_images`, "image" is a list of images and every third row holds two.
+Status WriteCaptionFile(const std::string& path, int cut_row, bool two_images = false);
+
 struct DemoDataset {
   std::string config_path;
   std::vector<std::string> source_names;
