@@ -98,17 +98,23 @@ def write_view(arrays: Dict[str, np.ndarray], state_before: str,
     fd = os.memfd_create("braid-view", os.MFD_CLOEXEC)
     try:
         os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as mm:
-            mm[:8] = len(header).to_bytes(8, "little")
-            mm[8:8 + len(header)] = header
-            for (name, _, _, at, nbytes), array in zip(specs, arrays.values()):
-                if nbytes:
-                    mm[base + at:base + at + nbytes] = \
-                        np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        # pwrite, not a mapping: the kernel fills the file's pages without a fault per
+        # page, about twice as fast, and without the GIL (other builds go on meanwhile).
+        _write_at(fd, memoryview(len(header).to_bytes(8, "little") + header), 0)
+        for (name, _, _, at, nbytes), array in zip(specs, arrays.values()):
+            if nbytes:
+                data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+                _write_at(fd, memoryview(data), base + at)
     except BaseException:
         os.close(fd)
         raise
     return fd, size
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
 
 
 def read_view(fd: int, size: int) -> Tuple[Dict[str, np.ndarray], str, str]:

@@ -138,7 +138,11 @@ Status DecodeWebp(std::string_view bytes, Rgb* out) {
 }
 
 // Bilinear resize (half-pixel centres) of `src` to th x tw, normalized to [-1, 1] and
-// written straight into patch layout.
+// written straight into patch layout. Separable: each source row that an output row
+// reads is interpolated across once (per channel, into a float row), then each output
+// row blends two of them. Every value takes the same float operations in the same
+// order as interpolating the four taps per pixel would, so the result is the same bit
+// for bit; reads and writes run along rows, a patch's row at a time.
 ImagePatches Patchify(const Rgb& src, int64_t th, int64_t tw, int64_t p) {
   ImagePatches out;
   out.grid_h = static_cast<int32_t>(th / p);
@@ -163,22 +167,44 @@ ImagePatches Patchify(const Rgb& src, int64_t th, int64_t tw, int64_t p) {
   const uint8_t* px = src.pixels.data();
   const int64_t stride = src.width * 3;
   const int64_t pp = p * p;
-  for (int64_t y = 0; y < th; ++y) {
-    const Tap ty = ys[size_t(y)];
-    const uint8_t* r0 = px + ty.i0 * stride;
-    const uint8_t* r1 = px + ty.i1 * stride;
-    const int64_t gy = y / p, py = y % p;
+  // Two interpolated source rows, [c][x] each, and which source row each slot holds.
+  std::vector<float> rows(size_t(2 * 3 * tw));
+  int64_t held[2] = {-1, -1};
+  auto row = [&](int64_t sy) -> const float* {
+    for (int s = 0; s < 2; ++s) {
+      if (held[s] == sy) return rows.data() + s * 3 * tw;
+    }
+    // Source rows only move forward with y: the slot of the older row is replaced.
+    const int s = held[0] < held[1] ? 0 : 1;
+    held[s] = sy;
+    float* r = rows.data() + s * 3 * tw;
+    const uint8_t* in = px + sy * stride;
     for (int64_t x = 0; x < tw; ++x) {
       const Tap tx = xs[size_t(x)];
-      float* patch = out.pixels.data() + ((gy * out.grid_w + x / p) * 3) * pp +
-                     py * p + x % p;
       for (int c = 0; c < 3; ++c) {
-        const float a0 = r0[tx.i0 * 3 + c], a1 = r0[tx.i1 * 3 + c];
-        const float b0 = r1[tx.i0 * 3 + c], b1 = r1[tx.i1 * 3 + c];
-        const float a = a0 + tx.w1 * (a1 - a0);
-        const float b = b0 + tx.w1 * (b1 - b0);
-        const float v = a + ty.w1 * (b - a);
-        patch[c * pp] = (v / 255.0f - 0.5f) / 0.5f;
+        const float a0 = in[tx.i0 * 3 + c], a1 = in[tx.i1 * 3 + c];
+        r[c * tw + x] = a0 + tx.w1 * (a1 - a0);
+      }
+    }
+    return r;
+  };
+  for (int64_t y = 0; y < th; ++y) {
+    const Tap ty = ys[size_t(y)];
+    const float* a_row = row(ty.i0);
+    const float* b_row = row(ty.i1);
+    const int64_t gy = y / p, py = y % p;
+    for (int c = 0; c < 3; ++c) {
+      const float* a = a_row + c * tw;
+      const float* b = b_row + c * tw;
+      for (int64_t gx = 0; gx < out.grid_w; ++gx) {
+        float* dst =
+            out.pixels.data() + ((gy * out.grid_w + gx) * 3 + c) * pp + py * p;
+        const float* pa = a + gx * p;
+        const float* pb = b + gx * p;
+        for (int64_t k = 0; k < p; ++k) {
+          const float v = pa[k] + ty.w1 * (pb[k] - pa[k]);
+          dst[k] = (v / 255.0f - 0.5f) / 0.5f;
+        }
       }
     }
   }
