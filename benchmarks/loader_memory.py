@@ -23,14 +23,18 @@ trainers receive through node delivery), `braid-ray-store` (the same with
 runtime.delivery: object_store: the trainers are Ray drivers), `litdata` and `energon`
 (peers, braid/bench/peers.py: LitData's pre-tokenized chunks, or Megatron-Energon's
 WebDataset shards and blend metadataset, with --workers forked workers per rank; they
-need benchmarks/requirements-peers.txt). A mode is a `Mode` (braid/bench/modes.py): what
-it changes in the config, how a trainer starts its loader, which extra PIDs count.
+need benchmarks/requirements-peers.txt) and `mosaic` (MosaicML Streaming's MDS datasets
+and StreamingDataset, --workers forked workers per rank; its trainers, and the `none`
+run they are measured against, run under the python of its own environment, made by
+benchmarks/setup-mosaic-env: --mosaic-python; without it the mode is skipped). A mode is
+a `Mode` (braid/bench/modes.py): what it changes in the config, how a trainer starts
+its loader, which extra PIDs count, which interpreter runs the trainers.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
         [--ranks 8] [--sources 4] [--tokens-per-file 4500000] \
         [--loaders baseline,braid,braid-ray] [--micro-batches 40] [--interval-ms 100] \
         [--seq-len 2048] [--micro-batch-size 4] [--workers 2] [--dir out/loader_memory] \
-        [--json out.json] [--set KEY=VALUE ...]
+        [--json out.json] [--set KEY=VALUE ...] [--mosaic-python .venv-mosaic/bin/python]
 
 Prints a table, then the JSON (last line): per mode the peak PSS added (total, per
 rank), tokens/s delivered, and the baseline/braid ratio.
@@ -53,7 +57,7 @@ import statistics
 import time
 from typing import Any, Dict, List
 
-from braid.bench.modes import MODES, Mode
+from braid.bench.modes import MODES, Mode, mosaic_unavailable
 from braid.bench.overrides import apply_overrides, parse_set
 from braid.bench.procs import children_map, descendants, sample, smaps_rollup, threads
 from braid.bench.run import run_processes
@@ -245,9 +249,10 @@ def profile_main(args, config_path: str) -> int:
 
 
 
-def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
-    """Starts R trainers in `mode`; returns the samples and their reports."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--trainer", mode.name,
+def run_mode(mode: Mode, config_path: str, args, python: str = "") -> Dict[str, Any]:
+    """Starts R trainers in `mode` under its interpreter (or `python`: the `none` run of
+    another mode's); returns the samples and their reports."""
+    cmd = [python or mode.python(args), os.path.abspath(__file__), "--trainer", mode.name,
            "--config", config_path, "--ranks", str(args.ranks),
            "--micro-batches", str(args.micro_batches), "--interval-ms",
            str(args.interval_ms), "--workers", str(args.workers),
@@ -259,9 +264,10 @@ def run_mode(mode: Mode, config_path: str, args) -> Dict[str, Any]:
             idle.append(sample(pids, mode.extra_pids(mode.state))["total"])
             time.sleep(args.sample_ms / 1000.0)
 
-    run = run_processes(mode.name, [cmd + ["--rank", str(r)] for r in range(args.ranks)],
+    label = mode.name + (f" under {cmd[0]}" if cmd[0] != sys.executable else "")
+    run = run_processes(label, [cmd + ["--rank", str(r)] for r in range(args.ranks)],
                         lambda: mode.extra_pids(mode.state), args.timeout, args.sample_ms,
-                        before_go=idle_samples)
+                        before_go=idle_samples, env=mode.env(mode.state))
     return dict(run, idle_before=statistics.median(idle))
 
 
@@ -330,7 +336,11 @@ def main(argv=None) -> int:
     p.add_argument("--sample-ms", type=float, default=200.0)
     p.add_argument("--timeout", type=float, default=600.0, help="per mode, seconds")
     p.add_argument("--json", help="also write the JSON here")
-    p.add_argument("--profile", choices=sorted(set(MODES) - {"none"}),
+    p.add_argument("--mosaic-python", metavar="PATH",
+                   help="mosaic: the python of MosaicML Streaming's environment (default: "
+                   "$BRAID_MOSAIC_PYTHON, else .venv-mosaic beside this venv, made by "
+                   "benchmarks/setup-mosaic-env)")
+    p.add_argument("--profile", choices=sorted(set(MODES) - {"none", "mosaic"}),
                    help="instead: one trainer (rank 0) in this process, its memory "
                    "stage by stage (MiB)")
     # A trainer process (started by the harness).
@@ -360,6 +370,10 @@ def main(argv=None) -> int:
     for m in loaders:
         if m not in MODES or m == "none":
             p.error(f"--loaders: unknown mode {m!r}")
+    skipped = {}
+    if "mosaic" in loaders and (why := mosaic_unavailable(args)):
+        skipped["mosaic"] = why
+        loaders.remove("mosaic")
     base = make_data(args.dir, args.sources, 1, args.tokens_per_file, "large", 16,
                      args.sources)
     extra = parse_set(args.set)
@@ -369,16 +383,22 @@ def main(argv=None) -> int:
           f"baseline workers={args.workers} overrides={extra or '-'}", flush=True)
     results: Dict[str, dict] = {}
     runs = {}
-    for name in ["none"] + loaders:
-        mode = MODES[name]
-        config = write_config(os.path.join(args.dir, f"config-{name}.json"), base, args,
-                              extra)
-        config = mode.prepare(config, args, mode.state)
-        path = os.path.join(args.dir, f"config-{name}.json")
-        with open(path, "w") as f:
-            json.dump(config, f, indent=1)
+    # One `none` run per interpreter: a mode's memory is its trainers' less idle trainers
+    # under the same Python, torch and braid. The first is this one's (`none`).
+    pythons = list(dict.fromkeys([sys.executable] + [MODES[m].python(args)
+                                                      for m in loaders]))
+    none_of = {py: "none" if i == 0 else f"none@{py}" for i, py in enumerate(pythons)}
+    for name in list(none_of.values()) + loaders:
+        mode = MODES[name.split("@")[0]]
+        python = name.split("@", 1)[1] if "@" in name else ""
+        config = write_config(os.path.join(args.dir, f"config-{mode.name}.json"), base,
+                              args, extra)
         try:
-            runs[name] = run_mode(mode, path, args)
+            config = mode.prepare(config, args, mode.state)
+            path = os.path.join(args.dir, f"config-{mode.name}.json")
+            with open(path, "w") as f:
+                json.dump(config, f, indent=1)
+            runs[name] = run_mode(mode, path, args, python)
         finally:
             mode.cleanup(mode.state)
         print(f"  {name}: peak {runs[name]['peak']['total'] / 1e9:.2f} GB over "
@@ -386,14 +406,18 @@ def main(argv=None) -> int:
               f"samples, {runs[name]['wall_s']:.1f} s", flush=True)
     none_peak = runs["none"]["peak"]["total"]
     for name in loaders:
-        results[name] = summarize(name, runs[name], none_peak, args.ranks)
+        own_none = none_of[MODES[name].python(args)]
+        results[name] = summarize(name, runs[name], runs[own_none]["peak"]["total"],
+                                  args.ranks)
+        results[name]["python"] = MODES[name].python(args)
+        results[name]["none_peak_pss_bytes"] = runs[own_none]["peak"]["total"]
     out = {
         "ranks": args.ranks, "sources": args.sources,
         "tokens_per_file": args.tokens_per_file, "seq_len": args.seq_len,
         "micro_batch_size": args.micro_batch_size, "micro_batches": args.micro_batches,
         "interval_ms": args.interval_ms, "workers": args.workers,
         "shuffle_buffer": args.shuffle_buffer, "overrides": extra,
-        "none_peak_pss_bytes": none_peak, "modes": results,
+        "none_peak_pss_bytes": none_peak, "modes": results, "skipped": skipped,
     }
     if "baseline" in results:
         for name, r in results.items():
@@ -411,6 +435,8 @@ def main(argv=None) -> int:
               f"{r['peak_workers_bytes'] / 1e9:>11.2f} "
               f"{r['peak_extra_bytes'] / 1e9:>9.2f} {r['tokens_per_s']:>10,.0f} "
               f"{r['first_micro_batch_s'] or 0:>8.2f} {r['wait_fraction']:>5.2f}")
+    for name, why in skipped.items():
+        print(f"{name:<10} skipped: {why}")
     for key, value in out.items():
         if key.startswith("ratio_"):
             print(f"{key}: {value:.2f}")

@@ -48,13 +48,20 @@ def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
         [sys.executable, "-m", "braid.cli", "bench", str(mix), "--ranks", "2",
          "--steps", "6", "--warmup", "2", "--step-ms", "40", "--imbalance-dp", "8",
          "--imbalance-micro-batches", "2", "--imbalance-steps", "3", "--sample-ms", "50",
-         "--timeout", "240", "--out", str(out)],
+         "--timeout", "240", "--out", str(out), "--against", "baseline,mosaic",
+         "--mosaic-python", str(tmp_path / "no-venv" / "bin" / "python")],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "%|" in result.stderr  # the progress bar
     figures = json.loads((out / "bench.json").read_text())
     assert set(figures["loaders"]) == {"braid", "baseline"}
+    # Without MosaicML Streaming's environment its row is skipped, naming the fix.
+    assert figures["skipped"]["mosaic"] == (
+        f"no MosaicML Streaming environment at {tmp_path / 'no-venv' / 'bin' / 'python'}: "
+        "create it with benchmarks/setup-mosaic-env (or name its python with "
+        "--mosaic-python or $BRAID_MOSAIC_PYTHON)")
+    assert "mosaic       skipped: no MosaicML Streaming environment" in result.stdout
     for name, f in figures["loaders"].items():
         assert f["tokens"] == 2 * 6 * 2 * 512, name  # every rank's share of every step
         assert f["added_pss_bytes"] > 0, name
@@ -113,9 +120,9 @@ def test_bench_refuses_what_a_peer_cannot_express(mix: Path, tmp_path: Path):
     config["sources"][0]["weight"] = {"schedule": [[0, 0.1], [10, 0.5]]}
     assert "sources[0].weight" in run.cannot_express("litdata", config)
     result = subprocess.run([sys.executable, "-m", "braid.cli", "bench", str(mix),
-                             "--against", "mosaic"], capture_output=True, text=True,
+                             "--against", "webdataset"], capture_output=True, text=True,
                             cwd=tmp_path)
-    assert result.returncode == 2 and "mosaic" in result.stderr
+    assert result.returncode == 2 and "webdataset" in result.stderr
 
 
 def test_bench_refuses_what_energon_cannot_express(mix: Path):
@@ -135,6 +142,100 @@ def test_bench_refuses_what_energon_cannot_express(mix: Path):
     phased = dict(config, phases=[{"until_step": 4, "seq_len": 256}])
     assert run.cannot_express("energon", phased).startswith("phases: energon")
     assert run.cannot_express("baseline", phased) is None
+
+
+def test_bench_refuses_what_mosaic_cannot_express(mix: Path):
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    assert "mosaic" in run.PEERS
+    assert run.cannot_express("mosaic", config) is None
+    scheduled = json.loads(json.dumps(config))
+    scheduled["sources"][0]["weight"] = {"schedule": [[0, 0.1], [10, 0.5]]}
+    assert run.cannot_express("mosaic", scheduled) == (
+        "sources[0].weight: mosaic takes constant weights only")
+    text = json.loads(json.dumps(config))
+    del text["sources"][1]["tokens_column"]
+    text["sources"][1]["text_column"] = "text"
+    assert run.cannot_express("mosaic", text) == (
+        "sources[1]: mosaic reads pre-tokenized token lists only")
+    phased = dict(config, phases=[{"until_step": 4, "seq_len": 256}])
+    assert run.cannot_express("mosaic", phased) == (
+        "phases: mosaic has one sequence length and one mix")
+
+
+def test_mosaic_is_unavailable_without_its_environment(tmp_path: Path):
+    import argparse
+
+    from braid.bench import modes
+
+    missing = tmp_path / "venv" / "bin" / "python"
+    why = modes.mosaic_unavailable(argparse.Namespace(mosaic_python=str(missing)))
+    assert why.startswith(f"no MosaicML Streaming environment at {missing}: ")
+    assert "benchmarks/setup-mosaic-env" in why
+    # An interpreter without mosaicml-streaming (Braid's own: the tests run without it).
+    why = modes.mosaic_unavailable(argparse.Namespace(mosaic_python=sys.executable))
+    assert why.startswith(f"{sys.executable} has no mosaicml-streaming: create it with "
+                          "benchmarks/setup-mosaic-env")
+    # The option wins over the variable, which wins over the default place.
+    env = dict(os.environ, BRAID_MOSAIC_PYTHON=str(missing))
+    probe = ("import argparse; from braid.bench import modes; "
+             "print(modes.mosaic_python(argparse.Namespace(mosaic_python=None))); "
+             "print(modes.mosaic_python(argparse.Namespace(mosaic_python='/x/python')))")
+    lines = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env=env, check=True).stdout.split()
+    assert lines == [str(missing), "/x/python"]
+
+
+def test_mosaic_proportions_are_token_shares_per_document():
+    from braid.bench import peers
+
+    stats = [{"documents": 100, "tokens": 10_000},  # mean 100 tokens
+             {"documents": 10, "tokens": 10_000},  # mean 1,000
+             {"documents": 5, "tokens": 50}]  # weight 0: left out
+    proportions = peers.mosaic_proportions([1.0, 3.0, 0.0], stats)
+    assert [i for i, _ in proportions] == [0, 1]
+    # Documents by 1/100 : 3/1000, so tokens by 1 : 3.
+    assert [p for _, p in proportions] == pytest.approx([10 / 13, 3 / 13])
+    tokens = [p * stats[i]["tokens"] / stats[i]["documents"] for i, p in proportions]
+    assert tokens[1] / tokens[0] == pytest.approx(3.0)
+    # The mix's mean document is 10/13 * 100 + 3/13 * 1000 = 300 tokens.
+    assert peers.mosaic_documents_per_batch(proportions, stats, 3000) == 10
+    assert peers.mosaic_documents_per_batch(proportions, stats, 100) == 1
+    with pytest.raises(ValueError, match="every weight is 0"):
+        peers.mosaic_proportions([0.0, 0.0], stats[:2])
+
+
+def test_mosaic_collate_packs_as_the_baseline_and_carries_over():
+    from braid.bench import peers
+
+    rng = np.random.default_rng(4)
+    docs = [(np.arange(1000 * d, 1000 * d + n, dtype=np.int32), d % 3)
+            for d, n in enumerate(rng.integers(1, 30, size=24))]
+    reference = baseline._Packer(2, 16)
+    expected = [b for ids, src in docs
+                for b in reference.add(baseline.Document(ids=ids), src)]
+    pack = peers.MosaicPack(rows=2, seq_len=16)
+    got, counted = [], []
+    for k in range(0, len(docs), 5):  # batches of 5 documents, the last of 4
+        out = pack(docs[k:k + 5])
+        assert list(out) == ["documents", "micro_batches"]  # StreamingDataLoader counts
+        counted += out["documents"]  # the first value's entries: one per document
+        got += out["micro_batches"]
+    assert counted == [len(ids) for ids, _ in docs]
+    assert len(got) == len(expected) == sum(counted) // 32
+    for a, b in zip(got, expected):
+        assert set(a) == set(b) == {"input_ids", "labels", "loss_mask", "position_ids",
+                                    "cu_seqlens", "source_ids"}
+        for key in a:
+            assert (a[key] == b[key]).all(), key
+        assert tuple(a["input_ids"].shape) == (2, 16) and int(a["cu_seqlens"][-1]) == 32
+    # A document that does not fit is split: its tokens stay in order across the cut.
+    flat = np.concatenate([b["input_ids"].reshape(-1).numpy() for b in got])
+    assert (flat == np.concatenate([ids for ids, _ in docs])[:len(flat)]).all()
+    # Fewer tokens than a micro-batch: nothing yet, carried to the next batch.
+    small = peers.MosaicPack(rows=2, seq_len=16)
+    assert small([(np.arange(5, dtype=np.int32), 0)])["micro_batches"] == []
+    out = small([(np.arange(100, 140, dtype=np.int32), 1)])["micro_batches"]
+    assert len(out) == 1 and out[0]["cu_seqlens"].tolist() == [0, 5, 16, 32]
 
 
 def test_bench_says_what_the_baseline_cannot_read(mix: Path):

@@ -97,7 +97,8 @@ def test_harness_measures_baseline_and_braid(tmp_path):
            "--sources", "2", "--tokens-per-file", "60000", "--micro-batches", "6",
            "--interval-ms", "0", "--seq-len", "256", "--micro-batch-size", "2",
            "--sample-ms", "50", "--timeout", "120", "--dir", str(tmp_path / "data"),
-           "--json", str(out)]
+           "--json", str(out), "--loaders", "baseline,braid,mosaic",
+           "--mosaic-python", str(tmp_path / "no-venv" / "bin" / "python")]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
@@ -105,6 +106,10 @@ def test_harness_measures_baseline_and_braid(tmp_path):
     assert figures["ranks"] == 2 and figures["none_peak_pss_bytes"] > 0
     modes = figures["modes"]
     assert set(modes) == {"baseline", "braid"}
+    # Without MosaicML Streaming's environment the mode is skipped, naming the fix.
+    assert set(figures["skipped"]) == {"mosaic"}
+    assert "benchmarks/setup-mosaic-env" in figures["skipped"]["mosaic"]
+    assert "mosaic     skipped: no MosaicML Streaming environment at " in result.stdout
     for name, m in modes.items():
         assert m["tokens"] == 2 * 6 * 2 * 256, name
         assert m["tokens_per_s"] > 0, name

@@ -3,9 +3,10 @@ trainer process starts it, what the harness prepares first (a converted dataset,
 head) and which processes outside the trainers' trees it adds.
 
 `args` is the harness's namespace: `workers` and `shuffle_buffer` (the baseline's and
-the peers' DataLoader workers), `dir` (where converted data goes) and
-`ray_object_store_mb` (the Ray head the Ray modes start). Not thread-safe: a mode's
-`state` belongs to the harness thread.
+the peers' DataLoader workers), `dir` (where converted data goes),
+`ray_object_store_mb` (the Ray head the Ray modes start) and `mosaic_python` (the
+interpreter of MosaicML Streaming's environment; None: `mosaic_python()` finds it). Not
+thread-safe: a mode's `state` belongs to the harness thread.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,6 +36,9 @@ class Mode:
                                         the trainers' trees that the mode adds (daemons,
                                         actors); their PSS counts
     cleanup(state)                      in the harness after the run
+    python(args) -> path                the interpreter the trainers (and the `none` run
+                                        they are measured against) run under
+    env(state) -> {name: value}         variables added to the trainers' environment
     """
 
     name: str
@@ -42,6 +47,8 @@ class Mode:
         lambda config, args, state: config)
     extra_pids: Callable[[dict], List[int]] = lambda state: []
     cleanup: Callable[[dict], None] = lambda state: None
+    python: Callable[[argparse.Namespace], str] = lambda args: sys.executable
+    env: Callable[[dict], Dict[str, str]] = lambda state: {}
     state: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -75,12 +82,12 @@ def _start_braid(config_path, rank, world_size, args):
 def _convert(config: dict, args, peer: str) -> List[str]:
     """Runs braid/bench/peers.py's converter for `peer` (once: its folders under
     --dir/PEER are reused) in a process of its own (LitData's optimize starts workers of
-    its own); returns the folders."""
+    its own), under the peer's interpreter; returns the folders."""
     path = os.path.abspath(os.path.join(args.dir, f"config-{peer}-convert.json"))
     with open(path, "w") as f:
         json.dump(config, f)
-    flag = ["--energon"] if peer == "energon" else []
-    done = subprocess.run([sys.executable, "-m", "braid.bench.peers", *flag, path,
+    flag = [f"--{peer}"] if peer in ("energon", "mosaic") else []
+    done = subprocess.run([MODES[peer].python(args), "-m", "braid.bench.peers", *flag, path,
                            os.path.abspath(os.path.join(args.dir, peer))],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -119,6 +126,130 @@ def _start_energon(config_path, rank, world_size, args):
 
     return energon_loader(config, config["energon_root"], rank, world_size, args.workers,
                           shuffle_buffer=args.shuffle_buffer)
+
+
+# ----------------------------------------------------------------------------------------
+# MosaicML Streaming: an environment of its own
+
+MOSAIC_SETUP = "benchmarks/setup-mosaic-env"
+MOSAIC_PYTHON_ENV = "BRAID_MOSAIC_PYTHON"
+# Streaming's shared memory: /dev/shm/NNNNNN_NAME (streaming/base/constant.py SHM_TO_CLEAN).
+_MOSAIC_SHM = re.compile(r"^\d{6}_(locals|barrier|next_epoch|cache_usage|shard_states|"
+                         r"shard_access_times|resume|epoch_shape|epoch_data)$")
+
+
+def mosaic_python(args=None) -> str:
+    """The interpreter of MosaicML Streaming's environment: `args.mosaic_python`, else
+    $BRAID_MOSAIC_PYTHON, else the `.venv-mosaic` that benchmarks/setup-mosaic-env makes
+    beside this interpreter's venv (the checkout's .venv) or in the current folder. The
+    path may not exist (mosaic_unavailable says so)."""
+    explicit = getattr(args, "mosaic_python", None) or os.environ.get(MOSAIC_PYTHON_ENV)
+    if explicit:
+        return explicit
+    candidates = [os.path.join(os.path.dirname(os.path.abspath(sys.prefix)),
+                               ".venv-mosaic", "bin", "python"),
+                  os.path.join(os.getcwd(), ".venv-mosaic", "bin", "python")]
+    return next((c for c in candidates if os.path.exists(c)), candidates[0])
+
+
+def _package_digest(folder: str) -> str:
+    """A digest of the Python files under `folder` (a package)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for base, _, files in sorted(os.walk(folder)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(base, name)
+                digest.update(os.path.relpath(path, folder).encode())
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()
+
+
+def mosaic_unavailable(args=None) -> Optional[str]:
+    """Why the `mosaic` mode cannot run here (None: it can): its interpreter is missing,
+    lacks mosaicml-streaming or braid, or its braid.bench is not this one's (the trainers
+    there run that copy, and speak the harness's protocol)."""
+    import braid
+
+    python = mosaic_python(args)
+    fix = (f"create it with {MOSAIC_SETUP} (or name its python with --mosaic-python or "
+           f"${MOSAIC_PYTHON_ENV})")
+    if not os.access(python, os.X_OK):
+        return f"no MosaicML Streaming environment at {python}: {fix}"
+    probe = ("import importlib.util as u, json; s = u.find_spec('streaming'); "
+             "b = u.find_spec('braid'); print(json.dumps([s is not None, b and "
+             "b.submodule_search_locations[0]]))")
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"{python} does not run ({done.stderr.strip()[-200:]}): {fix}"
+    has_streaming, braid_dir = json.loads(done.stdout.strip().splitlines()[-1])
+    if not has_streaming or not braid_dir:
+        missing = "mosaicml-streaming" if not has_streaming else "braid"
+        return f"{python} has no {missing}: {fix}"
+    here = os.path.dirname(os.path.abspath(braid.__file__))
+    if (_package_digest(os.path.join(braid_dir, "bench")) !=
+            _package_digest(os.path.join(here, "bench"))):
+        return (f"the braid of {python} ({braid_dir}) is not this one's ({here}): their "
+                f"braid/bench files differ; update it with {MOSAIC_SETUP}")
+    return None
+
+
+def _mosaic_shm() -> set:
+    try:
+        return {n for n in os.listdir("/dev/shm") if _MOSAIC_SHM.match(n)}
+    except OSError:
+        return set()
+
+
+def _prepare_mosaic(config: dict, args, state: dict) -> dict:
+    """Converts the sources to MDS datasets (under the Mosaic interpreter), gives the run a
+    temp folder of its own (Streaming leaves its file locks there, and would skip their
+    prefixes in later runs) and a port for the process group Streaming starts where the
+    trainers have none; records what is in /dev/shm before the run."""
+    import tempfile
+
+    from braid.bench.run import _free_port
+
+    folders = _convert(config, args, "mosaic")
+    state["tmp"] = tempfile.mkdtemp(prefix="braid-mosaic-bench-")
+    state["shm_before"] = _mosaic_shm()
+    return dict(config, mosaic_folders=folders, mosaic_master_port=_free_port())
+
+
+def _cleanup_mosaic(state: dict) -> None:
+    """Removes the run's temp folder and any shared memory of Streaming's that the
+    trainers' own cleanup (clean_stale_shared_memory on close) left behind."""
+    import shutil
+
+    for name in _mosaic_shm() - state.pop("shm_before", set()):
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+    if state.get("tmp"):
+        shutil.rmtree(state.pop("tmp"), ignore_errors=True)
+
+
+def _mosaic_env(state: dict) -> Dict[str, str]:
+    """The run's temp folder; and quiet resource trackers: Python before 3.13 registers a
+    shared memory segment that a process only attaches to (as every rank but the node's
+    first does Streaming's), so at exit each tracker warns that it cannot unlink segments
+    that rank 0's clean_stale_shared_memory already removed."""
+    if not state.get("tmp"):
+        return {}
+    return {"TMPDIR": state["tmp"],
+            "PYTHONWARNINGS": "ignore::UserWarning:multiprocessing.resource_tracker"}
+
+
+def _start_mosaic(config_path, rank, world_size, args):
+    with open(config_path) as f:
+        config = json.load(f)
+    from braid.bench.peers import mosaic_loader
+
+    return mosaic_loader(config, config["mosaic_folders"], rank, world_size, args.workers,
+                         master_port=config["mosaic_master_port"])
 
 
 def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
@@ -189,6 +320,11 @@ MODES: Dict[str, Mode] = {
     # A peer: Megatron-Energon's WebDataset shards and a blend metadataset, packing with
     # document boundaries, forked workers.
     "energon": Mode("energon", _start_energon, prepare=_prepare_energon),
+    # A peer: MosaicML Streaming's MDS datasets, a StreamingDataset of one Stream per
+    # source, forked workers packing documents; trainers under its own interpreter.
+    "mosaic": Mode("mosaic", _start_mosaic, prepare=_prepare_mosaic,
+                   cleanup=_cleanup_mosaic, python=mosaic_python,
+                   env=_mosaic_env),
     # The same with runtime.delivery: object_store (every trainer a Ray driver).
     "braid-ray-store": Mode(
         "braid-ray-store", _start_braid,

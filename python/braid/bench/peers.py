@@ -14,7 +14,7 @@ piece).
   weights, and a `StreamingDataLoader` with forked workers. The rank and world size come
   from the `GLOBAL_RANK` / `WORLD_SIZE` variables it reads.
 
-'- Megatron-Energon (`energon`): each source written as WebDataset tar shards
+- Megatron-Energon (`energon`): each source written as WebDataset tar shards
   (`webdataset.ShardWriter`, one `.npy` int32 token array per document) and prepared by
   `energon prepare` (non-interactive, all of it the train split, a `CrudeWebdataset`);
   a `MetadatasetV2` YAML blends the sources (`blend`, one `weight` per source: the
@@ -28,8 +28,21 @@ piece).
   with forked workers. It keeps document boundaries: `cu_seqlens` holds one segment per
   document piece plus one for a row's padding.
 
-Install (into the benchmark environment, not Braid's dependencies; `--no-deps` keeps the
-pinned torch):
+- MosaicML Streaming (`mosaic`): each source written by Streaming's `MDSWriter` (one
+  sample per document, its tokens an `ndarray:int32` column; shards of up to 64 MiB, the
+  writer's default, uncompressed). Per rank, one `StreamingDataset` over a `Stream(local=...,
+  proportion=...)` per source (Streaming draws samples, here documents, by proportion:
+  each is the config's token share divided by the source's mean document length),
+  `shuffle=True` with its default algorithm (py1e) and seed, `batch_size` documents per
+  batch (about one micro-batch of tokens); a `StreamingDataLoader` with forked workers
+  whose collate function packs each batch's documents into micro-batches as the baseline
+  does (`mosaic_pack`). It keeps document boundaries. Streaming coordinates the ranks of
+  a node through shared memory and reads RANK, WORLD_SIZE, LOCAL_RANK and
+  LOCAL_WORLD_SIZE; it runs in an environment of its own (benchmarks/setup-mosaic-env:
+  its numpy, torch and torchvision cannot share Braid's .venv).
+
+Install LitData and Energon into the benchmark environment, not Braid's dependencies
+(`--no-deps` keeps the pinned torch):
 
     .venv/bin/pip install --no-deps -r benchmarks/requirements-peers.txt
 """
@@ -294,15 +307,194 @@ def energon_loader(config: dict, root: str, rank: int, world_size: int, workers:
     return blocks, close
 
 
+# ----------------------------------------------------------------------------------------
+# MosaicML Streaming
+
+
+def mosaic_proportions(weights: List[float], stats: List[Dict[str, int]]
+                       ) -> List[Tuple[int, float]]:
+    """Streaming's `proportion` per source, from the config's weights (shares of tokens)
+    and each source's {"documents", "tokens"}: Streaming draws samples (documents) by
+    proportion, so each weight is divided by the source's mean document length. Returns
+    (source index, proportion) for the sources with a weight > 0, proportions summing
+    to 1."""
+    out = []
+    for i, (weight, stat) in enumerate(zip(weights, stats)):
+        if weight > 0:
+            mean_length = stat["tokens"] / max(1, stat["documents"])
+            out.append((i, weight / mean_length))
+    if not out:
+        raise ValueError("sources: every weight is 0")
+    total = sum(p for _, p in out)
+    return [(i, p / total) for i, p in out]
+
+
+def mosaic_documents_per_batch(proportions: List[Tuple[int, float]],
+                               stats: List[Dict[str, int]], tokens: int) -> int:
+    """Documents per Streaming batch: about `tokens` (one micro-batch) at the mix's mean
+    document length, at least 1."""
+    mean_length = sum(p * stats[i]["tokens"] / max(1, stats[i]["documents"])
+                      for i, p in proportions)
+    return max(1, round(tokens / mean_length))
+
+
+class MosaicPack:
+    """A DataLoader collate function: packs the documents of each batch, in order, into
+    micro-batches of `rows` x `seq_len` tokens with the baseline's packer (a document that
+    does not fit is split, its rest starts the next row; Braid's tensors: input_ids,
+    labels, loss_mask, position_ids, cu_seqlens with one segment per piece, source_ids).
+    A micro-batch not yet full carries over to the next batch (the worker's own copy:
+    each forked worker packs its own stream, as LLM Foundry's packing collator does).
+
+    Returns {"documents": their lengths, "micro_batches": the full ones}: the first value
+    has one entry per sample, which is what StreamingDataLoader counts for its state."""
+
+    def __init__(self, rows: int, seq_len: int):
+        self.rows, self.seq_len = rows, seq_len
+        self._packer = None
+
+    def __call__(self, samples: List[Tuple]) -> Dict[str, list]:
+        """`samples`: (token array, source index) per document."""
+        from braid.bench.baseline import Document, _Packer
+
+        if self._packer is None:
+            self._packer = _Packer(self.rows, self.seq_len)
+        full = []
+        for ids, source in samples:
+            full += self._packer.add(Document(ids=ids), int(source))
+        return {"documents": [len(ids) for ids, _ in samples], "micro_batches": full}
+
+
+def _mosaic_write(source: dict, folder: str) -> Dict[str, int]:
+    """The source's documents as an MDS dataset under `folder` (one sample per document,
+    column `tokens`: ndarray:int32); returns its document and token counts."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from streaming import MDSWriter
+
+    column = source.get("tokens_column", "input_ids")
+    documents = tokens = 0
+    with MDSWriter(out=folder, columns={"tokens": "ndarray:int32"},
+                   size_limit=1 << 26) as sink:
+        for path in _source_files(source):
+            parquet = pq.ParquetFile(path)
+            for g in range(parquet.num_row_groups):
+                lists = parquet.read_row_group(g, columns=[column]).column(column)
+                for chunk in lists.chunks:
+                    offsets = chunk.offsets.to_numpy()
+                    values = chunk.values.to_numpy(zero_copy_only=False).astype(np.int32,
+                                                                               copy=False)
+                    for i in range(len(chunk)):
+                        doc = values[offsets[i]:offsets[i + 1]]
+                        sink.write({"tokens": np.ascontiguousarray(doc)})
+                        documents += 1
+                        tokens += len(doc)
+    return {"documents": documents, "tokens": tokens}
+
+
+def mosaic_convert(config: dict, root: str) -> List[str]:
+    """Each source of a Braid config as an MDS dataset under `root` (a folder with its
+    stats file is reused); returns the folders."""
+    import shutil
+
+    root = os.path.abspath(root)
+    folders = []
+    for i, source in enumerate(config["sources"]):
+        if "tokens_column" not in source:
+            raise ValueError(f"sources[{i}]: mosaic reads pre-tokenized token lists only")
+        folder = os.path.join(root, source["name"])
+        stats_path = os.path.join(root, source["name"] + ".stats.json")
+        if not (os.path.exists(stats_path) and
+                os.path.exists(os.path.join(folder, "index.json"))):
+            shutil.rmtree(folder, ignore_errors=True)
+            stats = _mosaic_write(source, folder)
+            with open(stats_path, "w") as f:
+                json.dump(stats, f)
+        folders.append(folder)
+    return folders
+
+
+def _mosaic_stats(folders: List[str]) -> List[Dict[str, int]]:
+    out = []
+    for folder in folders:
+        with open(folder.rstrip("/") + ".stats.json") as f:
+            out.append(json.load(f))
+    return out
+
+
+def mosaic_loader(config: dict, folders: List[str], rank: int, world_size: int,
+                  workers: int, master_port: int = 0
+                  ) -> Tuple[Iterator[Dict], Callable[[], None]]:
+    """Rank `rank`'s Streaming loader over `folders` (mosaic_convert's), mixing the
+    sources by the config's weights; returns (iterator, close). All `world_size` ranks
+    run on this node (LOCAL_WORLD_SIZE = world_size) and must build theirs at the same
+    time: StreamingDataset waits for the others at barriers (the trainers' process group
+    if there is one, else one of its own on 127.0.0.1:`master_port`)."""
+    import torch.distributed as dist
+
+    for key, value in (("RANK", rank), ("WORLD_SIZE", world_size), ("LOCAL_RANK", rank),
+                       ("LOCAL_WORLD_SIZE", world_size)):
+        os.environ[key] = str(value)
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(master_port)
+    from streaming import Stream, StreamingDataLoader, StreamingDataset
+
+    class Documents(StreamingDataset):
+        """Each sample: (token array, source index in the config)."""
+
+        def get_item(self, sample_id: int, retry: int = 7):
+            sample = super().get_item(sample_id, retry)
+            shard, _ = self.spanner[sample_id]
+            return sample["tokens"], source_of_stream[self.stream_per_shard[shard]]
+
+    seq_len = int(config["batch"]["seq_len"])
+    rows = int(config["batch"].get("micro_batch_size", 1))
+    stats = _mosaic_stats(folders)
+    proportions = mosaic_proportions(
+        [float(s.get("weight", 1.0)) for s in config["sources"]], stats)
+    source_of_stream = [i for i, _ in proportions]
+    batch = mosaic_documents_per_batch(proportions, stats, rows * seq_len)
+    dataset = Documents(streams=[Stream(local=folders[i], proportion=p)
+                                 for i, p in proportions],
+                        shuffle=True, shuffle_seed=int(config.get("seed", 0)),
+                        batch_size=batch)
+    loader = StreamingDataLoader(dataset, batch_size=batch, num_workers=workers,
+                                 collate_fn=MosaicPack(rows, seq_len),
+                                 multiprocessing_context="fork" if workers else None)
+    state = {"iterator": None}
+
+    def batches() -> Iterator[Dict]:
+        while True:  # epoch after epoch
+            state["iterator"] = iter(loader)
+            for packed in state["iterator"]:
+                yield from packed["micro_batches"]
+
+    def close() -> None:
+        from streaming.base.util import clean_stale_shared_memory
+
+        if state["iterator"] is not None:
+            # Its DataLoader iterator goes with it, which stops and joins the workers.
+            state["iterator"].close()
+            state["iterator"] = None
+        if dist.is_initialized():
+            clean_stale_shared_memory()  # local rank 0 cleans, every rank waits
+        elif rank == 0:
+            os.environ["WORLD_SIZE"] = "1"  # no process group of its own for the cleanup
+            clean_stale_shared_memory()
+
+    return batches(), close
+
+
 def main() -> int:
-    """Convert only: `python -m braid.bench.peers [--energon] CONFIG.json OUT_DIR`
-    (LitData unless --energon)."""
+    """Convert only: `python -m braid.bench.peers [--energon|--mosaic] CONFIG.json OUT_DIR`
+    (LitData unless --energon or --mosaic)."""
     import sys
 
     args = sys.argv[1:]
     convert = litdata_convert
-    if args and args[0] == "--energon":
-        convert = energon_convert
+    if args and args[0] in ("--energon", "--mosaic"):
+        convert = energon_convert if args[0] == "--energon" else mosaic_convert
         args = args[1:]
     with open(args[0]) as f:
         config = json.load(f)

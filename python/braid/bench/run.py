@@ -38,11 +38,11 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from braid.bench.modes import MODES
+from braid.bench.modes import MODES, mosaic_unavailable
 from braid.bench.overrides import apply_overrides, parse_set
 from braid.bench.procs import sample
 
-PEERS = ("baseline", "litdata", "energon")
+PEERS = ("baseline", "litdata", "energon", "mosaic")
 
 
 class BenchError(RuntimeError):
@@ -101,11 +101,12 @@ def cost_model(config: dict) -> Dict[str, float]:
 def cannot_express(name: str, config: dict) -> Optional[str]:
     """Why loader `name` cannot run this mix (None: it can).
 
-    litdata and energon read the token lists their converters wrote (braid/bench/peers.py:
-    pre-tokenized sources only), with one constant weight per source (LitData's
-    `CombinedStreamingDataset` weights, Energon's metadataset `blend` weights: floats)
-    and one seq_len for the whole run (no phases). The baseline reads token, text and
-    image-caption sources with a SentencePiece tokenizer (braid/bench/baseline.py)."""
+    litdata, energon and mosaic read the token lists their converters wrote
+    (braid/bench/peers.py: pre-tokenized sources only), with one constant weight per
+    source (LitData's `CombinedStreamingDataset` weights, Energon's metadataset `blend`
+    weights, Streaming's `Stream` proportions: floats fixed for the run) and one seq_len
+    for the whole run (no phases). The baseline reads token, text and image-caption
+    sources with a SentencePiece tokenizer (braid/bench/baseline.py)."""
     if name == "baseline":
         from braid.bench import baseline
 
@@ -121,7 +122,7 @@ def cannot_express(name: str, config: dict) -> Optional[str]:
         except KeyError as e:
             return f"the baseline needs the key {e}"
         return None
-    if name not in ("litdata", "energon"):
+    if name not in ("litdata", "energon", "mosaic"):
         return None
     for i, s in enumerate(config["sources"]):
         if "tokens_column" not in s:
@@ -197,16 +198,18 @@ def _free_port() -> int:
 
 
 def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
-                  sample_ms: float, progress=None, before_go=None) -> Dict[str, Any]:
+                  sample_ms: float, progress=None, before_go=None,
+                  env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Runs one trainer process per command through the harness protocol (each prints
     {"event": "ready"}, waits for "go" on stdin, may print {"event": "step"}, prints
     {"event": "done", ...} and exits after "exit"), sampling the memory of the trainers,
     their descendants and `extra_pids()` every `sample_ms` from "go" until every trainer
-    is done. `before_go(pids)` runs once all are ready. Returns the samples ("peak": the
-    largest), the done events in rank order and the wall time from "go". A trainer that
-    exits early or a run past `timeout` seconds raises BenchError naming `label`."""
+    is done. `before_go(pids)` runs once all are ready; `env` adds to their environment.
+    Returns the samples ("peak": the largest), the done events in rank order and the wall
+    time from "go". A trainer that exits early or a run past `timeout` seconds raises
+    BenchError naming `label`."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", **(env or {}))
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env) for cmd in cmds]
     deadline = time.monotonic() + timeout
@@ -292,16 +295,20 @@ def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
 
 
 def run_trainers(mode_name: str, config_path: str, args, spec: dict,
-                 progress=None) -> Dict[str, Any]:
-    """R simulated trainers (braid/bench/trainer.py) in one mode."""
+                 progress=None, python: Optional[str] = None) -> Dict[str, Any]:
+    """R simulated trainers (braid/bench/trainer.py) in one mode, under the mode's
+    interpreter (or `python`: the `none` run of another mode's)."""
     mode = MODES[mode_name]
     port = _free_port()
-    cmds = [[sys.executable, "-m", "braid.bench.trainer",
+    python = python or mode.python(args)
+    cmds = [[python, "-m", "braid.bench.trainer",
              json.dumps(dict(spec, mode=mode_name, config=config_path, rank=r, port=port))]
             for r in range(args.ranks)]
     label = mode_name if mode_name != "none" else "none (the trainers that load nothing)"
+    if python != sys.executable:
+        label += f" under {python}"
     return run_processes(label, cmds, lambda: mode.extra_pids(mode.state), args.timeout,
-                         args.sample_ms, progress)
+                         args.sample_ms, progress, env=mode.env(mode.state))
 
 
 def summarize(run: dict, none_peak: float, warmup: int, scale: float) -> Dict[str, Any]:
@@ -441,6 +448,10 @@ def parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentPars
     p.add_argument("--sample-ms", type=float, default=200.0)
     p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
     p.add_argument("--ray-object-store-mb", type=int, default=256, help=argparse.SUPPRESS)
+    p.add_argument("--mosaic-python", metavar="PATH",
+                   help="mosaic: the python of MosaicML Streaming's environment (default: "
+                   "$BRAID_MOSAIC_PYTHON, else .venv-mosaic beside this venv, made by "
+                   "benchmarks/setup-mosaic-env)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -472,11 +483,18 @@ def main(args: argparse.Namespace) -> int:
     args.dir = out_dir  # where modes put converted data
     braid_mode = "braid" if args.runtime == "embedded" else "braid-ray"
     skipped = {a: why for a in against if (why := cannot_express(a, config))}
+    if "mosaic" in against and "mosaic" not in skipped:
+        why = mosaic_unavailable(args)
+        if why:
+            skipped["mosaic"] = why
     loaders = [braid_mode] + [a for a in against if a not in skipped]
     model = cost_model(config)
+    # One `none` run per interpreter: a loader's memory is its trainers' less idle
+    # trainers under the same Python, torch and braid.
+    pythons = list(dict.fromkeys(MODES[m].python(args) for m in loaders))
 
-    total = (len(ranks_list) * (len(loaders) + 1) * args.steps + args.imbalance_dp *
-             ("baseline" in loaders) + 1)
+    total = (len(ranks_list) * (len(loaders) + len(pythons)) * args.steps +
+             args.imbalance_dp * ("baseline" in loaders) + 1)
     progress = tqdm(total=total, desc=name, unit="step", disable=args.no_progress,
                     file=sys.stderr, mininterval=0.5)
     # The time unit: Braid's mean rank cost at the largest R is --step-ms.
@@ -493,21 +511,27 @@ def main(args: argparse.Namespace) -> int:
         spec = {"ranks": ranks, "steps": args.steps, "scale": scale, **model,
                 "tokens_per_rank_step": base["batch"]["global_tokens"] // dp,
                 "workers": args.workers, "shuffle_buffer": args.shuffle_buffer}
-        runs = {}
-        for mode_name in ["none"] + loaders:
+        runs, none_peaks = {}, {}
+        for python in pythons:
+            progress.set_description(f"{name}: none x {ranks}")
+            path = _write(os.path.join(out_dir, f"config-none-{ranks}.json"), base)
+            none_peaks[python] = run_trainers("none", path, args, spec, progress,
+                                              python=python)["peak"]["total"]
+        for mode_name in loaders:
             progress.set_description(f"{name}: {mode_name} x {ranks}")
             mode = MODES[mode_name]
-            prepared = mode.prepare(dict(base), args, mode.state)
-            path = _write(os.path.join(out_dir, f"config-{mode_name}-{ranks}.json"),
-                          prepared)
             try:
+                prepared = mode.prepare(dict(base), args, mode.state)
+                path = _write(os.path.join(out_dir, f"config-{mode_name}-{ranks}.json"),
+                              prepared)
                 runs[mode_name] = run_trainers(mode_name, path, args, spec, progress)
             finally:
                 mode.cleanup(mode.state)
-        none_peak = runs["none"]["peak"]["total"]
         memory_by_ranks[ranks] = {}
         for mode_name in loaders:
+            none_peak = none_peaks[MODES[mode_name].python(args)]
             s = summarize(runs[mode_name], none_peak, args.warmup, scale)
+            s["python"] = MODES[mode_name].python(args)
             memory_by_ranks[ranks][mode_name] = s["added_pss_bytes"]
             if ranks == top:
                 figures[mode_name] = s
