@@ -266,8 +266,11 @@ class ConstructorActor:
         self._ahead = int(config.runtime["steps_in_flight"])
         self._timeout = float(config.runtime["timeout_s"])
         self._num_sources = len(config.source_names)
+        # Builds wait on the planner and the source actors between their CPU parts
+        # (image decoding, building; both without the GIL): four at a time keep a node's
+        # cores busy through those waits (two left heavy_vlm waiting every third step).
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="braid-construct")
+            max_workers=4, thread_name_prefix="braid-construct")
         self._lock = threading.Lock()
         # (step, bucket) -> the step's plan sliced to the node's buckets
         self._plans: Dict[Tuple[int, int], concurrent.futures.Future] = {}
