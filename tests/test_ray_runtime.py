@@ -352,9 +352,40 @@ def caption_config(tmp_path_factory) -> dict:
     }
 
 
+def test_an_image_that_does_not_decode_is_blanked_on_ray_as_embedded(
+        ray_cluster, caption_config, tmp_path):
+    """Under on_error: skip, a row whose image body does not decode (its header does) is
+    found by the constructor, which decodes the images the source actor sends encoded:
+    the ranks get the embedded runtime's tensors (the row blank, its loss mask 0) and the
+    constructor counts the blanked pieces."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    config = copy.deepcopy(caption_config)
+    table = pq.read_table(config["sources"][0]["path"])
+    images = table.column("image").to_pylist()
+    for row in range(0, len(images), 3):  # a header that reads, a body cut short
+        images[row][0] = images[row][0][:64]
+    path = tmp_path / "captions.parquet"
+    pq.write_table(table.set_column(0, "image", pa.array(images, pa.list_(pa.binary()))),
+                   path, row_group_size=20)
+    config["sources"][0].update(path=str(path), on_error="skip")
+    embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 10)
+    loaders = [braid.Loader(ray_config(config, job="blanks"), r, 2) for r in range(2)]
+    got = take_batches(loaders, 10)
+    for r in range(2):
+        assert_same_batches(got[r], embedded[r])
+    job = loaders[0]._engine.job
+    status = {a["role"]: a for a in jobs.status(job.name, job.namespace)}
+    assert status["constructor"]["blanked_pieces"].get(0, 0) >= 1
+    for l in loaders:
+        l.close()
+
+
 def test_image_caption_sources_arrive_whole_on_ray(ray_cluster, caption_config):
-    """Images travel from the source actor to the constructor with their pieces (grid and
-    pixels): every rank gets the embedded runtime's tensors, pixel_values included."""
+    """Images travel encoded from the source actor to the constructor with their pieces
+    (grid and bytes) and are decoded there: every rank gets the embedded runtime's
+    tensors, pixel_values included."""
     embedded = take_batches([braid.Loader(caption_config, r, 2) for r in range(2)], 10)
     assert any("pixel_values" in b for rank in embedded for b in rank)
     loaders = [braid.Loader(ray_config(caption_config, job="captions"), r, 2)

@@ -246,17 +246,21 @@ void RegisterService(nb::module_& m) {
              if (image_bytes) copy(&reply->image_bytes, *image_bytes);
              if (paths) copy(&reply->paths, *paths);
              Status st;
+             std::vector<std::string> blanked;
              {
                GilRelease release;  // decodes the images
                st = AttachPieces(&b.plan, b.bucket, source, config.sources[size_t(source)],
-                                 std::move(reply));
+                                 std::move(reply), &blanked);
              }
              ThrowIfError(st);
+             return blanked;
            },
            nb::arg("config"), nb::arg("source"), nb::arg("tokens"), nb::arg("offsets"),
            nb::arg("loss_mask").none(), nb::arg("images").none() = nb::none(),
            nb::arg("image_bytes").none() = nb::none(), nb::arg("paths").none() = nb::none(),
-           "Attaches a source's fetch reply to this bucket's pieces, decoding its images.")
+           "Attaches a source's fetch reply to this bucket's pieces, decoding its images; "
+           "returns the messages of pieces blanked under on_error: skip (an image that "
+           "does not decode).")
       .def("build",
            [](const BucketPlan& b, int64_t micro_batch) {
              if (micro_batch < 0 ||

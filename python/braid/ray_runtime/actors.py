@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -284,6 +285,7 @@ class ConstructorActor:
         self._sources: Dict[str, Any] = {}  # actor name -> handle
         self._shadow = bool(config.runtime["shadow"])
         self._failovers = 0  # requests also sent to a shadow
+        self._blanked: Dict[int, int] = {}  # source -> pieces blanked (on_error: skip)
         self._fetch_s = 0.05  # a source actor's usual answer time (moving average)
         self._delivered = 0  # views sent through node delivery
         self._socket_name = ""
@@ -403,10 +405,21 @@ class ConstructorActor:
                 replies = ray.get(call, timeout=self._timeout)
             for source, reply in replies.items():
                 # tokens, offsets, mask, images, image bytes, paths: decoded here
-                part.attach(self._config, source, *reply)
+                for why in part.attach(self._config, source, *reply):
+                    self._log_blank(source, why)
         batches = [part.build(mb) for mb in range(part.micro_batches)]
         self._built += 1
         return plan, batches
+
+    def _log_blank(self, source: int, why: str) -> None:
+        # A piece whose row's images do not decode, under on_error: skip: logged and
+        # counted as the embedded loader does (its metadata was planned already).
+        with self._lock:
+            self._blanked[source] = self._blanked.get(source, 0) + 1
+            count = self._blanked[source]
+        print(f"braid: source '{self._config.source_names[source]}' blanked a piece of "
+              f"{why}; its metadata was already planned, so its payload is blank and its "
+              f"loss mask 0 (blanked {count})", file=sys.stderr, flush=True)
 
     def _view(self, key: Tuple, make) -> Tuple[Any, str, str]:
         # (what `make` made of the view of `key`, state_before, state_after); the view
@@ -541,5 +554,6 @@ class ConstructorActor:
                     "node": ray.get_runtime_context().get_node_id(),
                     "newest_step": self._newest, "built_buckets": self._built,
                     "shadow_failovers": self._failovers,
+                    "blanked_pieces": dict(self._blanked),
                     "held_builds": len(self._builds), "held_views": len(self._views),
                     "delivered": self._delivered, "plan_bytes": self._plan_bytes}

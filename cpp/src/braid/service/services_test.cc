@@ -44,6 +44,7 @@ class ServicesTest : public ::testing::Test {
     int64_t images = 0;          // in a piece
     int64_t checked_images = 0;  // of a piece's row, outside the piece (on_error: skip)
     int64_t image_bytes = 0;
+    std::vector<std::string> blanked;  // AttachPieces' messages
   };
 
   static std::vector<Batch> ThroughServices(const Config& config, int64_t steps,
@@ -89,7 +90,8 @@ class ServicesTest : public ::testing::Test {
           if (counts != nullptr) counts->image_bytes += int64_t(reply->image_bytes.size());
           const Status st =
               AttachPieces(&*part, b, i, config.sources[size_t(i)],
-                           std::make_shared<PieceReply>(std::move(*reply)));
+                           std::make_shared<PieceReply>(std::move(*reply)),
+                           counts != nullptr ? &counts->blanked : nullptr);
           EXPECT_TRUE(st.ok()) << st.ToString();
         }
         for (size_t mb = 0; mb < part->ranks[size_t(b)].micro_batches.size(); ++mb) {
@@ -390,6 +392,13 @@ TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded
   // Pieces without all of their row's images got the others to check (the caption tails
   // of rows whose images are in an earlier piece).
   EXPECT_GT(counts.checked_images, 0);
+  // Every blanked piece is reported, naming the file and the row.
+  ASSERT_FALSE(counts.blanked.empty());
+  for (const std::string& why : counts.blanked) {
+    EXPECT_THAT(why, HasSubstr("captions.parquet"));
+    EXPECT_THAT(why, HasSubstr("row " + std::to_string(tail_row)));
+    EXPECT_THAT(why, HasSubstr("cannot decode image"));
+  }
 }
 
 TEST_F(ServicesTest, AnImageThatDoesNotDecodeFailsTheBuildNamingFileAndRow) {

@@ -223,7 +223,8 @@ std::vector<std::string> SplitPaths(const std::vector<uint8_t>& blob) {
 
 Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
                     const SourceConfig& source_config,
-                    std::shared_ptr<const PieceReply> reply) {
+                    std::shared_ptr<const PieceReply> reply,
+                    std::vector<std::string>* blanked) {
   const std::string where = "step " + std::to_string(plan->step) + ": sources[" +
                             std::to_string(source) + "] reply";
   const bool masked = !reply->loss_mask.empty();
@@ -303,6 +304,7 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
           }
           // As the source loader delivers such a row: blank images, nothing trained.
           BlankImagePayload(options, payload.get());
+          if (blanked != nullptr) blanked->push_back(bad.message());
         }
         d.payload = PayloadRef(TokenPayload(std::move(payload)));
         d.doc_tokens = want;

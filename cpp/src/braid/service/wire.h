@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "braid/config/config.h"
@@ -91,9 +92,11 @@ struct PieceReply {
 /// `source_config.on_error` as in the source loader: an error naming its file and row,
 /// or (skip) the piece's images blank and its loss mask 0, as every piece of that row.
 /// Fails (data error naming the source and step) when the reply does not match the
-/// pieces. Thread-safe for distinct plans.
+/// pieces. `blanked` (optional) gets one message per piece blanked under skip (file, row,
+/// why), for the caller to log and count. Thread-safe for distinct plans.
 Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
                     const SourceConfig& source_config,
-                    std::shared_ptr<const PieceReply> reply);
+                    std::shared_ptr<const PieceReply> reply,
+                    std::vector<std::string>* blanked = nullptr);
 
 }  // namespace braid
