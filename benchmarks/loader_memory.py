@@ -34,7 +34,8 @@ its loader, which extra PIDs count, which interpreter runs the trainers.
         [--ranks 8] [--sources 4] [--tokens-per-file 4500000] \
         [--loaders baseline,braid,braid-ray] [--micro-batches 40] [--interval-ms 100] \
         [--seq-len 2048] [--micro-batch-size 4] [--workers 2] [--dir out/loader_memory] \
-        [--json out.json] [--set KEY=VALUE ...] [--mosaic-python .venv-mosaic/bin/python]
+        [--json out.json] [--set KEY=VALUE ...] [--mosaic-python .venv-mosaic/bin/python] \
+        [--idle-imports]
 
 Prints a table, then the JSON (last line): per mode the peak PSS added (total, per
 rank), tokens/s delivered, and the baseline/braid ratio.
@@ -55,7 +56,7 @@ import importlib.util
 import json
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from braid.bench.modes import MODES, Mode, mosaic_unavailable
 from braid.bench.overrides import apply_overrides, parse_set
@@ -117,6 +118,8 @@ def trainer_main(args) -> int:
     import torch  # noqa: F401  (a trainer has both imported)
     import braid  # noqa: F401
 
+    for module in filter(None, args.imports.split(",")):  # --idle-imports
+        importlib.import_module(module)
     mode = MODES[args.trainer]
     rank, world = args.rank, args.ranks
     _emit({"event": "ready", "pid": os.getpid()})
@@ -249,10 +252,13 @@ def profile_main(args, config_path: str) -> int:
 
 
 
-def run_mode(mode: Mode, config_path: str, args, python: str = "") -> Dict[str, Any]:
+def run_mode(mode: Mode, config_path: str, args, python: str = "",
+             imports: Tuple[str, ...] = ()) -> Dict[str, Any]:
     """Starts R trainers in `mode` under its interpreter (or `python`: the `none` run of
-    another mode's); returns the samples and their reports."""
+    another mode's), importing `imports` before they report ready; returns the samples
+    and their reports."""
     cmd = [python or mode.python(args), os.path.abspath(__file__), "--trainer", mode.name,
+           "--imports", ",".join(imports),
            "--config", config_path, "--ranks", str(args.ranks),
            "--micro-batches", str(args.micro_batches), "--interval-ms",
            str(args.interval_ms), "--workers", str(args.workers),
@@ -336,6 +342,10 @@ def main(argv=None) -> int:
     p.add_argument("--sample-ms", type=float, default=200.0)
     p.add_argument("--timeout", type=float, default=600.0, help="per mode, seconds")
     p.add_argument("--json", help="also write the JSON here")
+    p.add_argument("--idle-imports", action="store_true",
+                   help="the peers' trainers import their library (litdata, "
+                   "megatron.energon, streaming) before they start, and so do the idle "
+                   "trainers under the same python: the memory added without the imports")
     p.add_argument("--mosaic-python", metavar="PATH",
                    help="mosaic: the python of MosaicML Streaming's environment (default: "
                    "$BRAID_MOSAIC_PYTHON, else .venv-mosaic beside this venv, made by "
@@ -347,6 +357,7 @@ def main(argv=None) -> int:
     p.add_argument("--trainer", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--imports", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.trainer:
         return trainer_main(args)
@@ -380,7 +391,8 @@ def main(argv=None) -> int:
     print(f"ranks={args.ranks} sources={args.sources} tokens/file={args.tokens_per_file:,} "
           f"seq_len={args.seq_len} micro_batch_size={args.micro_batch_size} "
           f"micro-batches/rank={args.micro_batches} interval={args.interval_ms:g} ms "
-          f"baseline workers={args.workers} overrides={extra or '-'}", flush=True)
+          f"baseline workers={args.workers} overrides={extra or '-'}"
+          f"{' (peers imported before the start)' if args.idle_imports else ''}", flush=True)
     results: Dict[str, dict] = {}
     runs = {}
     # One `none` run per interpreter: a mode's memory is its trainers' less idle trainers
@@ -388,9 +400,17 @@ def main(argv=None) -> int:
     pythons = list(dict.fromkeys([sys.executable] + [MODES[m].python(args)
                                                       for m in loaders]))
     none_of = {py: "none" if i == 0 else f"none@{py}" for i, py in enumerate(pythons)}
+    # --idle-imports: each mode's trainers import its library first, and the idle
+    # trainers under its python import those of every mode that runs there.
+    imports_of = {py: tuple(dict.fromkeys(m for name in loaders
+                                          if MODES[name].python(args) == py
+                                          for m in MODES[name].imports))
+                  for py in pythons} if args.idle_imports else {}
     for name in list(none_of.values()) + loaders:
         mode = MODES[name.split("@")[0]]
         python = name.split("@", 1)[1] if "@" in name else ""
+        imports = (imports_of.get(python or sys.executable, ()) if mode.name == "none"
+                   else mode.imports if args.idle_imports else ())
         config = write_config(os.path.join(args.dir, f"config-{mode.name}.json"), base,
                               args, extra)
         try:
@@ -398,7 +418,7 @@ def main(argv=None) -> int:
             path = os.path.join(args.dir, f"config-{mode.name}.json")
             with open(path, "w") as f:
                 json.dump(config, f, indent=1)
-            runs[name] = run_mode(mode, path, args, python)
+            runs[name] = run_mode(mode, path, args, python, imports)
         finally:
             mode.cleanup(mode.state)
         print(f"  {name}: peak {runs[name]['peak']['total'] / 1e9:.2f} GB over "
@@ -417,6 +437,7 @@ def main(argv=None) -> int:
         "micro_batch_size": args.micro_batch_size, "micro_batches": args.micro_batches,
         "interval_ms": args.interval_ms, "workers": args.workers,
         "shuffle_buffer": args.shuffle_buffer, "overrides": extra,
+        "idle_imports": args.idle_imports,
         "none_peak_pss_bytes": none_peak, "modes": results, "skipped": skipped,
     }
     if "baseline" in results:

@@ -39,6 +39,9 @@ class Mode:
     python(args) -> path                the interpreter the trainers (and the `none` run
                                         they are measured against) run under
     env(state) -> {name: value}         variables added to the trainers' environment
+    imports                             the modules start() imports (a peer's library):
+                                        loader_memory.py --idle-imports has the trainers
+                                        and the `none` run import them before the start
     """
 
     name: str
@@ -49,6 +52,7 @@ class Mode:
     cleanup: Callable[[dict], None] = lambda state: None
     python: Callable[[argparse.Namespace], str] = lambda args: sys.executable
     env: Callable[[dict], Dict[str, str]] = lambda state: {}
+    imports: Tuple[str, ...] = ()
     state: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -316,15 +320,17 @@ MODES: Dict[str, Mode] = {
     "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
                       extra_pids=_ray_pids, cleanup=_cleanup_ray),
     # A peer (braid/bench/peers.py): LitData's pre-tokenized chunks, forked workers.
-    "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata),
+    "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata,
+                    imports=("litdata",)),
     # A peer: Megatron-Energon's WebDataset shards and a blend metadataset, packing with
     # document boundaries, forked workers.
-    "energon": Mode("energon", _start_energon, prepare=_prepare_energon),
+    "energon": Mode("energon", _start_energon, prepare=_prepare_energon,
+                    imports=("megatron.energon",)),
     # A peer: MosaicML Streaming's MDS datasets, a StreamingDataset of one Stream per
     # source, forked workers packing documents; trainers under its own interpreter.
     "mosaic": Mode("mosaic", _start_mosaic, prepare=_prepare_mosaic,
                    cleanup=_cleanup_mosaic, python=mosaic_python,
-                   env=_mosaic_env),
+                   env=_mosaic_env, imports=("streaming",)),
     # The same with runtime.delivery: object_store (every trainer a Ray driver).
     "braid-ray-store": Mode(
         "braid-ray-store", _start_braid,
