@@ -132,32 +132,40 @@ def litdata_loader(config: dict, folders: List[str], rank: int, world_size: int,
 _ENERGON_META = "metadataset.yaml"
 
 
+def _documents(source: dict) -> Iterator[Tuple[int, int, "np.ndarray"]]:
+    """(file, row group, tokens) of every document of a token source, in file order: int32
+    NumPy views of each row group's Arrow values, what the peers' writers convert."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    column = source.get("tokens_column", "input_ids")
+    for f, path in enumerate(_source_files(source)):
+        parquet = pq.ParquetFile(path)
+        for g in range(parquet.num_row_groups):
+            lists = parquet.read_row_group(g, columns=[column]).column(column)
+            for chunk in lists.chunks:
+                offsets = chunk.offsets.to_numpy()
+                values = chunk.values.to_numpy(zero_copy_only=False).astype(np.int32,
+                                                                           copy=False)
+                for i in range(len(chunk)):
+                    yield f, g, values[offsets[i]:offsets[i + 1]]
+
+
 def _energon_write(source: dict, folder: str) -> Dict[str, int]:
     """The source's documents as WebDataset shards under `folder` (one int32 `.npy` array
     per document); returns its document and token counts."""
     import numpy as np
-    import pyarrow.parquet as pq
     import webdataset as wds
 
-    column = source.get("tokens_column", "input_ids")
     documents = tokens = 0
     os.makedirs(folder, exist_ok=True)
     with wds.ShardWriter(os.path.join(folder, "shard-%06d.tar"), maxsize=256 << 20,
                          verbose=0) as sink:
-        for f, path in enumerate(_source_files(source)):
-            parquet = pq.ParquetFile(path)
-            for g in range(parquet.num_row_groups):
-                lists = parquet.read_row_group(g, columns=[column]).column(column)
-                for chunk in lists.chunks:
-                    offsets = chunk.offsets.to_numpy()
-                    values = chunk.values.to_numpy(zero_copy_only=False).astype(np.int32,
-                                                                               copy=False)
-                    for i in range(len(chunk)):
-                        doc = values[offsets[i]:offsets[i + 1]]
-                        sink.write({"__key__": f"f{f:04d}g{g:05d}d{documents:09d}",
-                                    "npy": np.ascontiguousarray(doc)})
-                        documents += 1
-                        tokens += len(doc)
+        for f, g, doc in _documents(source):
+            sink.write({"__key__": f"f{f:04d}g{g:05d}d{documents:09d}",
+                        "npy": np.ascontiguousarray(doc)})
+            documents += 1
+            tokens += len(doc)
     return {"documents": documents, "tokens": tokens}
 
 
@@ -369,26 +377,15 @@ def _mosaic_write(source: dict, folder: str) -> Dict[str, int]:
     """The source's documents as an MDS dataset under `folder` (one sample per document,
     column `tokens`: ndarray:int32); returns its document and token counts."""
     import numpy as np
-    import pyarrow.parquet as pq
     from streaming import MDSWriter
 
-    column = source.get("tokens_column", "input_ids")
     documents = tokens = 0
     with MDSWriter(out=folder, columns={"tokens": "ndarray:int32"},
                    size_limit=1 << 26) as sink:
-        for path in _source_files(source):
-            parquet = pq.ParquetFile(path)
-            for g in range(parquet.num_row_groups):
-                lists = parquet.read_row_group(g, columns=[column]).column(column)
-                for chunk in lists.chunks:
-                    offsets = chunk.offsets.to_numpy()
-                    values = chunk.values.to_numpy(zero_copy_only=False).astype(np.int32,
-                                                                               copy=False)
-                    for i in range(len(chunk)):
-                        doc = values[offsets[i]:offsets[i + 1]]
-                        sink.write({"tokens": np.ascontiguousarray(doc)})
-                        documents += 1
-                        tokens += len(doc)
+        for _, _, doc in _documents(source):
+            sink.write({"tokens": np.ascontiguousarray(doc)})
+            documents += 1
+            tokens += len(doc)
     return {"documents": documents, "tokens": tokens}
 
 

@@ -45,7 +45,25 @@ class ServicesTest : public ::testing::Test {
     int64_t checked_images = 0;  // of a piece's row, outside the piece (on_error: skip)
     int64_t image_bytes = 0;
     std::vector<std::string> blanked;  // AttachPieces' messages
+    int64_t embedded_pixel_bytes = 0;  // of the embedded runtime's pixel_values
   };
+
+  // `steps` steps through the services equal the embedded runtime's; what the replies
+  // held.
+  static ReplyCounts ExpectServicesAsEmbedded(const Config& config, int64_t steps) {
+    const auto embedded = Embedded(config, steps);
+    EXPECT_FALSE(embedded.empty());
+    ReplyCounts counts;
+    ExpectSame(ThroughServices(config, steps, int64_t{1} << 20,
+                               Planner::InitialState(config), &counts),
+               embedded);
+    for (const Batch& b : embedded) {
+      if (const Tensor* t = b.Find("pixel_values")) {
+        counts.embedded_pixel_bytes += int64_t(t->storage->size());
+      }
+    }
+    return counts;
+  }
 
   static std::vector<Batch> ThroughServices(const Config& config, int64_t steps,
                                             int64_t cache_bytes, const PlannerState& start,
@@ -338,22 +356,13 @@ Config CaptionJob(const testing::ScopedTempDir& dir, int cut_row, OnError on_err
 TEST_F(ServicesTest, ImagesCrossEncodedAndDecodeToTheEmbeddedBatchesBitForBit) {
   testing::ScopedTempDir dir("braid-services-images");
   const Config config = CaptionJob(dir, /*cut_row=*/-1, OnError::kFail);
-  const int64_t steps = 8;  // several epochs of the 24 rows
-  const auto embedded = Embedded(config, steps);
-  ASSERT_FALSE(embedded.empty());
-  ReplyCounts counts;
-  ExpectSame(ThroughServices(config, steps, int64_t{1} << 20,
-                             Planner::InitialState(config), &counts),
-             embedded);
+  // Several epochs of the 24 rows.
+  const ReplyCounts counts = ExpectServicesAsEmbedded(config, /*steps=*/8);
   EXPECT_GT(counts.images, 0);
   EXPECT_EQ(counts.checked_images, 0);  // on_error: fail sends a piece's own images only
   // Encoded, not patches: the PNG bytes are fewer than the float32 pixels they decode to.
-  int64_t pixel_bytes = 0;
-  for (const Batch& b : embedded) {
-    if (const Tensor* t = b.Find("pixel_values")) pixel_bytes += int64_t(t->storage->size());
-  }
-  EXPECT_GT(pixel_bytes, 0);
-  EXPECT_LT(counts.image_bytes, pixel_bytes);
+  EXPECT_GT(counts.embedded_pixel_bytes, 0);
+  EXPECT_LT(counts.image_bytes, counts.embedded_pixel_bytes);
 }
 
 TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded) {
@@ -383,12 +392,7 @@ TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded
   ASSERT_TRUE(testing::WriteCaptionFile(dir.Sub("captions.parquet"), int(tail_row),
                                         /*two_images=*/true)
                   .ok());
-  const auto embedded = Embedded(config, steps);
-  ASSERT_FALSE(embedded.empty());
-  ReplyCounts counts;
-  ExpectSame(ThroughServices(config, steps, int64_t{1} << 20,
-                             Planner::InitialState(config), &counts),
-             embedded);
+  const ReplyCounts counts = ExpectServicesAsEmbedded(config, steps);
   // Pieces without all of their row's images got the others to check (the caption tails
   // of rows whose images are in an earlier piece).
   EXPECT_GT(counts.checked_images, 0);
