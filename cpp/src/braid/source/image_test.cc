@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -177,6 +178,68 @@ TEST(DecodeImageTest, PngIsExactAndPatchesAreChannelFirst) {
     const auto first = halves->pixels.begin() + k * 588;
     one.pixels.assign(first, first + 588);
     ExpectSolid(one, 14, k % 2 == 0 ? red : blue, 1e-5f);
+  }
+}
+
+// The resampler's definition, pixel by pixel: bilinear with half-pixel centres over the
+// four taps, normalized, in patch layout. DecodeImage computes it row-separably; the
+// float operations are the same, so the values must be too, bit for bit.
+std::vector<float> FourTapPatches(const std::vector<uint8_t>& rgb, int64_t h, int64_t w,
+                                  int64_t th, int64_t tw, int64_t p) {
+  auto tap = [](int64_t i, int64_t dst, int64_t n, int64_t* i0, int64_t* i1, float* w1) {
+    double f = (double(i) + 0.5) * (double(n) / double(dst)) - 0.5;
+    f = std::clamp(f, 0.0, double(n - 1));
+    *i0 = int64_t(std::floor(f));
+    *i1 = std::min(*i0 + 1, n - 1);
+    *w1 = float(f - double(*i0));
+  };
+  std::vector<float> out(size_t(th * tw * 3));
+  const int64_t gw = tw / p;
+  for (int64_t y = 0; y < th; ++y) {
+    int64_t y0, y1, x0, x1;
+    float wy, wx;
+    tap(y, th, h, &y0, &y1, &wy);
+    for (int64_t x = 0; x < tw; ++x) {
+      tap(x, tw, w, &x0, &x1, &wx);
+      for (int c = 0; c < 3; ++c) {
+        auto at = [&](int64_t yy, int64_t xx) {
+          return float(rgb[size_t((yy * w + xx) * 3 + c)]);
+        };
+        const float a = at(y0, x0) + wx * (at(y0, x1) - at(y0, x0));
+        const float b = at(y1, x0) + wx * (at(y1, x1) - at(y1, x0));
+        const float v = a + wy * (b - a);
+        out[size_t((((y / p) * gw + x / p) * 3 + c) * p * p + (y % p) * p + x % p)] =
+            (v / 255.0f - 0.5f) / 0.5f;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(DecodeImageTest, ResizedPatchesAreTheFourTapBilinearBitForBit) {
+  std::mt19937 rng(11);
+  // Up in both sides, down in both (max_pixels), mixed, and already patch-sized.
+  const int sizes[][2] = {{37, 53}, {301, 190}, {20, 90}, {28, 42}, {1, 1}};
+  for (const auto& [w, h] : sizes) {
+    for (const int64_t max_pixels : {int64_t{262144}, int64_t{4096}}) {
+      std::vector<uint8_t> rgb(size_t(w * h * 3));
+      for (auto& v : rgb) v = uint8_t(rng());
+      auto png = EncodePng(rgb.data(), w, h);
+      ASSERT_TRUE(png.ok());
+      ImageOptions options;
+      options.max_pixels = max_pixels;
+      int64_t th = 0, tw = 0;
+      ImageTargetSize(h, w, options, &th, &tw);
+      auto im = DecodeImage(*png, options);
+      ASSERT_TRUE(im.ok()) << im.status().ToString();
+      const std::vector<float> want = FourTapPatches(rgb, h, w, th, tw, 14);
+      ASSERT_EQ(im->pixels.size(), want.size()) << w << "x" << h;
+      size_t differ = 0;
+      for (size_t k = 0; k < want.size(); ++k) {
+        differ += std::memcmp(&im->pixels[k], &want[k], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(differ, 0u) << w << "x" << h << " max_pixels " << max_pixels;
+    }
   }
 }
 
