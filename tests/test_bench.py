@@ -185,13 +185,13 @@ def test_mosaic_is_unavailable_without_its_environment(tmp_path: Path):
     assert lines == [str(missing), "/x/python"]
 
 
-def test_mosaic_proportions_are_token_shares_per_document():
+def test_document_weights_are_token_shares_per_document():
     from braid.bench import peers
 
     stats = [{"documents": 100, "tokens": 10_000},  # mean 100 tokens
              {"documents": 10, "tokens": 10_000},  # mean 1,000
              {"documents": 5, "tokens": 50}]  # weight 0: left out
-    proportions = peers.mosaic_proportions([1.0, 3.0, 0.0], stats)
+    proportions = peers.document_weights([1.0, 3.0, 0.0], stats)
     assert [i for i, _ in proportions] == [0, 1]
     # Documents by 1/100 : 3/1000, so tokens by 1 : 3.
     assert [p for _, p in proportions] == pytest.approx([10 / 13, 3 / 13])
@@ -201,7 +201,7 @@ def test_mosaic_proportions_are_token_shares_per_document():
     assert peers.mosaic_documents_per_batch(proportions, stats, 3000) == 10
     assert peers.mosaic_documents_per_batch(proportions, stats, 100) == 1
     with pytest.raises(ValueError, match="every weight is 0"):
-        peers.mosaic_proportions([0.0, 0.0], stats[:2])
+        peers.document_weights([0.0, 0.0], stats[:2])
 
 
 def test_mosaic_collate_packs_as_the_baseline_and_carries_over():

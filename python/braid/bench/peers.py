@@ -132,6 +132,25 @@ def litdata_loader(config: dict, folders: List[str], rank: int, world_size: int,
 _ENERGON_META = "metadataset.yaml"
 
 
+def document_weights(weights: List[float], stats: List[Dict[str, int]]
+                     ) -> List[Tuple[int, float]]:
+    """A peer's weight per source, from the config's weights (shares of tokens) and each
+    source's {"documents", "tokens"}: Energon's blend and Streaming's proportions draw
+    documents, so each weight is divided by the source's mean document length (a source
+    at weight 0 is left out). Returns
+    (source index, proportion) for the sources with a weight > 0, proportions summing
+    to 1."""
+    out = []
+    for i, (weight, stat) in enumerate(zip(weights, stats)):
+        if weight > 0:
+            mean_length = stat["tokens"] / max(1, stat["documents"])
+            out.append((i, weight / mean_length))
+    if not out:
+        raise ValueError("sources: every weight is 0")
+    total = sum(p for _, p in out)
+    return [(i, p / total) for i, p in out]
+
+
 def _documents(source: dict) -> Iterator[Tuple[int, int, "np.ndarray"]]:
     """(file, row group, tokens) of every document of a token source, in file order: int32
     NumPy views of each row group's Arrow values, what the peers' writers convert."""
@@ -185,7 +204,7 @@ def energon_convert(config: dict, root: str) -> List[str]:
     plus `energon prepare`'s metadata; a prepared folder is reused), and root's
     metadataset.yaml blending them; returns the source folders."""
     root = os.path.abspath(root)
-    folders, blend = [], []
+    folders, stats = [], []
     for i, source in enumerate(config["sources"]):
         if "tokens_column" not in source:
             raise ValueError(f"sources[{i}]: energon reads pre-tokenized token lists "
@@ -198,26 +217,21 @@ def energon_convert(config: dict, root: str) -> List[str]:
             import shutil
 
             shutil.rmtree(folder, ignore_errors=True)
-            stats = _energon_write(source, folder)
+            written = _energon_write(source, folder)
             _energon_prepare(folder)
             with open(stats_path, "w") as f:
-                json.dump(stats, f)
+                json.dump(written, f)
         with open(stats_path) as f:
-            stats = json.load(f)
-        # Energon draws documents by weight; Braid's weight is a share of tokens.
-        mean_length = stats["tokens"] / max(1, stats["documents"])
-        weight = float(source.get("weight", 1.0))
-        if weight > 0:  # Energon's blend takes weights > 0: a source at 0 is left out
-            blend.append((folder, weight / mean_length))
+            stats.append(json.load(f))
         folders.append(folder)
-    if not blend:
-        raise ValueError("sources: every weight is 0")
-    total = sum(w for _, w in blend)
+    # Energon's blend takes weights > 0: a source at 0 is left out.
+    blend = document_weights([float(s.get("weight", 1.0)) for s in config["sources"]],
+                             stats)
     lines = ["__module__: megatron.energon", "__class__: MetadatasetV2", "splits:",
              "  train:", "    blend:"]
-    for folder, weight in blend:
-        lines += [f"      - weight: {weight / total!r}",
-                  f"        path: {json.dumps(folder)}"]
+    for i, weight in blend:
+        lines += [f"      - weight: {weight!r}",
+                  f"        path: {json.dumps(folders[i])}"]
     with open(os.path.join(root, _ENERGON_META), "w") as f:
         f.write("\n".join(lines) + "\n")
     return folders
@@ -317,24 +331,6 @@ def energon_loader(config: dict, root: str, rank: int, world_size: int, workers:
 
 # ----------------------------------------------------------------------------------------
 # MosaicML Streaming
-
-
-def mosaic_proportions(weights: List[float], stats: List[Dict[str, int]]
-                       ) -> List[Tuple[int, float]]:
-    """Streaming's `proportion` per source, from the config's weights (shares of tokens)
-    and each source's {"documents", "tokens"}: Streaming draws samples (documents) by
-    proportion, so each weight is divided by the source's mean document length. Returns
-    (source index, proportion) for the sources with a weight > 0, proportions summing
-    to 1."""
-    out = []
-    for i, (weight, stat) in enumerate(zip(weights, stats)):
-        if weight > 0:
-            mean_length = stat["tokens"] / max(1, stat["documents"])
-            out.append((i, weight / mean_length))
-    if not out:
-        raise ValueError("sources: every weight is 0")
-    total = sum(p for _, p in out)
-    return [(i, p / total) for i, p in out]
 
 
 def mosaic_documents_per_batch(proportions: List[Tuple[int, float]],
@@ -448,7 +444,7 @@ def mosaic_loader(config: dict, folders: List[str], rank: int, world_size: int,
     seq_len = int(config["batch"]["seq_len"])
     rows = int(config["batch"].get("micro_batch_size", 1))
     stats = _mosaic_stats(folders)
-    proportions = mosaic_proportions(
+    proportions = document_weights(
         [float(s.get("weight", 1.0)) for s in config["sources"]], stats)
     source_of_stream = [i for i, _ in proportions]
     batch = mosaic_documents_per_batch(proportions, stats, rows * seq_len)
