@@ -6,7 +6,7 @@
 
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
-#include "braid/source/budget.h"
+#include "braid/exec/budget.h"
 #include "status_caster.h"
 
 namespace nb = nanobind;

@@ -3,7 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "braid/source/inspect.h"
+#include "braid/io/inspect.h"
 #include "status_caster.h"
 
 namespace nb = nanobind;

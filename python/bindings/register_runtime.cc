@@ -10,7 +10,7 @@
 
 #include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
-#include "braid/runtime/job.h"
+#include "braid/cli/job.h"
 #include "numpy_util.h"
 #include "status_caster.h"
 #include "thread_states.h"

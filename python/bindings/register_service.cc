@@ -13,11 +13,11 @@
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
 #include "braid/plan/step_plan.h"
-#include "braid/runtime/job.h"
+#include "braid/cli/job.h"
 #include "braid/service/payload_service.h"
 #include "braid/service/planner_service.h"
 #include "braid/service/wire.h"
-#include "braid/source/budget.h"
+#include "braid/exec/budget.h"
 #include "numpy_util.h"
 #include "status_caster.h"
 #include "thread_states.h"
@@ -103,7 +103,7 @@ void RegisterService(nb::module_& m) {
            "Plans the next step: {step, plan (int64 message), state_before, state_after, "
            "figures (what a run's summary takes from it)}.");
   nb::class_<RunRecorder>(m, "RunRecorder",
-                          "A run's summary built step by step (runtime/job.h).")
+                          "A run's summary built step by step (cli/job.h).")
       .def(nb::init<const Config&>(), nb::arg("config"), nb::keep_alive<1, 2>())
       .def("add_step",
            [](RunRecorder& r, const nb::dict& figures, int64_t tokens, int64_t micro_batches,

@@ -1,10 +1,10 @@
 // Source loaders on their own: pull samples (benchmarks, tests), SentencePiece helpers
 // (train a tiny model, raw encoding as a benchmark baseline), and the Python side of user
-// transforms (`sources[].transform.python`, source/user_transform.h): a RowCallback that
+// transforms (`sources[].transform.python`, transform/user_transform.h): a RowCallback that
 // converts a chunk of rows to Python values and calls the user's function (once per
 // row, or once for the chunk when `batched`) holding the GIL only around that, installed
 // as the core's factory when the module is imported; and the same for Hugging Face
-// tokenizers (`tokenizer: {type: huggingface}`, source/tokenizer.h). Pool threads keep
+// tokenizers (`tokenizer: {type: huggingface}`, transform/tokenizer.h). Pool threads keep
 // their Python thread states (thread_states.h).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -19,11 +19,11 @@
 #include <thread>
 
 #include "braid/config/config.h"
-#include "braid/source/image.h"
+#include "braid/transform/image.h"
 #include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
-#include "braid/source/tokenizer.h"
-#include "braid/source/user_transform.h"
+#include "braid/transform/tokenizer.h"
+#include "braid/transform/user_transform.h"
 #include "braid/testing/sentencepiece_fixture.h"
 #include "status_caster.h"
 #include "thread_states.h"

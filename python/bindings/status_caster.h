@@ -17,7 +17,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "braid/runtime/job.h"
+#include "braid/cli/job.h"
 #include "braid/status.h"
 
 namespace braid::python {

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <thread>
 
-#include "braid/source/read_pool.h"
+#include "braid/exec/read_pool.h"
 
 namespace nb = nanobind;
 

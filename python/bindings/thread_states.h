@@ -3,7 +3,7 @@
 // A C++ thread must have a Python thread state to take the GIL. PyGILState_Ensure on a
 // thread without one creates it and the matching Release frees it, which per call cost
 // about half of a plain Python loop's rate for a user transform. Instead, a ReadPool
-// thread (source/read_pool.h) that calls Python keeps the state it first made until the
+// thread (exec/read_pool.h) that calls Python keeps the state it first made until the
 // thread ends (KeepThreadState); nanobind's gil_scoped_acquire then finds it and only
 // takes the GIL. Threads that are not the pool's (Python's own, or a C++ caller's) are
 // left as they are: their end is not the extension's to observe.

@@ -9,6 +9,6 @@
 #include "braid/plan/planner.h"
 #include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
-#include "braid/runtime/job.h"
+#include "braid/cli/job.h"
 #include "braid/source/source_loader.h"
 #include "braid/status.h"

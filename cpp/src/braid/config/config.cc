@@ -950,7 +950,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
     ARROW_ASSIGN_OR_RAISE(cache_max_bytes,
                           PositiveInt(cache["max_bytes"], "runtime.cache.max_bytes"));
   }
-  // --- Planning: cached token counts of tokenized sources (source/length_cache.h) ---
+  // --- Planning: cached token counts of tokenized sources (io/length_cache.h) ---
   std::string length_cache_dir;
   if (root["runtime"] && root["runtime"]["length_cache"]) {
     ARROW_ASSIGN_OR_RAISE(length_cache_dir,

@@ -57,7 +57,7 @@ struct ChatColumns {
 /// `model` empty: none configured.
 struct TokenizerConfig {
   /// "sentencepiece" (in the core) or "huggingface" (a tokenizer.json, through the
-  /// `tokenizers` Python package: source/tokenizer.h, SetHfTokenizerFactory).
+  /// `tokenizers` Python package: transform/tokenizer.h, SetHfTokenizerFactory).
   std::string type = "sentencepiece";
   std::string model;  ///< absolute path after parsing (`model`, or `file` for huggingface)
   std::string key = "tokenizer";  ///< its config key path, for errors
@@ -106,7 +106,7 @@ struct SourceConfig {
   int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
   // --- User transform and sharding (docs/sources.md) ---
   /// `transform: {python: SPEC, columns: [...]}`: a user function over the named columns
-  /// (source/user_transform.h); `python` empty: none. Instead of tokens_column etc.
+  /// (transform/user_transform.h); `python` empty: none. Instead of tokens_column etc.
   struct UserTransform {
     std::string python;  ///< "package.module:function", or a registered name
     std::vector<std::string> columns;
@@ -236,7 +236,7 @@ struct RuntimeConfig {
   int64_t prefetch_steps = 2;  ///< step plans computed ahead
   /// Reader/transform threads shared by every source loader; 0: the machine's cores.
   int64_t threads = 0;
-  /// The source loaders' memory budget, shared by weight (source/budget.h); 0: derived
+  /// The source loaders' memory budget, shared by weight (exec/budget.h); 0: derived
   /// from the job (DefaultMemoryBytes).
   int64_t memory_bytes = 0;
   // --- Distributed runtime (docs/distributed.md); runtime.kind: ray ---

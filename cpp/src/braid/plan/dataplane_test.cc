@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "braid/runtime/job.h"
+#include "braid/cli/job.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/temp_dir.h"
 

@@ -192,6 +192,15 @@ Status CheckStateDepth(const std::string& text) {
   return Status::OK();
 }
 
+// The fingerprint `config` had before sources[].shuffle_window_bytes existed (windows
+// bounded in rows only): a state saved then names its order, which the byte bound
+// changes.
+std::string RowsOnlyFingerprint(const Config& config) {
+  Config rows_only = config;
+  for (auto& s : rows_only.sources) s.shuffle_window_bytes = 0;
+  return rows_only.Fingerprint();
+}
+
 }  // namespace
 
 Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config& config,
@@ -220,6 +229,14 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
     }
     ARROW_ASSIGN_OR_RAISE(const std::string fp, StateString(in, "fingerprint", "state"));
     if (fp != config.Fingerprint()) {
+      if (fp == RowsOnlyFingerprint(config)) {
+        return ConfigError(
+            "state.fingerprint",
+            "the state was saved with shuffle windows bounded in rows only (the order "
+            "before sources[].shuffle_window_bytes); bounding them in bytes changes the "
+            "order of large row groups and windows. Resume it with "
+            "shuffle_window_bytes: 0 on every source, or start afresh");
+      }
       return ConfigError("state.fingerprint",
                          "the state was saved under a different config (seed, sources or "
                          "batch shape changed): " + EscapeForMessage(fp) +

@@ -2,9 +2,8 @@
 
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
-#include "braid/runtime/job.h"
-#include "braid/source/budget.h"
-#include "braid/source/read_pool.h"
+#include "braid/exec/budget.h"
+#include "braid/exec/read_pool.h"
 
 namespace braid {
 
@@ -44,7 +43,6 @@ Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options optio
   if (engine->options_.state_json.empty()) {
     engine->start_state_ = Planner::InitialState(config);
   } else {
-    ARROW_RETURN_NOT_OK(CheckStateOrder(engine->options_.state_json, config));
     ARROW_ASSIGN_OR_RAISE(engine->start_state_,
                           PlannerStateFromJson(engine->options_.state_json, config,
                                                &engine->skip_first_));

@@ -2,7 +2,7 @@
 //
 // An Engine owns one ShardedSource per source (`sources[].loaders` SourceLoaders, merged
 // into the source's one order), the ReadPool of `runtime.threads` threads on which every
-// loader reads ahead within its share of `runtime.memory_bytes` (source/budget.h), one
+// loader reads ahead within its share of `runtime.memory_bytes` (exec/budget.h), one
 // Planner on a planner thread, and one constructor thread that builds the micro-batches of
 // the DP ranks this process serves. The threads hand work through bounded queues
 // (runtime.prefetch_steps plans; two steps of micro-batches), so memory stays bounded and
@@ -35,7 +35,7 @@
 #include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
 #include "braid/status.h"
-#include "braid/util/bounded_queue_internal.h"
+#include "braid/exec/bounded_queue_internal.h"
 
 namespace braid {
 

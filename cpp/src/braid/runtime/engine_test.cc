@@ -20,9 +20,9 @@
 
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
-#include "braid/runtime/job.h"
-#include "braid/source/image.h"
-#include "braid/source/source_files.h"
+#include "braid/cli/job.h"
+#include "braid/transform/image.h"
+#include "braid/io/source_files.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/sentencepiece_fixture.h"
 #include "braid/testing/temp_dir.h"

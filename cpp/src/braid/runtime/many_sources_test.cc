@@ -10,8 +10,8 @@
 
 #include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
-#include "braid/runtime/job.h"
-#include "braid/source/budget.h"
+#include "braid/cli/job.h"
+#include "braid/exec/budget.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/temp_dir.h"
 #include "braid/testing/process_stats.h"

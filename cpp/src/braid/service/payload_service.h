@@ -28,8 +28,8 @@
 
 #include "braid/config/config.h"
 #include "braid/service/wire.h"
-#include "braid/source/source_files.h"
-#include "braid/source/transform.h"
+#include "braid/io/source_files.h"
+#include "braid/transform/transform.h"
 #include "braid/status.h"
 
 namespace braid {

@@ -1,7 +1,7 @@
 #include "braid/service/planner_service.h"
 
-#include "braid/source/budget.h"
-#include "braid/source/read_pool.h"
+#include "braid/exec/budget.h"
+#include "braid/exec/read_pool.h"
 #include "braid/source/source_loader.h"
 
 namespace braid {

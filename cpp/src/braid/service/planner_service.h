@@ -1,7 +1,7 @@
 // The planner role on its own: the planner and the metadata-only source loaders it draws
 // from, without payloads, constructors or clients.
 //
-// `braid plan` runs it in-process (runtime/job.h); the Ray runtime hosts it in the
+// `braid plan` runs it in-process (cli/job.h); the Ray runtime hosts it in the
 // planner actor and sends each plan to the constructors as EncodeStepPlan's message
 // (service/wire.h). It reads token counts only: no payload is read or held, and the
 // source loaders' read-ahead is bounded by their share of runtime.memory_bytes as in the

@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "braid/source/image.h"
+#include "braid/transform/image.h"
 
 namespace braid {
 namespace {

@@ -24,7 +24,7 @@
 
 namespace braid {
 
-/// One decoded image cut into patches (source/image.h): `pixels` holds
+/// One decoded image cut into patches (transform/image.h): `pixels` holds
 /// grid_h * grid_w patches in row-major grid order, each 3 * p * p floats, channel-first
 /// within the patch ([c][y][x]). Its grid_h * grid_w placeholder tokens are in `tokens`.
 struct ImagePatches {

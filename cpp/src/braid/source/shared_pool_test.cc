@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "braid/source/read_pool.h"
+#include "braid/exec/read_pool.h"
 #include "braid/source/source_loader.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/temp_dir.h"

@@ -6,8 +6,8 @@
 
 #include <arrow/api.h>
 
-#include "braid/source/transform.h"
-#include "braid/source/read_pool.h"
+#include "braid/transform/transform.h"
+#include "braid/exec/read_pool.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {

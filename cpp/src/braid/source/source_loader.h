@@ -12,7 +12,7 @@
 // a StreamPos starts there without replaying anything before it.
 //
 // Transforms. Each row goes through the source's Transform (token column pass-through,
-// text tokenization, chat template, a user function; source/transform.h).
+// text tokenization, chat template, a user function; transform/transform.h).
 //
 // Skips. A row without a sample (empty, or null / failed under on_error: skip) is
 // delivered flagged by meta.skip and logged on stderr naming source, file, row group, row
@@ -31,7 +31,7 @@
 // the source: it reads only its own windows (source/sharded_source.h merges them).
 //
 // Threading. A loader owns no thread. Its reading runs as tasks on a ReadPool
-// (source/read_pool.h) that the job's loaders share (Options::pool; without one the loader
+// (exec/read_pool.h) that the job's loaders share (Options::pool; without one the loader
 // makes a private pool of `workers` + 1 threads). A read step loads the next window's row
 // groups when the window before is done, transforms a batch of its rows (on up to
 // `sources[].workers` pool threads, each result in its own slot) and queues them in the
@@ -54,7 +54,7 @@
 // list. Other sources read their columns and drop them once the metadata is made; with
 // runtime.length_cache, a text, chat or image-caption source first looks each window
 // entry up there and reads no column for an entry found, and keeps the counts of the
-// entries it had to transform (source/length_cache.h).
+// entries it had to transform (io/length_cache.h).
 //
 // Metadata first, payloads on demand. For a transform that defers (image-caption:
 // Transform::defers), a row's metadata comes from the image header alone and the sample
@@ -82,10 +82,10 @@
 #include <unordered_map>
 
 #include "braid/config/config.h"
-#include "braid/source/length_cache.h"
+#include "braid/io/length_cache.h"
 #include "braid/source/sample.h"
-#include "braid/source/source_files.h"
-#include "braid/source/transform.h"
+#include "braid/io/source_files.h"
+#include "braid/transform/transform.h"
 #include "braid/status.h"
 #include "braid/util/log_internal.h"
 
@@ -287,7 +287,7 @@ class SourceLoader : public SampleStream {
   std::vector<RowOutput> outputs_;  // per row of rows_
   std::vector<Status> output_status_;
   std::vector<int64_t> estimates_;
-  // Planning a tokenized source with runtime.length_cache (source/length_cache.h): the
+  // Planning a tokenized source with runtime.length_cache (io/length_cache.h): the
   // loaded window's entries found in the cache (by slot of arrays_, which holds no
   // columns for them), and those read whose counts are to be kept, with their slots.
   std::unique_ptr<LengthCache> length_cache_;  // null: none

@@ -12,7 +12,7 @@
 #include <parquet/metadata.h>
 #include <parquet/properties.h>
 
-#include "braid/source/image.h"
+#include "braid/transform/image.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid::testing {

@@ -1,4 +1,4 @@
-#include "braid/source/read_memory.h"
+#include "braid/io/read_memory.h"
 
 #include <cstdlib>
 

@@ -1,6 +1,6 @@
 // The tokenizers of text and chat sources.
 //
-// Tokenizer is the interface the transforms (source/transform.h) call. Two kinds, chosen
+// Tokenizer is the interface the transforms (transform/transform.h) call. Two kinds, chosen
 // by TokenizerConfig::type (docs/config.md):
 //   sentencepiece  a SentencePiece .model, in the core; encodes one text per call, so the
 //                  loader spreads rows over its workers one by one (batch_rows() 1)

@@ -10,7 +10,7 @@
 // while the reader of that file is open.
 //
 // Unreadable files. A storage failure (the file vanished, the server stopped answering,
-// a read failed half-way) is retried with backoff (util/retry_internal.h: 4 tries, 50 /
+// a read failed half-way) is retried with backoff (io/retry_internal.h: 4 tries, 50 /
 // 200 / 800 ms); a Parquet file whose bytes are bad (truncated, bad footer, corrupt page)
 // is not. With the source's on_error: skip, a file whose footer cannot be read is kept in
 // the list with no row groups and its reason in File::unreadable (so file indexes keep
@@ -36,7 +36,7 @@
 #include <arrow/io/interfaces.h>
 
 #include "braid/config/config.h"
-#include "braid/source/file_cache.h"
+#include "braid/io/file_cache.h"
 #include "braid/status.h"
 
 namespace parquet {
@@ -115,7 +115,7 @@ class SourceFiles {
     std::vector<int64_t> row_group_bytes;
     /// With a length cache (SourceConfig::length_cache_dir): per row group, a hash of its
     /// read column chunks' footer metadata (offsets, sizes, value counts, statistics), so
-    /// a rewritten row group gets new cache entries (source/length_cache.h); else empty.
+    /// a rewritten row group gets new cache entries (io/length_cache.h); else empty.
     std::vector<uint64_t> row_group_digest;
   };
 

@@ -1,7 +1,7 @@
 // Transforms through the source loader: text tokenized with a tiny SentencePiece model
 // that the test trains, chat loss masks, and worker parallelism (same stream for any
 // worker count, bounded read-ahead, clean shutdown).
-#include "braid/source/transform.h"
+#include "braid/transform/transform.h"
 
 #include <arrow/api.h>
 #include <arrow/io/file.h>
@@ -17,8 +17,7 @@
 #include <thread>
 
 #include "braid/source/source_loader.h"
-#include "braid/source/tokenizer.h"
-#include "braid/source/worker_pool.h"
+#include "braid/transform/tokenizer.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/sentencepiece_fixture.h"
@@ -263,17 +262,6 @@ TEST_P(WorkersTest, DestroyMidStreamDoesNotHang) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, WorkersTest, ::testing::Values(2, 3, 8));
-
-TEST(WorkerPoolTest, EveryIndexOnceOverManyLoops) {
-  WorkerPool pool(4);
-  EXPECT_EQ(pool.threads(), 4);
-  for (int64_t loop = 0; loop < 200; ++loop) {
-    const int64_t n = loop % 37;
-    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-    pool.ParallelFor(n, [&](int64_t i) { hits[size_t(i)].fetch_add(1); });
-    for (const auto& h : hits) ASSERT_EQ(h.load(), 1);
-  }
-}
 
 // --- Chat -------------------------------------------------------------------------------
 

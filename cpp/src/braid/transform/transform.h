@@ -6,13 +6,13 @@
 //   tokens_column  list<int32|int64> token ids, passed through; with a length column
 //                  (sources[].length_column, the second column Apply receives) each
 //                  list's length is checked against it
-//   text_column    a string, tokenized with the source's tokenizer (source/tokenizer.h:
+//   text_column    a string, tokenized with the source's tokenizer (transform/tokenizer.h:
 //                  SentencePiece, or Hugging Face a batch of rows at a time)
 //   chat           prompt/response strings or a messages list, tokenized with the chat
 //                  template; loss_mask = 1 on response (assistant) tokens only
-//   transform      a user function over the named columns (source/user_transform.h)
+//   transform      a user function over the named columns (transform/user_transform.h)
 //   image_column + text_column
-//                  an encoded image (JPEG / PNG / WebP, source/image.h), or a list of
+//                  an encoded image (JPEG / PNG / WebP, transform/image.h), or a list of
 //                  them, and a caption: [BOS] every image's placeholders, caption ids
 //                  [EOS]; loss_mask = 0 on the placeholders; the payload carries the
 //                  images' patches. Apply reads
@@ -30,10 +30,10 @@
 #include <arrow/array.h>
 
 #include "braid/config/config.h"
-#include "braid/source/source_files.h"
+#include "braid/io/source_files.h"
 #include "braid/source/payload.h"
 #include "braid/source/sample.h"
-#include "braid/source/tokenizer.h"
+#include "braid/transform/tokenizer.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -93,7 +93,7 @@ class Transform {
     }
   }
   /// The loader is stopping: Apply calls from now on may return Cancelled early. Called
-  /// before the loader joins its threads (user transforms: source/user_transform.h).
+  /// before the loader joins its threads (user transforms: transform/user_transform.h).
   virtual void Cancel() const {}
   /// True if Apply (with a payload) may leave the slow part of a payload to Finish, so
   /// the loader can publish the sample's metadata first (image-caption samples).

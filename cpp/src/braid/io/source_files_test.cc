@@ -1,4 +1,4 @@
-#include "braid/source/source_files.h"
+#include "braid/io/source_files.h"
 
 #include <arrow/filesystem/localfs.h>
 #include <arrow/util/uri.h>

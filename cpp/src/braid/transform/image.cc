@@ -1,4 +1,4 @@
-#include "braid/source/image.h"
+#include "braid/transform/image.h"
 
 #include <spng.h>
 #include <turbojpeg.h>

@@ -1,7 +1,7 @@
 // The image-caption transform: decoding (JPEG via TurboJPEG, PNG via libspng), target
 // sizes, normalization and patch layout, the transform through the source loader (tokens,
 // loss mask, bad bytes), and the constructor's pixel_values / image_grid tensors.
-#include "braid/source/image.h"
+#include "braid/transform/image.h"
 
 #include <arrow/api.h>
 #include <arrow/io/file.h>

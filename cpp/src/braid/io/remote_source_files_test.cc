@@ -2,7 +2,7 @@
 // nothing but Braid registers Arrow's filesystems. The S3 server is moto's (a real
 // S3-compatible server), started as a child process on loopback with the build's Python;
 // its fixtures are uploaded by a child boto3 process.
-#include "braid/source/source_files.h"
+#include "braid/io/source_files.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

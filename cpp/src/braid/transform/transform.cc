@@ -1,4 +1,4 @@
-#include "braid/source/transform.h"
+#include "braid/transform/transform.h"
 
 #include <algorithm>
 #include <limits>
@@ -6,8 +6,8 @@
 
 #include <arrow/api.h>
 
-#include "braid/source/image.h"
-#include "braid/source/user_transform.h"
+#include "braid/transform/image.h"
+#include "braid/transform/user_transform.h"
 
 namespace braid {
 namespace {

@@ -1,4 +1,4 @@
-#include "braid/source/source_files.h"
+#include "braid/io/source_files.h"
 
 #include <fnmatch.h>
 
@@ -23,9 +23,9 @@
 #include <parquet/metadata.h>
 #include <parquet/statistics.h>
 
-#include "braid/source/read_memory.h"
+#include "braid/io/read_memory.h"
 #include "braid/util/hash_internal.h"
-#include "braid/util/retry_internal.h"
+#include "braid/io/retry_internal.h"
 
 namespace braid {
 namespace {
@@ -405,7 +405,7 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> OpenWatchedInput(
   auto file = std::make_shared<WatchedFile>(std::move(input), io_failed);
   std::string what;
   try {
-    // Pages and arrays both in Braid's read pool (source/read_memory.h), unless the
+    // Pages and arrays both in Braid's read pool (io/read_memory.h), unless the
     // caller gives its own reader properties.
     const parquet::ReaderProperties defaults(ReadMemoryPool());
     parquet::arrow::FileReaderBuilder builder;
@@ -481,7 +481,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     const size_t index = out->files_.size();
     if (out->cache_) out->infos_.emplace_back();
     // The footer and schema; a failure here makes the file unreadable. Storage failures
-    // are retried (util/retry_internal.h). A footer is read from the cached copy when
+    // are retried (io/retry_internal.h). A footer is read from the cached copy when
     // there is one, else remotely: copies are made when rows are read, so opening does
     // not fill (or, smaller than the source, churn) the cache before the first batch.
     int tries = 0;

@@ -13,7 +13,7 @@
 // submission order.
 //
 // Runtimes that attach per-thread state to the pool's threads (the Python extension keeps
-// one Python thread state on each pool thread that calls Python, source/user_transform.h)
+// one Python thread state on each pool thread that calls Python, transform/user_transform.h)
 // use OnPoolThread to tell the pool's threads, whose end they can observe, from others,
 // and SetJoinHook to run the destructor's joins in their own way (the extension releases
 // the GIL around them, since an ending thread takes it to free its thread state).

@@ -1,4 +1,4 @@
-#include "braid/source/tokenizer.h"
+#include "braid/transform/tokenizer.h"
 
 #include <algorithm>
 #include <filesystem>

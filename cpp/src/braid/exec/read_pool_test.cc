@@ -1,4 +1,4 @@
-#include "braid/source/read_pool.h"
+#include "braid/exec/read_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "braid/source/inspect.h"
+#include "braid/io/inspect.h"
 
 #include <algorithm>
 
@@ -7,7 +7,7 @@
 #include <parquet/arrow/reader.h>
 #include <parquet/file_reader.h>
 
-#include "braid/source/source_files.h"
+#include "braid/io/source_files.h"
 
 namespace braid {
 namespace {

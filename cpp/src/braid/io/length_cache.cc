@@ -1,4 +1,4 @@
-#include "braid/source/length_cache.h"
+#include "braid/io/length_cache.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "braid/source/file_cache.h"
+#include "braid/io/file_cache.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,4 +1,4 @@
-#include "braid/source/user_transform.h"
+#include "braid/transform/user_transform.h"
 
 #include <arrow/api.h>
 #include <arrow/io/file.h>
@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "braid/source/source_loader.h"
-#include "braid/source/transform.h"
+#include "braid/transform/transform.h"
 #include "braid/testing/temp_dir.h"
 
 namespace braid {

@@ -1,7 +1,7 @@
 // The length cache: a planning pass over a tokenized source keeps its counts, the next
 // one reads them instead of the columns, and anything that could change a count (the
 // tokenizer, its options, the row group's bytes) is a miss.
-#include "braid/source/length_cache.h"
+#include "braid/io/length_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

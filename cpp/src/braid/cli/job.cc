@@ -1,4 +1,4 @@
-#include "braid/runtime/job.h"
+#include "braid/cli/job.h"
 
 #include <sys/resource.h>
 
@@ -6,13 +6,12 @@
 #include <chrono>
 #include <mutex>
 
-#include <nlohmann/json.hpp>
 
 #include "braid/plan/planner.h"
 #include "braid/runtime/engine.h"
 #include "braid/service/planner_service.h"
-#include "braid/source/budget.h"
-#include "braid/source/read_pool.h"
+#include "braid/exec/budget.h"
+#include "braid/exec/read_pool.h"
 #include "braid/source/source_loader.h"
 
 namespace braid {
@@ -23,30 +22,12 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-Status CheckStateOrder(const std::string& state_json, const Config& config) {
-  Config rows_only = config;
-  for (auto& s : rows_only.sources) s.shuffle_window_bytes = 0;
-  const std::string old_fp = rows_only.Fingerprint();
-  if (old_fp == config.Fingerprint()) return Status::OK();
-  nlohmann::json in = nlohmann::json::parse(state_json, nullptr, /*allow_exceptions=*/false);
-  if (!in.is_object() || !in.contains("fingerprint") || !in["fingerprint"].is_string() ||
-      in["fingerprint"].get<std::string>() != old_fp) {
-    return Status::OK();
-  }
-  return ConfigError("state.fingerprint",
-                     "the state was saved with shuffle windows bounded in rows only (the "
-                     "order before sources[].shuffle_window_bytes); bounding them in bytes "
-                     "changes the order of large row groups and windows. Resume it with "
-                     "shuffle_window_bytes: 0 on every source, or start afresh");
-}
-
 Result<std::string> RunPlanJob(const Config& config, int64_t steps,
                                const std::string& state_in,
                                const std::function<Status(const std::string&)>& on_line) {
   if (steps < 0) return ConfigError("--steps", "must be >= 0");
   PlannerState state = Planner::InitialState(config);
   if (!state_in.empty()) {
-    ARROW_RETURN_NOT_OK(CheckStateOrder(state_in, config));
     int64_t consumed = 0;
     ARROW_ASSIGN_OR_RAISE(state, PlannerStateFromJson(state_in, config, &consumed));
     if (consumed != 0) {

@@ -1,4 +1,4 @@
-#include "braid/util/retry_internal.h"
+#include "braid/io/retry_internal.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // the `tokenizers` library (the Python tests use the library itself): framing by the
 // post-processor, bos_token / eos_token, config errors, batches through the loader with
 // the same stream for any worker count, chat framing, and encode errors naming the row.
-#include "braid/source/tokenizer.h"
+#include "braid/transform/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

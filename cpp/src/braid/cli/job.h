@@ -92,13 +92,6 @@ class RunRecorder {
 Result<RunSummary> RunJob(const Config& config, int64_t steps,
                           const std::function<void(const RunSummary&)>& progress);
 
-/// Refuses a state saved by a version whose shuffle windows were bounded in rows only
-/// (its fingerprint is this config's with every sources[].shuffle_window_bytes 0) while
-/// the config bounds them in bytes: the order differs, so it would be misread. A config
-/// error naming state.fingerprint that says how to resume; OK for anything else (the
-/// state's own checks follow).
-Status CheckStateOrder(const std::string& state_json, const Config& config);
-
 /// Peak resident set size of this process, bytes.
 int64_t PeakRssBytes();
 

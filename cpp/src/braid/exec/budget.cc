@@ -1,9 +1,9 @@
-#include "braid/source/budget.h"
+#include "braid/exec/budget.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "braid/source/read_pool.h"
+#include "braid/exec/read_pool.h"
 
 namespace braid {
 namespace {

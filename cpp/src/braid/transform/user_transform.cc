@@ -1,11 +1,11 @@
-#include "braid/source/user_transform.h"
+#include "braid/transform/user_transform.h"
 
 #include <limits>
 #include <mutex>
 
 #include <arrow/api.h>
 
-#include "braid/source/transform.h"
+#include "braid/transform/transform.h"
 
 namespace braid {
 namespace {
