@@ -43,7 +43,7 @@ document lengths, a long tail past seq_len) under --dir and reused.
         [--tokens-per-file 1000000] [--distinct 16] [--dir out/fanout] [--json PATH] \
         [--verify]
 
-`--verify` fetches every request for real (PayloadService) and checks the counted reply
+`--verify` fetches every request for real (the sources' SourceService) and checks the counted reply
 bytes against the replies (slow at many ranks: for small runs and the test).
 """
 
@@ -136,9 +136,8 @@ class StepParts:
         self.by_bucket: List[Dict[int, List[int]]] = []
         self.verified = 0
         for b in range(buckets):
-            part = _core.decode_bucket(plan, b)
             per_actor: Dict[int, List[int]] = {}
-            for source, req in enumerate(part.requests(num_sources)):
+            for source, req in enumerate(_core.piece_requests(plan, b, num_sources)):
                 if not len(req):
                     continue
                 q = req.reshape(-1, 5)  # file, row, start, len, doc_tokens
@@ -148,7 +147,7 @@ class StepParts:
                 # document goes on), int64 offsets; no loss mask for these sources.
                 reply = 4 * tokens + 8 * (len(q) + 1)
                 if services is not None:
-                    got = services[source].fetch(req)
+                    got = services.fetch({source: req})[source]
                     real = got[0].nbytes + got[1].nbytes + \
                         (0 if got[2] is None else got[2].nbytes)
                     if real != reply:
@@ -239,16 +238,16 @@ def simulate(config_path: str, ranks: int, ranks_per_node: int, actors: int,
     for n in range(nodes):
         ranks_here = range(n * ranks_per_node, min((n + 1) * ranks_per_node, ranks))
         node_buckets.append(sorted({_core.rank_bucket(config, r) for r in ranks_here}))
-    services = ([_core.make_payload_service(config, i) for i in range(num_sources)]
+    services = (_core.make_source_host(config, list(range(num_sources)))
                 if verify else None)
     schemes = ["direct/bucket", "direct/node"] + [f"fwd/{g}" for g in groups]
     per_step: Dict[str, List[Dict]] = {s: [] for s in schemes}
     planner = _core.make_planner_service(config, "")
     plan_s = count_s = 0.0
     verified = 0
-    for _ in range(steps):
+    for s in range(steps):
         t0 = time.monotonic()
-        step = planner.next()
+        step = planner.plan(s, 600.0)
         t1 = time.monotonic()
         parts = StepParts(step, num_sources, source_actor_of, services)
         verified += parts.verified

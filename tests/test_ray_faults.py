@@ -102,7 +102,7 @@ def test_shadow_source_actors_answer_while_a_killed_one_restarts(cluster, small_
     config = small_dataset["config"]
     n = 24
     embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], n)
-    cfg = ray_config(config, job="shadowed", shadow=True)
+    cfg = ray_config(config, job="shadowed", shadow=True, source_actors=1)
     loaders = [braid.Loader(cfg, r, 2) for r in range(2)]
 
     def kill_primary(i: int) -> None:

@@ -161,7 +161,8 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
     config1 = copy.deepcopy(config)
     config1["topology"] = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
     embedded = take_batches([braid.Loader(config1, 0, 1)], 16)[0]
-    loader = braid.Loader(ray_config(config1, job="roles"), 0, 1)
+    # The sources in an actor of their own (runtime.source_actors: 1), killed apart.
+    loader = braid.Loader(ray_config(config1, job="roles", source_actors=1), 0, 1)
     it = iter(loader)
     got = []
     for i in range(16):
@@ -209,7 +210,7 @@ def test_stop_removes_a_crashed_jobs_actors(ray_cluster, small_dataset, tmp_path
     from conftest import braid_cli
 
     cfg = json.dumps(ray_config(small_dataset["config"], address=ray_cluster,
-                                job="crashed"))
+                                job="crashed", source_actors=1))
     proc = subprocess.Popen([sys.executable, "-c", TRAINER, cfg, "1000000"],
                             env={**os.environ, "RANK": "0", "WORLD_SIZE": "2"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -291,7 +292,8 @@ def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
     from conftest import braid_cli, write_config
 
     path = write_config(tmp_path / "job.json",
-                        ray_config(small_dataset["config"], address=ray_cluster))
+                        ray_config(small_dataset["config"], address=ray_cluster,
+                                   source_actors=1))
     run = braid_cli("run", path, "--steps", "4", "--report", tmp_path / "report")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "RSS of the job's 3 actors" in run.stdout

@@ -10,6 +10,16 @@ namespace braid::python {
 
 [[noreturn]] void ThrowStatus(const Status& st) {
   const ErrorDetail* detail = GetErrorDetail(st);
+  // Another role of the job that did not answer, or cannot be reached: Python's own
+  // TimeoutError and ConnectionError (both OSError), as Ray's transport raises them.
+  if (st.IsIOError() && detail != nullptr && detail->kind() == ErrorKind::kTimeout) {
+    PyErr_SetString(PyExc_TimeoutError, st.message().c_str());
+    throw nb::python_error();
+  }
+  if (st.IsIOError() && detail != nullptr && detail->kind() == ErrorKind::kUnavailable) {
+    PyErr_SetString(PyExc_ConnectionError, st.message().c_str());
+    throw nb::python_error();
+  }
   if (st.IsIOError()) throw StorageErrorException(st.message());
   if (st.IsInvalid() && detail != nullptr) {
     if (detail->kind() == ErrorKind::kConfig) throw ConfigErrorException(st.message());

@@ -1,4 +1,4 @@
-// The embedded runtime: engines that yield micro-batches, and the CLI's whole jobs.
+// The embedded runtime: a rank's stream of micro-batches, and the CLI's whole jobs.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -8,6 +8,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include "braid/plan/planner.h"
 #include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
 #include "braid/cli/job.h"
@@ -57,25 +58,70 @@ nb::dict SummaryToDict(const RunSummary& s) {
   return d;
 }
 
+namespace {
+
+// A rank's stream on the embedded runtime (python/braid/stream.py's protocol: next,
+// state, restore, close): an Engine, made again from a state by restore().
+class EmbeddedStream {
+ public:
+  EmbeddedStream(const Config& config, Engine::Options options)
+      : config_(config), options_(std::move(options)) {}
+
+  Status Open(const std::string& state_json) {
+    Engine::Options options = options_;
+    options.state_json = state_json;
+    auto engine = Engine::Make(config_, std::move(options));
+    if (!engine.ok()) return engine.status();
+    engine_ = std::move(*engine);
+    return Status::OK();
+  }
+  Engine& engine() {
+    if (engine_ == nullptr) ThrowStatus(ConfigError("stream", "closed"));
+    return *engine_;
+  }
+  std::string state() const { return engine_ ? engine_->StateJson() : closed_state_; }
+  void Close() {
+    if (engine_ == nullptr) return;
+    engine_->Stop();
+    closed_state_ = engine_->StateJson();
+    engine_.reset();
+  }
+
+ private:
+  const Config config_;
+  const Engine::Options options_;
+  std::unique_ptr<Engine> engine_;
+  std::string closed_state_;
+};
+
+nb::dict ToDict(const Batch& batch) {
+  nb::dict d;
+  for (const Tensor& t : batch.tensors) d[t.name.c_str()] = ToNumpy(t);
+  return d;
+}
+
+}  // namespace
+
 void RegisterRuntime(nb::module_& m) {
-  nb::class_<Engine>(m, "Engine",
-                     "The embedded runtime for the DP ranks of this process. Yields "
-                     "micro-batches as dicts of NumPy arrays (no copy).")
+  nb::class_<EmbeddedStream>(m, "Engine",
+                             "A rank's stream on the embedded runtime (every role in this "
+                             "process). Yields micro-batches as dicts of NumPy arrays (no "
+                             "copy).")
       .def("next",
-           [](Engine& e) {
+           [](EmbeddedStream& s) {
+             Engine& e = s.engine();
              Result<std::shared_ptr<const Batch>> result;
              {
                GilRelease release;  // at exit, a daemon thread sleeps here
                result = e.Next();
              }
-             const std::shared_ptr<const Batch> batch = ValueOrThrow(std::move(result));
-             nb::dict d;
-             for (const Tensor& t : batch->tensors) d[t.name.c_str()] = ToNumpy(t);
-             return d;
+             return ToDict(*ValueOrThrow(std::move(result)));
            },
            "The next micro-batch (blocks until built).")
       .def("next_views",
-           [](Engine& e, const std::vector<std::tuple<int64_t, int64_t, int64_t>>& coords) {
+           [](EmbeddedStream& s,
+              const std::vector<std::tuple<int64_t, int64_t, int64_t>>& coords) {
+             Engine& e = s.engine();
              std::vector<RankCoords> ranks;
              for (const auto& [tp, pp, cp] : coords) {
                ranks.push_back(RankCoords{/*dp=*/0, tp, pp, cp});
@@ -86,52 +132,70 @@ void RegisterRuntime(nb::module_& m) {
                result = e.NextViews(ranks);
              }
              nb::list out;
-             for (const auto& view : ValueOrThrow(std::move(result))) {
-               nb::dict d;
-               for (const Tensor& t : view->tensors) d[t.name.c_str()] = ToNumpy(t);
-               out.append(d);
-             }
+             for (const auto& view : ValueOrThrow(std::move(result))) out.append(ToDict(*view));
              return out;
            },
            nb::arg("coords"),
            "The views of the next micro-batch for several (tp, pp, cp) ranks of its DP "
            "group, from one build (TP/PP views share memory).")
-      .def("state_json", &Engine::StateJson,
+      .def("state", &EmbeddedStream::state,
            "The state right after the last micro-batch returned, as JSON.")
-      .def("local_micro_batches_per_step", &Engine::local_micro_batches_per_step,
+      .def("state_json", &EmbeddedStream::state, "The same as state().")
+      .def("restore",
+           [](EmbeddedStream& s, const std::string& state_json) {
+             Status st;
+             {
+               GilRelease release;
+               s.Close();
+               st = s.Open(state_json);
+             }
+             ThrowIfError(st);
+           },
+           nb::arg("state_json"), "Continues the stream from `state_json` instead.")
+      .def("local_micro_batches_per_step",
+           [](EmbeddedStream& s, int64_t step) {
+             return s.engine().local_micro_batches_per_step(step);
+           },
            nb::arg("step"), "Micro-batches this engine yields at `step` (phases change it).")
-      .def("stop",
-           [](Engine& e) {
+      .def("close",
+           [](EmbeddedStream& s) {
              // Loader threads may wait for the GIL (Python transforms) before they end.
              GilRelease release;
-             e.Stop();
+             s.Close();
            },
-           "Stops and joins every thread; later next() calls raise. Idempotent.");
+           "Stops and joins every thread; later next() calls raise. Idempotent.")
+      .def("stop",
+           [](EmbeddedStream& s) {
+             GilRelease release;
+             s.Close();
+           },
+           "The same as close().");
 
   m.def("make_engine",
-        [](const Config& config, std::vector<int64_t> dp_ranks, std::string state_json,
+        [](const Config& config, std::vector<int64_t> buckets, std::string state_json,
            std::optional<std::tuple<int64_t, int64_t, int64_t>> view,
            bool split_context) {
           Engine::Options options;
-          options.dp_ranks = std::move(dp_ranks);
-          options.state_json = std::move(state_json);
+          options.buckets = std::move(buckets);
           if (view) {
             const auto [tp, pp, cp] = *view;
             options.view = RankCoords{/*dp=*/0, tp, pp, cp};
           }
           options.split_context = split_context;
-          Result<std::unique_ptr<Engine>> engine;
+          auto stream = std::make_unique<EmbeddedStream>(config, std::move(options));
+          Status st;
           {
             GilRelease release;
-            engine = Engine::Make(config, std::move(options));
+            st = stream->Open(state_json);
           }
-          return ValueOrThrow(std::move(engine));
+          ThrowIfError(st);
+          return stream;
         },
-        nb::arg("config"), nb::arg("dp_ranks"), nb::arg("state_json") = "",
+        nb::arg("config"), nb::arg("buckets"), nb::arg("state_json") = "",
         nb::arg("view").none() = nb::none(), nb::arg("split_context") = true,
-        "An engine for `dp_ranks`. view=(tp, pp, cp): next() returns that trainer rank's "
-        "view of each micro-batch (docs/parallelism.md); split_context=False keeps whole "
-        "sequences for CP ranks.");
+        "A stream of the micro-batches of `buckets`. view=(tp, pp, cp): next() returns "
+        "that trainer rank's view of each micro-batch (docs/parallelism.md); "
+        "split_context=False keeps whole sequences for CP ranks.");
 
   m.def("check_state",
         [](const Config& config, const std::string& state_json) {

@@ -2,6 +2,8 @@
 //
 //   Invalid, config detail  -> braid.ConfigError (a ValueError)
 //   Invalid, data detail    -> braid.DataError   (a ValueError)
+//   IOError, timeout detail -> TimeoutError (another role did not answer in time)
+//   IOError, unavailable    -> ConnectionError (another role cannot be reached)
 //   IOError                 -> braid.StorageError (an OSError)
 //   anything else           -> braid.DataError, the code named in the message unless it
 //                              is Invalid (a status without detail; the C++ core gives

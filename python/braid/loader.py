@@ -14,6 +14,7 @@ import torch
 
 from braid import _core
 from braid.config import ConfigLike, load_config
+from braid.stream import RankStream, open_stream
 
 # Loaders with a running engine, for the SIGTERM handler.
 _running: "weakref.WeakSet[Loader]" = weakref.WeakSet()
@@ -95,7 +96,7 @@ class Loader(torch.utils.data.IterableDataset):
         # otherwise (docs/parallelism.md).
         self.bucket = _core.rank_bucket(self._config, rank)
         self.split_context = split_context
-        self._engine: Optional[_core.Engine] = None
+        self._engine: Optional[RankStream] = None  # the rank's stream, from iter()
         self._state_json = _core.initial_state_json(self._config)
 
     @property
@@ -123,24 +124,16 @@ class Loader(torch.utils.data.IterableDataset):
         # the previous one stopped (the stream has no epochs to restart).
         self.close()
         _install_sigterm_handler()
-        if self._config.runtime["kind"] == "ray":
-            # The job's shared actors build the batches (docs/distributed.md).
-            from braid.ray_runtime.client import RayStream
-            self._engine = RayStream(self._config, self.bucket,
-                                     (self.tp_rank, self.pp_rank, self.cp_rank),
-                                     self.split_context, self._state_json)
-        else:
-            self._engine = _core.make_engine(
-                self._config, [self.bucket], self._state_json,
-                view=(self.tp_rank, self.pp_rank, self.cp_rank),
-                split_context=self.split_context)
+        self._engine = open_stream(self._config, self.bucket,
+                                   (self.tp_rank, self.pp_rank, self.cp_rank),
+                                   self.split_context, self._state_json)
         _running.add(self)
         return self._batches(self._engine)
 
-    def _batches(self, engine: "_core.Engine") -> Iterator[Dict[str, torch.Tensor]]:
-        # Ends when close() or a newer iter() replaced this iterator's engine.
-        while self._engine is engine:
-            arrays = engine.next()
+    def _batches(self, stream: RankStream) -> Iterator[Dict[str, torch.Tensor]]:
+        # Ends when close() or a newer iter() replaced this iterator's stream.
+        while self._engine is stream:
+            arrays = stream.next()
             yield {name: torch.from_numpy(array) for name, array in arrays.items()}
 
     def close(self) -> None:
@@ -149,16 +142,16 @@ class Loader(torch.utils.data.IterableDataset):
         The iterators of this Loader end; ``state_dict()`` still holds the position after
         the last micro-batch yielded, and a new ``iter()`` continues from there.
         """
-        engine, self._engine = self._engine, None
+        stream, self._engine = self._engine, None
         _running.discard(self)
-        if engine is not None:
-            self._state_json = engine.state_json()
-            engine.stop()
+        if stream is not None:
+            stream.close()
+            self._state_json = stream.state()
 
     def state_dict(self) -> Dict[str, Any]:
         """The position right after the last micro-batch this Loader yielded."""
         if self._engine is not None:
-            self._state_json = self._engine.state_json()
+            self._state_json = self._engine.state()
         return json.loads(self._state_json)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

@@ -17,6 +17,21 @@ Status StorageError(const std::string& file, const std::string& what) {
       .WithDetail(std::make_shared<ErrorDetail>(ErrorKind::kData, file));
 }
 
+Status TimeoutError(const std::string& where, const std::string& what) {
+  return Status::IOError(where, ": ", what)
+      .WithDetail(std::make_shared<ErrorDetail>(ErrorKind::kTimeout, where));
+}
+
+Status UnavailableError(const std::string& where, const std::string& what) {
+  return Status::IOError(where, ": ", what)
+      .WithDetail(std::make_shared<ErrorDetail>(ErrorKind::kUnavailable, where));
+}
+
+bool IsErrorKind(const Status& st, ErrorKind kind) {
+  const ErrorDetail* detail = GetErrorDetail(st);
+  return detail != nullptr && detail->kind() == kind;
+}
+
 const ErrorDetail* GetErrorDetail(const Status& st) {
   const auto& detail = st.detail();
   if (detail == nullptr || std::string(detail->type_id()) != "braid::ErrorDetail") {

@@ -26,6 +26,12 @@ using Result = arrow::Result<T>;
 enum class ErrorKind : int {
   kConfig = 0,  ///< the config or the command line: `where` is a key path
   kData = 1,    ///< a data file or sample: `where` is a file path (plus row group/row)
+  /// Another role of the job did not answer in time (runtime.timeout_s): `where` names
+  /// it (a role, a step). An IOError: the caller may try again.
+  kTimeout = 2,
+  /// Another role of the job is unreachable (its process died or restarts): `where`
+  /// names it. An IOError: the caller may try again, or ask a standby.
+  kUnavailable = 3,
 };
 
 /// Structured location attached to a Status with Status::WithDetail.
@@ -52,6 +58,15 @@ Status DataError(const std::string& file, const std::string& what);
 
 /// IOError status for an unreadable file: message "FILE: what".
 Status StorageError(const std::string& file, const std::string& what);
+
+/// IOError status for a role that did not answer within `timeout_s`: "WHERE: what".
+Status TimeoutError(const std::string& where, const std::string& what);
+
+/// IOError status for a role that cannot be reached now: "WHERE: what".
+Status UnavailableError(const std::string& where, const std::string& what);
+
+/// Whether `st` carries `kind`.
+bool IsErrorKind(const Status& st, ErrorKind kind);
 
 /// The ErrorDetail of `st`, or nullptr.
 const ErrorDetail* GetErrorDetail(const Status& st);

@@ -31,6 +31,8 @@ from braid.ray_runtime import names, node_delivery
 # Requests of one micro-batch before its error is raised: each retry follows the loss of
 # the constructor that held it (ray.exceptions.ObjectLostError).
 _ATTEMPTS = 4
+# How long a closing rank waits for a restarting constructor to take its detach.
+_DETACH_WAIT_S = 30.0
 # What the attach helper process prints before its answer (Ray may log to stdout too).
 ATTACH_MARK = "BRAID-ATTACH "
 
@@ -47,7 +49,8 @@ class JobRef:
 def _error(kind: str, message: str) -> BaseException:
     # An error raised in another process, raised here as the same Braid error type.
     cls = {"ConfigError": _core.ConfigError, "DataError": _core.DataError,
-           "TimeoutError": TimeoutError}.get(kind, RuntimeError)
+           "StorageError": _core.StorageError, "TimeoutError": TimeoutError,
+           "ConnectionError": ConnectionError}.get(kind, RuntimeError)
     return cls(message)
 
 
@@ -200,10 +203,20 @@ class NodeChannel:
                 time.sleep(0.05)
 
     def _reconnect(self) -> None:
-        self._sock.close()
-        self._sock = self._connect()
-        for key in self._unanswered:
-            node_delivery.send(self._sock, {"op": "get", "key": list(key)})
+        # The constructor may die again while the requests go out (killed twice in a
+        # row): connect and send them again until runtime.timeout_s.
+        deadline = time.monotonic() + self._timeout
+        while True:
+            self._sock.close()
+            self._sock = self._connect()
+            try:
+                for key in self._unanswered:
+                    node_delivery.send(self._sock, {"op": "get", "key": list(key)})
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def request(self, key: Key) -> None:
         self._unanswered.append(key)
@@ -235,28 +248,38 @@ class NodeChannel:
         return node_delivery.read_view(fds[0], int(reply["size"]))
 
     def close(self) -> None:
-        # Detached through the constructor (the last rank to detach stops the job).
-        try:
-            sock = node_delivery.connect(self._name, self._timeout)
-            with sock:
-                node_delivery.send(sock, {"op": "detach", "client": self._client})
-                reply, _ = node_delivery.receive(sock)
-                if reply is not None and reply.get("clients") == 0:
-                    # The last rank: the constructor stopped the job's other actors
-                    # and now ends itself; its socket closes when it is gone.
-                    node_delivery.receive(sock)
-        except OSError:
-            pass  # the job is gone, or stopped by `braid stop`
+        # Detached through the constructor (the last rank to detach stops the job). A
+        # constructor that is restarting takes its socket back within a few seconds;
+        # one that does not is gone with its job (`braid stop`, a stopped job).
+        deadline = time.monotonic() + min(self._timeout, _DETACH_WAIT_S)
+        while True:
+            try:
+                sock = node_delivery.connect(self._name, self._timeout)
+                with sock:
+                    node_delivery.send(sock, {"op": "detach", "client": self._client})
+                    reply, _ = node_delivery.receive(sock)
+                    if reply is not None and reply.get("clients") == 0:
+                        # The last rank: the constructor stopped the job's other actors
+                        # and now ends itself; its socket closes when it is gone.
+                        node_delivery.receive(sock)
+                if reply is not None:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         self._sock.close()
 
 
 class RayStream:
-    """Micro-batches of bucket ``bucket`` for the trainer rank at ``(tp, pp, cp)``.
+    """Micro-batches of bucket ``bucket`` for the trainer rank at ``(tp, pp, cp)``: a
+    rank's stream (``braid.stream.RankStream``) on the Ray runtime.
 
-    Duck-types ``_core.Engine`` for ``braid.Loader``: ``next()``, ``state_json()``,
-    ``stop()``. A receiver thread keeps about two steps of micro-batches requested and
-    fetched ahead, so ``next()`` only takes a ready one (the trainer's compute overlaps
-    the transfers). Arrays are writable copies, as the embedded runtime's are.
+    The rank's order and its states are the C++ client's (``_core.RankCursor``). A
+    receiver thread keeps about two steps of micro-batches requested and fetched ahead,
+    so ``next()`` only takes a ready one (the trainer's compute overlaps the transfers).
+    Arrays are writable copies, as the embedded runtime's are.
     """
 
     def __init__(self, config: "_core.Config", bucket: int, coords: Tuple[int, int, int],
@@ -265,20 +288,26 @@ class RayStream:
         self._bucket = bucket
         self._tp, self._pp, self._cp = coords
         self._split = split_context
-        self._state_json = state_json
-        self._received: Optional[Tuple[str, str, int, int]] = None
+        self._start_local = start_local
         self._timeout = float(config.runtime["timeout_s"])
-        self._client: Optional[str] = uuid.uuid4().hex
-        channel = NodeChannel if config.runtime["delivery"] == "node" \
+        self._client: Optional[str] = None
+        self._open(state_json)
+
+    def _open(self, state_json: str) -> None:
+        self._cursor = _core.make_rank_cursor(self._config, state_json, [self._bucket])
+        self._state_json = self._cursor.start_json
+        self._received: Optional[Tuple[int, int, str, str]] = None
+        self._client = uuid.uuid4().hex
+        channel = NodeChannel if self._config.runtime["delivery"] == "node" \
             else ObjectStoreChannel
-        self._channel = channel(config, state_json, self._client, start_local)
-        atexit.register(self.stop)
-        step, index = _core.state_position(config, state_json)
-        depth = max(4, 2 * config.micro_batches_per_rank_at(step))
+        self._channel = channel(self._config, state_json, self._client, self._start_local)
+        atexit.register(self.close)
+        step, _ = _core.state_position(self._config, state_json)
+        depth = max(4, 2 * self._cursor.per_step(step))
         self._ready: "queue.Queue[Tuple[Any, ...]]" = queue.Queue(maxsize=depth)
         self._stopped = threading.Event()
         self._low = threading.Event()  # next() has taken 3/4 of the ready ones
-        self._receiver = threading.Thread(target=self._receive, args=(step, index, depth),
+        self._receiver = threading.Thread(target=self._receive, args=(depth,),
                                           name="braid-ray-receiver", daemon=True)
         self._receiver.start()
 
@@ -286,15 +315,8 @@ class RayStream:
     def job(self) -> JobRef:
         return self._channel.job
 
-    def _key(self, step: int, index: int) -> Key:
-        return (step, self._bucket, index, self._pp, self._cp, self._split)
-
-    def _request(self, step: int, index: int):
-        return self._channel.request(self._key(step, index))
-
-    def _fetch(self, step: int, index: int, handle) -> Tuple[Any, ...]:
-        out, before, after = self._channel.fetch(self._key(step, index), handle)
-        return step, index, out, before, after
+    def _key(self, step: int, micro_batch: int) -> Key:
+        return (step, self._bucket, micro_batch, self._pp, self._cp, self._split)
 
     def _put(self, item: Tuple[Any, ...]) -> bool:
         while not self._stopped.is_set():
@@ -305,18 +327,20 @@ class RayStream:
                 continue
         return False
 
-    def _receive(self, step: int, index: int, depth: int) -> None:
-        # Requests `depth` micro-batches ahead, in order; fetches the oldest and hands it
-        # to next(). Any error is handed over in its place, and the thread ends.
+    def _receive(self, depth: int) -> None:
+        # Requests `depth` micro-batches ahead, in the cursor's order; fetches the oldest
+        # and hands it to next(). Any error is handed over in its place, and the thread
+        # ends.
         pending = []
         try:
             while not self._stopped.is_set():
                 while len(pending) < depth:
-                    pending.append((step, index, self._request(step, index)))
-                    index += 1
-                    if index >= self._config.micro_batches_per_rank_at(step):
-                        step, index = step + 1, 0
-                if not self._put(self._fetch(*pending.pop(0))):
+                    step, _, micro_batch, index = self._cursor.next()
+                    key = self._key(step, micro_batch)
+                    pending.append((key, index, self._channel.request(key)))
+                key, index, handle = pending.pop(0)
+                arrays, before, after = self._channel.fetch(key, handle)
+                if not self._put((key[0], index, arrays, before, after)):
                     return
                 if self._ready.full():
                     # Refill once next() has taken 3/4 of them: fewer wake-ups of this
@@ -343,26 +367,30 @@ class RayStream:
             self._stopped.set()
             raise item[1]
         step, index, arrays, before, after = item
-        self._received = (before, after, index + 1, step)  # state_json() makes the JSON
+        self._received = (step, index, before, after)  # state() makes the JSON
         return arrays
 
-    def state_json(self) -> str:
+    def state(self) -> str:
         if self._received is not None:
-            before, after, consumed, step = self._received
-            self._state_json = _core.client_state_json(
-                self._config, before, after, consumed,
-                self._config.micro_batches_per_rank_at(step))
+            step, index, before, after = self._received
+            self._state_json = self._cursor.state_after(self._config, step, index, before,
+                                                        after)
             self._received = None
         return self._state_json
 
-    def stop(self) -> None:
+    def restore(self, state_json: str) -> None:
+        """Continues from ``state_json``: a job of its own (the job's name follows its
+        start state), attached afresh."""
+        self.close()
+        self._open(state_json)
+
+    def close(self) -> None:
         """Detaches from the job (the last rank to detach stops it). Idempotent."""
-        if self._stopped.is_set() and not self._receiver.is_alive() and \
-                self._client is None:
+        if self._client is None:
             return
+        self.state()
         self._stopped.set()
         self._receiver.join(timeout=self._timeout)
-        atexit.unregister(self.stop)
-        if self._client is not None:
-            self._client = None
-            self._channel.close()
+        atexit.unregister(self.close)
+        self._client = None
+        self._channel.close()

@@ -111,6 +111,22 @@ def write_view(arrays: Dict[str, np.ndarray], state_before: str,
     return fd, size
 
 
+class ViewFile:
+    """A view written to a memfd (``write_view``), closed when the last reference to it
+    goes: the constructor service keeps one per view for as long as it keeps the view,
+    and hands the same descriptor to every rank that receives it."""
+
+    def __init__(self, arrays: Dict[str, np.ndarray], state_before: str,
+                 state_after: str) -> None:
+        self.fd, self.size = write_view(arrays, state_before, state_after)
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except (AttributeError, OSError):
+            pass
+
+
 def _write_at(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):

@@ -49,4 +49,4 @@ def run_job(config: "_core.Config", steps: int,
         return summary
     finally:
         for stream in streams:
-            stream.stop()
+            stream.close()

@@ -35,27 +35,19 @@ Result<std::string> RunPlanJob(const Config& config, int64_t steps,
                          "the state is inside a step; plan resumes at step boundaries");
     }
   }
-  ARROW_ASSIGN_OR_RAISE(auto planner, PlannerService::Make(config, state));
+  PlannerService::Options options;  // on this thread, each plan dropped once printed
+  options.state.keep_steps = 0;
+  options.replay = false;
+  ARROW_ASSIGN_OR_RAISE(auto planner,
+                        PlannerService::Make(config, state,
+                                             PlannerService::MetadataOnly(config),
+                                             std::move(options)));
   for (int64_t s = 0; s < steps; ++s) {
-    ARROW_ASSIGN_OR_RAISE(StepPlan plan, planner->Next());
-    ARROW_RETURN_NOT_OK(on_line(StepPlanToJson(plan, config)));
+    ARROW_ASSIGN_OR_RAISE(auto planned, planner->Next());
+    ARROW_RETURN_NOT_OK(on_line(StepPlanToJson(*planned->plan, config)));
+    if (s + 1 == steps) return PlannerStateToJson(planned->state_after, config);
   }
-  return PlannerStateToJson(planner->state(), config);
-}
-
-PlanFigures FiguresOf(const StepPlan& plan, const Config& config) {
-  PlanFigures f;
-  f.step = plan.step;
-  f.imbalance = plan.imbalance;
-  f.sequential_imbalance = plan.sequential_imbalance;
-  f.source_tokens = plan.source_tokens;
-  for (const auto& c : plan.state_after.sources) f.skipped.push_back(c.skipped);
-  int64_t filled = 0;
-  for (int64_t t : plan.source_tokens) filled += t;
-  f.padding_tokens = plan.seq_len * config.SequencesAt(plan.step) - filled;
-  f.multimodal_cut = plan.multimodal_cut;
-  f.multimodal_deferred = plan.multimodal_deferred;
-  return f;
+  return PlannerStateToJson(state, config);
 }
 
 RunRecorder::RunRecorder(const Config& config) : config_(config) {

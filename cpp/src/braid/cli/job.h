@@ -53,18 +53,6 @@ struct RunSummary {
   std::vector<double> step_seconds;  ///< wall time to receive each step's micro-batches
 };
 
-/// What a run's summary takes from one step's plan (whichever runtime planned it).
-struct PlanFigures {
-  int64_t step = 0;
-  double imbalance = 1.0;
-  double sequential_imbalance = 1.0;
-  std::vector<int64_t> source_tokens;
-  std::vector<int64_t> skipped;  ///< per source, samples skipped since the start (state)
-  int64_t padding_tokens = 0;
-  int64_t multimodal_cut = 0;
-  int64_t multimodal_deferred = 0;
-};
-PlanFigures FiguresOf(const StepPlan& plan, const Config& config);
 
 /// Builds a RunSummary step by step, from each step's plan figures and what the
 /// simulated ranks received; both runtimes' `braid run` use it. Thread-compatible.

@@ -247,8 +247,10 @@ struct RuntimeConfig {
   /// runtime.job: the job's name (its actors' prefix); empty: derived from the config's
   /// fingerprint and start state, so every rank of one job finds the same actors.
   std::string job;
-  /// runtime.source_actors: actors hosting the sources' payloads; 0: the planner's.
-  int64_t source_actors = 1;
+  /// runtime.source_actors: processes of their own that serve the sources' payloads; 0:
+  /// the planner's; -1 (unset): the host process of the job's first node, beside its
+  /// constructor (service/hosting.h).
+  int64_t source_actors = -1;
   int64_t steps_in_flight = 2;   ///< runtime.steps_in_flight: steps built ahead
   double timeout_s = 120;        ///< runtime.timeout_s: the longest wait on any actor
   /// runtime.actor_resources: Ray resources the planner and source actors require (to

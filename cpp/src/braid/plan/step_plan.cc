@@ -300,4 +300,19 @@ std::string ClientStateJson(const PlannerState& before, const PlannerState& afte
   return PlannerStateToJson(before, config, consumed);
 }
 
+PlanFigures FiguresOf(const StepPlan& plan, const Config& config) {
+  PlanFigures f;
+  f.step = plan.step;
+  f.imbalance = plan.imbalance;
+  f.sequential_imbalance = plan.sequential_imbalance;
+  f.source_tokens = plan.source_tokens;
+  for (const auto& c : plan.state_after.sources) f.skipped.push_back(c.skipped);
+  int64_t filled = 0;
+  for (int64_t t : plan.source_tokens) filled += t;
+  f.padding_tokens = plan.seq_len * config.SequencesAt(plan.step) - filled;
+  f.multimodal_cut = plan.multimodal_cut;
+  f.multimodal_deferred = plan.multimodal_deferred;
+  return f;
+}
+
 }  // namespace braid

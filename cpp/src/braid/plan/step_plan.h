@@ -189,6 +189,19 @@ struct StepPlan {
   PlanArena arena;
 };
 
+/// What a run's summary takes from one step's plan (whichever runtime planned it).
+struct PlanFigures {
+  int64_t step = 0;
+  double imbalance = 1.0;
+  double sequential_imbalance = 1.0;
+  std::vector<int64_t> source_tokens;
+  std::vector<int64_t> skipped;  ///< per source, samples skipped since the start (state)
+  int64_t padding_tokens = 0;
+  int64_t multimodal_cut = 0;
+  int64_t multimodal_deferred = 0;
+};
+PlanFigures FiguresOf(const StepPlan& plan, const Config& config);
+
 /// One JSON object on one line, the `braid plan` contract.
 std::string StepPlanToJson(const StepPlan& plan, const Config& config);
 

@@ -1,128 +1,94 @@
 #include "braid/runtime/engine.h"
 
-#include "braid/construct/constructor.h"
+#include <limits>
+
+#include "braid/client/rank_cursor.h"
 #include "braid/construct/views.h"
-#include "braid/exec/budget.h"
-#include "braid/exec/read_pool.h"
+#include "braid/service/constructor_service.h"
+#include "braid/service/planner_service.h"
+#include "braid/service/source_service.h"
+#include "braid/transport/in_process.h"
 
 namespace braid {
+namespace {
 
-Engine::Engine(const Config& config, Options options)
-    : config_(config),
-      options_(std::move(options)),
-      plans_(static_cast<size_t>(config.runtime.prefetch_steps)),
-      batches_(static_cast<size_t>(2 * config.micro_batches_per_rank() *
-                                   (options_.dp_ranks.empty()
-                                        ? config.topology.buckets()
-                                        : int64_t(options_.dp_ranks.size())))) {}
+constexpr double kForever = std::numeric_limits<double>::infinity();
 
-Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options options) {
-  const int64_t buckets = config.topology.buckets();
-  for (int64_t r : options.dp_ranks) {
-    if (r < 0 || r >= buckets) {
-      return ConfigError("rank", "DP rank (bucket) " + std::to_string(r) +
-                                     " is outside the " + std::to_string(buckets) +
-                                     " buckets of the topology (dp=" +
-                                     std::to_string(config.topology.dp) + ")");
-    }
+}  // namespace
+
+class Engine::Impl {
+ public:
+  Impl(const Config& config, Options options)
+      : config_(config), options_(std::move(options)) {}
+  ~Impl() { Stop(); }
+
+  Status Start();
+  Result<std::shared_ptr<const Batch>> Next();
+  Result<std::vector<std::shared_ptr<const Batch>>> NextViews(
+      const std::vector<RankCoords>& coords);
+  std::string StateJson() const;
+  void Stop() {
+    if (planner_) planner_->Stop();  // a build waiting for a plan returns Cancelled
+    if (constructor_) constructor_->Stop();
   }
-  if (options.view) {
-    const RankCoords& v = *options.view;
-    const Topology& t = config.topology;
-    if (v.tp < 0 || v.tp >= t.tp || v.pp < 0 || v.pp >= t.pp || v.cp < 0 ||
-        v.cp >= t.cp) {
-      return ConfigError("rank", "view coordinates (tp " + std::to_string(v.tp) +
-                                     ", pp " + std::to_string(v.pp) + ", cp " +
-                                     std::to_string(v.cp) + ") are outside the topology");
-    }
-  }
-  std::unique_ptr<Engine> engine(new Engine(config, std::move(options)));
-  if (engine->options_.dp_ranks.empty()) {
-    for (int64_t r = 0; r < buckets; ++r) engine->options_.dp_ranks.push_back(r);
-  }
-  if (engine->options_.state_json.empty()) {
-    engine->start_state_ = Planner::InitialState(config);
-  } else {
-    ARROW_ASSIGN_OR_RAISE(engine->start_state_,
-                          PlannerStateFromJson(engine->options_.state_json, config,
-                                               &engine->skip_first_));
-    if (engine->skip_first_ >=
-        engine->local_micro_batches_per_step(engine->start_state_.step)) {
-      return ConfigError("state.consumed_micro_batches",
-                         "exceeds the micro-batches per step of this rank");
-    }
-  }
-  engine->pool_ = std::make_shared<ReadPool>(ReadThreads(config));
-  const std::vector<int64_t> shares = SourceShares(config);
-  // The sources open (listing, footers) in parallel on the pool; the first error in
-  // config order is returned.
-  const int64_t n = static_cast<int64_t>(config.sources.size());
-  std::vector<Status> opened(static_cast<size_t>(n));
-  engine->loaders_.resize(size_t(n));
-  engine->pool_->ParallelFor(n, OpenThreads(config, *engine->pool_), [&](int64_t i) {
-    SourceLoader::Options loader_options;
-    loader_options.read_ahead_bytes = shares[size_t(i)];
-    loader_options.pool = engine->pool_;
-    auto loader = ShardedSource::Make(config, static_cast<int32_t>(i),
-                                      engine->start_state_.sources[size_t(i)].next,
-                                      loader_options, config.sources[size_t(i)].loaders);
-    if (loader.ok()) {
-      engine->loaders_[size_t(i)] = std::move(*loader);
-    } else {
-      opened[size_t(i)] = loader.status();
-    }
-  });
-  for (const Status& st : opened) ARROW_RETURN_NOT_OK(st);
-  std::vector<SampleStream*> streams;
-  for (auto& loader : engine->loaders_) streams.push_back(loader.get());
-  ARROW_ASSIGN_OR_RAISE(engine->planner_,
-                        Planner::Make(config, streams, engine->start_state_));
-  // Every source's first read is queued on the pool now, in the order the planner asks.
-  for (auto& loader : engine->loaders_) loader->Start();
-  engine->last_plan_ = nullptr;
-  engine->planner_thread_ = std::thread([e = engine.get()] { e->PlannerLoop(); });
-  engine->constructor_thread_ = std::thread([e = engine.get()] { e->ConstructorLoop(); });
-  return engine;
+
+  const Config config_;
+  const Options options_;
+  std::unique_ptr<PlannerService> planner_;
+  std::unique_ptr<ConstructorService> constructor_;  // reaches planner_: destroyed first
+  std::optional<RankCursor> cursor_;  // over config_
+
+ private:
+  // Starts the on-demand payloads (image decodes) of the pieces this process builds; the
+  // other processes' pieces are never decoded here.
+  void WantOwnPayloads(const StepPlan& plan) const;
+
+  // What the client has received, for StateJson().
+  std::optional<RankCursor::Position> last_;
+  std::shared_ptr<const DeliveredView> last_view_;
+  Status failed_;
+};
+
+Status Engine::Impl::Start() {
+  ARROW_ASSIGN_OR_RAISE(cursor_,
+                        RankCursor::Make(config_, options_.state_json, options_.buckets));
+  PlannerService::Options planning;
+  planning.background = true;
+  planning.state.plan_ahead = config_.runtime.prefetch_steps;
+  planning.state.keep_steps = 1;  // one consumer, in order: a plan is taken once
+  planning.replay = false;
+  planning.on_plan = [this](const StepPlan& plan) {
+    if (options_.on_plan) options_.on_plan(plan);
+    WantOwnPayloads(plan);
+  };
+  const Config& config = config_;
+  ARROW_ASSIGN_OR_RAISE(
+      planner_,
+      PlannerService::Make(
+          config_, cursor_->start(),
+          [&config](const PlannerState& at) {
+            return SourceSet::Open(config, at, SourceService::Stream::kPayloads,
+                                   /*serve=*/false);
+          },
+          std::move(planning)));
+  ConstructorService::Options building;
+  building.buckets = options_.buckets;
+  building.steps_in_flight = config_.runtime.steps_in_flight;
+  building.keep_steps = 1;
+  building.build_threads = 1;
+  building.timeout_s = kForever;  // nothing crosses a process: waits end with the work
+  ARROW_ASSIGN_OR_RAISE(
+      constructor_,
+      ConstructorService::Make(config_, std::move(building),
+                               std::make_shared<InProcessPlans>(planner_.get(), kForever),
+                               /*pieces=*/nullptr));
+  return Status::OK();
 }
 
-Engine::~Engine() { Stop(); }
-
-void Engine::Stop() {
-  plans_.Close();
-  batches_.Close();
-  for (auto& loader : loaders_) {
-    if (loader) loader->RequestStop();
-  }
-  for (auto& loader : loaders_) {
-    if (loader) loader->Stop();
-  }
-  if (planner_thread_.joinable()) planner_thread_.join();
-  if (constructor_thread_.joinable()) constructor_thread_.join();
-}
-
-int64_t Engine::local_micro_batches_per_step(int64_t step) const {
-  return config_.MicroBatchesPerRankAt(step) *
-         static_cast<int64_t>(options_.dp_ranks.size());
-}
-
-void Engine::PlannerLoop() {
-  while (true) {
-    auto plan = planner_->PlanStep();
-    if (!plan.ok()) {
-      plans_.Push(PlanItem{plan.status(), nullptr});
-      return;
-    }
-    if (options_.on_plan) options_.on_plan(*plan);
-    WantOwnPayloads(*plan);
-    auto shared = std::make_shared<const StepPlan>(std::move(*plan));
-    if (!plans_.Push(PlanItem{Status::OK(), std::move(shared)})) return;
-  }
-}
-
-void Engine::WantOwnPayloads(const StepPlan& plan) const {
+void Engine::Impl::WantOwnPayloads(const StepPlan& plan) const {
   if (plan.arena.pieces_without_payloads()) return;
-  for (int64_t dp : options_.dp_ranks) {
-    for (const MicroBatch& mb : plan.ranks[size_t(dp)].micro_batches) {
+  for (int64_t bucket : options_.buckets) {
+    for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
       for (const Sequence& seq : mb.sequences) {
         for (const DocPiece& piece : seq.docs) piece.payload.Want();
       }
@@ -130,62 +96,28 @@ void Engine::WantOwnPayloads(const StepPlan& plan) const {
   }
 }
 
-void Engine::ConstructorLoop() {
-  bool first = true;
-  while (true) {
-    auto item = plans_.Pop();
-    if (!item) return;
-    if (!item->status.ok()) {
-      batches_.Push(BatchItem{item->status, nullptr, nullptr, 0});
-      return;
-    }
-    int64_t index = 0;
-    for (int64_t dp : options_.dp_ranks) {
-      const auto& rank = item->plan->ranks[size_t(dp)];
-      for (int64_t mb = 0; mb < static_cast<int64_t>(rank.micro_batches.size());
-           ++mb, ++index) {
-        if (first && index < skip_first_) continue;
-        auto batch = BuildMicroBatch(*item->plan, dp, mb);
-        if (batch.ok() && options_.view) batch = View(std::move(*batch));
-        if (!batch.ok()) {
-          batches_.Push(BatchItem{batch.status(), nullptr, nullptr, 0});
-          return;
-        }
-        if (!batches_.Push(BatchItem{Status::OK(), item->plan,
-                                     std::make_shared<const Batch>(std::move(*batch)),
-                                     index})) {
-          return;
-        }
-      }
-    }
-    first = false;
-  }
-}
-
-Result<Batch> Engine::View(Batch batch) const {
-  Topology topology = config_.topology;
-  RankCoords coords = WithBucket(topology, *options_.view, batch.dp);
-  if (!options_.split_context && topology.slices_context()) {
-    topology.cp = 1;
-    coords.cp = 0;
-  }
-  return ViewFor(batch, topology, coords);
-}
-
-Result<std::shared_ptr<const Batch>> Engine::Next() {
+Result<std::shared_ptr<const Batch>> Engine::Impl::Next() {
   if (!failed_.ok()) return failed_;
-  auto item = batches_.Pop();
-  if (!item) return Status::Cancelled("the engine was stopped");
-  if (!item->status.ok()) {
-    failed_ = item->status;
+  const RankCursor::Position at = cursor_->Next();
+  ViewKey key{at.step, at.bucket, at.micro_batch};
+  if (options_.view) {
+    key.pp = options_.view->pp;
+    key.cp = options_.view->cp;
+    key.split_context = options_.split_context;
+  } else {
+    key.whole = true;
+  }
+  auto view = constructor_->View(key);
+  if (!view.ok()) {
+    failed_ = view.status();
     return failed_;
   }
-  last_plan_ = item->plan;
-  last_index_ = item->local_index;
-  return item->batch;
+  last_ = at;
+  last_view_ = std::move(*view);
+  return last_view_->shared_batch();
 }
 
-Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
+Result<std::vector<std::shared_ptr<const Batch>>> Engine::Impl::NextViews(
     const std::vector<RankCoords>& coords) {
   if (options_.view) {
     return ConfigError("rank", "NextViews needs an engine made without Options::view");
@@ -200,33 +132,59 @@ Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
   return views;
 }
 
+std::string Engine::Impl::StateJson() const {
+  if (!last_) return cursor_->start_json();
+  const PlannedStep& step = last_view_->step();
+  return cursor_->StateAfter(*last_, step.state_before, step.state_after);
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::Make(const Config& config, Options options) {
+  if (options.view) {
+    const RankCoords& v = *options.view;
+    const Topology& t = config.topology;
+    if (v.tp < 0 || v.tp >= t.tp || v.pp < 0 || v.pp >= t.pp || v.cp < 0 ||
+        v.cp >= t.cp) {
+      return ConfigError("rank", "view coordinates (tp " + std::to_string(v.tp) +
+                                     ", pp " + std::to_string(v.pp) + ", cp " +
+                                     std::to_string(v.cp) + ") are outside the topology");
+    }
+  }
+  if (options.buckets.empty()) {
+    for (int64_t b = 0; b < config.topology.buckets(); ++b) options.buckets.push_back(b);
+  }
+  auto impl = std::make_unique<Impl>(config, std::move(options));
+  ARROW_RETURN_NOT_OK(impl->Start());
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Result<std::shared_ptr<const Batch>> Engine::Next() { return impl_->Next(); }
+
+Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
+    const std::vector<RankCoords>& coords) {
+  return impl_->NextViews(coords);
+}
+
+std::string Engine::StateJson() const { return impl_->StateJson(); }
+
 std::vector<int64_t> Engine::blanked_payloads() const {
-  std::vector<int64_t> out;
-  for (const auto& source : loaders_) out.push_back(source ? source->blanked_payloads() : 0);
-  return out;
+  return impl_->planner_->sources().blanked_payloads();
 }
 
 std::vector<int64_t> Engine::skipped_files() const {
-  std::vector<int64_t> out;
-  for (const auto& source : loaders_) {
-    out.push_back(static_cast<int64_t>(source->skipped_files().size()));
-  }
-  return out;
+  return impl_->planner_->sources().skipped_files();
 }
 
 std::vector<int64_t> Engine::unreadable_files() const {
-  std::vector<int64_t> out;
-  for (const auto& source : loaders_) out.push_back(source->unreadable_files());
-  return out;
+  return impl_->planner_->sources().unreadable_files();
 }
 
-std::string Engine::StateJson() const {
-  if (last_plan_ == nullptr) {
-    return PlannerStateToJson(start_state_, config_, skip_first_);
-  }
-  return ClientStateJson(last_plan_->state_before, last_plan_->state_after,
-                         last_index_ + 1, local_micro_batches_per_step(last_plan_->step),
-                         config_);
+int64_t Engine::local_micro_batches_per_step(int64_t step) const {
+  return impl_->cursor_->per_step(step);
 }
+
+void Engine::Stop() { impl_->Stop(); }
 
 }  // namespace braid

@@ -20,6 +20,9 @@
 
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
+#include "braid/plan/planner.h"
+#include "braid/source/sharded_source.h"
+#include "braid/source/source_loader.h"
 #include "braid/cli/job.h"
 #include "braid/transform/image.h"
 #include "braid/io/source_files.h"
@@ -196,8 +199,8 @@ TEST_F(EngineTest, TwoEnginesWithOneRankEachEqualOneWithBoth) {
   ASSERT_TRUE(SetDataParallel(&config, 2).ok());  // 4 micro-batches per rank
   auto both = MakeEngine(config);
   Engine::Options o0, o1;
-  o0.dp_ranks = {0};
-  o1.dp_ranks = {1};
+  o0.buckets = {0};
+  o1.buckets = {1};
   auto r0 = MakeEngine(config, o0);
   auto r1 = MakeEngine(config, o1);
   ASSERT_TRUE(both && r0 && r1);
@@ -265,7 +268,7 @@ class EngineResumeTest : public EngineTest,
 TEST_P(EngineResumeTest, ResumeFromStateJsonContinuesExactly) {
   const auto& [taken, dp_ranks] = GetParam();
   Engine::Options options;
-  options.dp_ranks = dp_ranks;
+  options.buckets = dp_ranks;
   auto first = MakeEngine(*config_, options);
   ASSERT_NE(first, nullptr);
   ASSERT_EQ(Take(first.get(), taken).size(), size_t(taken));
@@ -440,7 +443,7 @@ TEST_F(EngineTest, ViewOptionGivesTheRanksViewOfTheSameMicroBatches) {
   config.topology.pp = 3;
   config.topology.cp = 2;
   Engine::Options whole_options;
-  whole_options.dp_ranks = {1};
+  whole_options.buckets = {1};
   auto whole = MakeEngine(config, whole_options);
   ASSERT_NE(whole, nullptr);
   std::vector<std::unique_ptr<Engine>> ranks;
@@ -527,7 +530,7 @@ TEST_F(EngineTest, ViewOptionGivesTheRanksViewOfTheSameMicroBatches) {
 
 TEST_F(EngineTest, MakeRejectsBadRanksAndStates) {
   Engine::Options bad_rank;
-  bad_rank.dp_ranks = {4};
+  bad_rank.buckets = {4};
   auto e = Engine::Make(*config_, bad_rank);
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(e.status().message(), ::testing::StartsWith("rank:"));
@@ -808,7 +811,7 @@ TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
   std::mutex mu;
   std::vector<Planned> planned;
   Engine::Options options;
-  options.dp_ranks = {1};
+  options.buckets = {1};
   options.on_plan = [&](const StepPlan& plan) {
     std::lock_guard<std::mutex> lock(mu);
     for (const RankPlan& rank : plan.ranks) {

@@ -1,50 +1,137 @@
-// The planner role on its own: the planner and the metadata-only source loaders it draws
-// from, without payloads, constructors or clients.
+// The planner role as a service: the Planner over the sample streams of the job's
+// sources, handing out each step's plan by step number to any number of consumers.
 //
-// `braid plan` runs it in-process (cli/job.h); the Ray runtime hosts it in the
-// planner actor and sends each plan to the constructors as EncodeStepPlan's message
-// (service/wire.h). It reads token counts only: no payload is read or held, and the
-// source loaders' read-ahead is bounded by their share of runtime.memory_bytes as in the
-// embedded runtime. The plans are those of the embedded runtime for the same config and
-// state (the same Planner over the same streams).
+// A PlannerService owns the SourceSet its planner draws from (opened by the runtime's
+// OpenSources function: with payloads in the embedded runtime, metadata only for `braid
+// plan` and the Ray runtime's planner) and a PlannerServiceState, which every change goes
+// through. Plans are made in step order, on a thread of the service (Options::background:
+// plan_ahead steps beyond the newest step asked for) or on the asking thread; the last
+// keep_steps plans are held, and an older step is planned again from the nearest
+// checkpoint state before it (a consumer far behind, or restarted), with a fresh set of
+// streams: the plan is a pure function of (config, state), so it is the step handed out
+// before. The journal (the start, the newest checkpoints, the attached ranks) goes to
+// Options::commit whenever it changes, and a restarted service resumes from it.
 //
-// Owns its ReadPool, one SourceLoader per source and the Planner. Thread-compatible: call
-// Next() from one thread at a time; the destructor stops the loaders and waits for them.
+// In-process consumers receive the plan itself (payload handles included); consumers in
+// other processes its wire message (Options::encode: EncodeStepPlan, states as JSON).
+//
+// Thread-safe. The destructor stops the planning thread and the streams.
 #pragma once
 
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "braid/config/config.h"
-#include "braid/plan/planner.h"
 #include "braid/plan/step_plan.h"
+#include "braid/service/planner_service_state.h"
+#include "braid/service/source_service.h"
 #include "braid/status.h"
 
 namespace braid {
 
-class ReadPool;
-class SourceLoader;
+class Planner;
 
 class PlannerService {
  public:
-  /// Opens every source (listing and footers in parallel on the pool) at `start`'s
-  /// cursors and queues each source's first read. Fails as SourceLoader::Make does (the
-  /// first failing source in config order).
+  /// Opens the streams of every source at a state's cursors (at start, after a restore,
+  /// and for each replay).
+  using OpenSources = std::function<Result<std::unique_ptr<SourceSet>>(const PlannerState&)>;
+
+  struct Options {
+    PlannerServiceState::Options state;
+    /// Plan on a thread of the service, state.plan_ahead steps beyond the newest step
+    /// asked for; false: Plan() plans on the asking thread, up to the step it asks.
+    bool background = false;
+    /// Hold each step's wire message and states as JSON (consumers in other processes).
+    bool encode = false;
+    /// Hold the plan itself (payload handles: consumers in this process).
+    bool keep_plan = true;
+    /// Plan a step no longer held again from a checkpoint; false: asking for it fails.
+    bool replay = true;
+    /// Receives the journal (PlannerServiceState::Journal) whenever it changed, in order;
+    /// called without the service's lock held. Null: nothing is persisted.
+    std::function<void(const std::string& journal)> commit;
+    /// Called with every plan on the planning thread, before any consumer receives it.
+    std::function<void(const StepPlan&)> on_plan;
+  };
+
+  /// Opens metadata-only streams of every source of `config` (token counts, no
+  /// payloads): what a planning pass and the Ray runtime's planner draw from.
+  static OpenSources MetadataOnly(const Config& config);
+
+  /// Opens the sources (`open`) at `start`, or, given a journal of this job, at its
+  /// newest checkpoint, and starts planning. Fails as `open` or Planner::Make do, or on
+  /// a journal that does not parse (naming "journal").
   static Result<std::unique_ptr<PlannerService>> Make(const Config& config,
-                                                      const PlannerState& start);
+                                                      const PlannerState& start,
+                                                      OpenSources open, Options options,
+                                                      const std::string& journal = "");
   ~PlannerService();
 
-  /// Plans the next step (StepPlan::state_before is the state after the previous one).
-  Result<StepPlan> Next();
+  /// Step `step`'s plan. Waits while it is planned (up to `timeout_s`: a timeout error
+  /// naming the step), plans it again when it is no longer held, and fails with the
+  /// planner's error (the first failing step's, for it and every later step), a config
+  /// error for a step before the job's first, or Cancelled once stopped.
+  Result<std::shared_ptr<const PlannedStep>> Plan(int64_t step, double timeout_s);
 
-  /// The state after the last planned step.
-  const PlannerState& state() const;
+  /// The step after the one the last Next() returned (the start's, first), as Plan()
+  /// gives it: for one consumer that takes every step in order (`braid plan`).
+  Result<std::shared_ptr<const PlannedStep>> Next();
+
+  /// Attaches (detaches) a trainer rank's client id; returns the ranks attached after.
+  int64_t Attach(const std::string& client);
+  int64_t Detach(const std::string& client);
+
+  /// What the service reports (`braid status`).
+  struct Figures {
+    int64_t planned_through = -1;  ///< the newest step planned
+    int64_t held_steps = 0;
+    int64_t replayed_steps = 0;
+    int64_t restored_from = 0;  ///< the step planning (re)started from
+    int64_t clients = 0;
+  };
+  Figures figures() const;
+
+  /// The sources the planner draws from (their skip counts). Valid until destruction.
+  const SourceSet& sources() const { return *sources_; }
+
+  /// Stops planning and the streams; waiting Plan() calls return Cancelled. Idempotent.
+  void Stop();
 
  private:
-  PlannerService() = default;
-  std::shared_ptr<ReadPool> pool_;
-  std::vector<std::unique_ptr<SourceLoader>> loaders_;
-  std::unique_ptr<Planner> planner_;
+  PlannerService(const Config& config, Options options, const PlannerState& start);
+  // Plans state_.next_step() with planner_. REQUIRES: plan_mu_ held.
+  Result<std::shared_ptr<const PlannedStep>> PlanNext();
+  // Applies `update` under mu_, then commits the journal if it changed.
+  void ApplyAndCommit(const PlannerServiceState::Update& update,
+                      std::unique_lock<std::mutex>* lock);
+  void Loop();
+  // Plans `step` again from the newest checkpoint before it.
+  Result<std::shared_ptr<const PlannedStep>> Replay(int64_t step, PlannerState from);
+
+  const Config config_;
+  const Options options_;
+  OpenSources open_;
+  std::unique_ptr<SourceSet> sources_;
+  std::unique_ptr<Planner> planner_;  // draws from sources_; GUARDED_BY(plan_mu_)
+  std::mutex plan_mu_;                // one step planned at a time
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  PlannerServiceState state_;  // GUARDED_BY(mu_)
+  Status error_;               // GUARDED_BY(mu_): the planner's first error
+  int64_t error_step_ = -1;    // GUARDED_BY(mu_): the step that failed
+  bool stopped_ = false;       // GUARDED_BY(mu_)
+  std::mutex commit_mu_;       // commits in order
+  int64_t journal_version_ = 0;    // GUARDED_BY(mu_)
+  int64_t committed_version_ = 0;  // GUARDED_BY(commit_mu_)
+  std::thread thread_;
+  int64_t next_ = 0;  // the step Next() returns next
 };
 
 }  // namespace braid

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include "braid/construct/constructor.h"
+#include "braid/plan/planner.h"
+#include "braid/service/planner_service.h"
 #include "braid/runtime/engine.h"
-#include "braid/service/payload_service.h"
+#include "braid/service/source_service.h"
 #include "braid/service/planner_service.h"
 #include "braid/service/wire.h"
 #include "braid/testing/parquet_fixture.h"
@@ -17,6 +19,25 @@ namespace braid {
 namespace {
 
 using ::testing::HasSubstr;
+
+// The planner service as `braid plan` runs it: metadata only, on the asking thread.
+Result<std::unique_ptr<PlannerService>> MakePlanner(const Config& config,
+                                                    const PlannerState& start) {
+  PlannerService::Options options;
+  options.state.keep_steps = 0;
+  options.replay = false;
+  return PlannerService::Make(config, start, PlannerService::MetadataOnly(config),
+                              std::move(options));
+}
+
+// A source's payloads by key, its row-group cache bounded by `cache_bytes`.
+Result<std::unique_ptr<SourceService>> MakeServing(const Config& config, int32_t source,
+                                                   int64_t cache_bytes) {
+  SourceService::Options options;
+  options.serve = true;
+  options.cache_bytes = cache_bytes;
+  return SourceService::Make(config, source, std::move(options));
+}
 
 class ServicesTest : public ::testing::Test {
  protected:
@@ -69,22 +90,22 @@ class ServicesTest : public ::testing::Test {
                                             int64_t cache_bytes, const PlannerState& start,
                                             ReplyCounts* counts = nullptr) {
     std::vector<Batch> out;
-    auto planner = PlannerService::Make(config, start);
+    auto planner = MakePlanner(config, start);
     EXPECT_TRUE(planner.ok()) << planner.status().ToString();
     if (!planner.ok()) return out;
-    std::vector<std::unique_ptr<PayloadService>> payloads;
+    std::vector<std::unique_ptr<SourceService>> payloads;
     for (size_t i = 0; i < config.sources.size(); ++i) {
-      auto p = PayloadService::Make(config, int32_t(i), cache_bytes);
+      auto p = MakeServing(config, int32_t(i), cache_bytes);
       EXPECT_TRUE(p.ok()) << p.status().ToString();
       if (!p.ok()) return out;
       payloads.push_back(std::move(*p));
     }
     const int32_t n = static_cast<int32_t>(config.sources.size());
     for (int64_t s = 0; s < steps; ++s) {
-      auto plan = (*planner)->Next();
-      EXPECT_TRUE(plan.ok()) << plan.status().ToString();
-      if (!plan.ok()) return out;
-      const std::vector<int64_t> message = EncodeStepPlan(*plan);
+      auto planned = (*planner)->Next();
+      EXPECT_TRUE(planned.ok()) << planned.status().ToString();
+      if (!planned.ok()) return out;
+      const std::vector<int64_t> message = EncodeStepPlan(*(*planned)->plan);
       for (int64_t b = 0; b < config.topology.buckets(); ++b) {
         // As a constructor receives it: the slice of its node's buckets.
         auto slice = SliceStepPlan(message.data(), message.size(), {b});
@@ -179,19 +200,24 @@ TEST_F(ServicesTest, ServicesGiveTheEmbeddedRuntimesBatchesBitForBit) {
 }
 
 TEST_F(ServicesTest, ServicesResumeFromAStepBoundaryAsTheEngineDoes) {
-  auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
+  auto planner = MakePlanner(*config_, Planner::InitialState(*config_));
   ASSERT_TRUE(planner.ok());
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*planner)->Next().ok());
-  const PlannerState state = (*planner)->state();
+  PlannerState state;
+  for (int i = 0; i < 3; ++i) {
+    auto planned = (*planner)->Next();
+    ASSERT_TRUE(planned.ok());
+    state = (*planned)->state_after;
+  }
   ExpectSame(ThroughServices(*config_, 3, int64_t{8} << 20, state),
              Embedded(*config_, 3, PlannerStateToJson(state, *config_)));
 }
 
 TEST_F(ServicesTest, EncodedPlansRoundTripEveryBucket) {
-  auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
+  auto planner = MakePlanner(*config_, Planner::InitialState(*config_));
   ASSERT_TRUE(planner.ok());
-  auto plan = (*planner)->Next();
-  ASSERT_TRUE(plan.ok());
+  auto planned = (*planner)->Next();
+  ASSERT_TRUE(planned.ok());
+  const StepPlan* plan = (*planned)->plan.get();
   const auto message = EncodeStepPlan(*plan);
   auto header = EncodedStepAndBuckets(message.data(), message.size());
   ASSERT_TRUE(header.ok());
@@ -227,11 +253,11 @@ TEST_F(ServicesTest, EncodedPlansRoundTripEveryBucket) {
 TEST_F(ServicesTest, APlanSliceHoldsItsBucketsExactlyAndRefusesTheOthers) {
   Config config = *config_;
   ASSERT_TRUE(SetDataParallel(&config, 4).ok());
-  auto planner = PlannerService::Make(config, Planner::InitialState(config));
+  auto planner = MakePlanner(config, Planner::InitialState(config));
   ASSERT_TRUE(planner.ok()) << planner.status().ToString();
-  auto plan = (*planner)->Next();
-  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  const auto message = EncodeStepPlan(*plan);
+  auto planned = (*planner)->Next();
+  ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+  const auto message = EncodeStepPlan(*(*planned)->plan);
   auto slice = SliceStepPlan(message.data(), message.size(), {3, 1, 3});
   ASSERT_TRUE(slice.ok()) << slice.status().ToString();
   EXPECT_LT(slice->size(), message.size());
@@ -258,10 +284,11 @@ TEST_F(ServicesTest, APlanSliceHoldsItsBucketsExactlyAndRefusesTheOthers) {
 }
 
 TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
-  auto planner = PlannerService::Make(*config_, Planner::InitialState(*config_));
+  auto planner = MakePlanner(*config_, Planner::InitialState(*config_));
   ASSERT_TRUE(planner.ok());
-  auto plan = (*planner)->Next();
-  ASSERT_TRUE(plan.ok());
+  auto planned = (*planner)->Next();
+  ASSERT_TRUE(planned.ok());
+  const StepPlan* plan = (*planned)->plan.get();
   auto message = EncodeStepPlan(*plan);
   // Cut short, every length from 0 up: an error, never a crash or a partial plan.
   for (size_t cut = 0; cut < message.size(); cut += 7) {
@@ -282,7 +309,7 @@ TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
   const auto requests = PieceRequests(*part, 0, int32_t(config_->sources.size()));
   for (int32_t i = 0; i < int32_t(requests.size()); ++i) {
     if (requests[size_t(i)].empty()) continue;
-    auto service = PayloadService::Make(*config_, i, int64_t{8} << 20);
+    auto service = MakeServing(*config_, i, int64_t{8} << 20);
     ASSERT_TRUE(service.ok());
     auto reply = (*service)->Fetch(requests[size_t(i)].data(),
                                    int64_t(requests[size_t(i)].size()) / kRequestFields);
@@ -314,7 +341,7 @@ TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
 }
 
 TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
-  auto service = PayloadService::Make(*config_, 0, int64_t{8} << 20);
+  auto service = MakeServing(*config_, 0, int64_t{8} << 20);
   ASSERT_TRUE(service.ok());
   // Row 0 of file 0 with a document longer than any row: the file "changed".
   const int64_t past[kRequestFields] = {0, 0, 0, 10, int64_t{1} << 40};
@@ -372,13 +399,13 @@ TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded
   // The row to break: one whose caption goes on in a piece of its own (start > 0: the
   // planner cuts a document after its images), so that piece must learn of the break.
   // Its header stays good, so the plans stay the same.
-  auto planner = PlannerService::Make(config, Planner::InitialState(config));
+  auto planner = MakePlanner(config, Planner::InitialState(config));
   ASSERT_TRUE(planner.ok()) << planner.status().ToString();
   int64_t tail_row = -1;
   for (int64_t step = 0; step < steps && tail_row < 0; ++step) {
-    auto plan = (*planner)->Next();
-    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    for (const RankPlan& rank : plan->ranks) {
+    auto planned = (*planner)->Next();
+    ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+    for (const RankPlan& rank : (*planned)->plan->ranks) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           for (const DocPiece& d : seq.docs) {
@@ -408,15 +435,15 @@ TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded
 TEST_F(ServicesTest, AnImageThatDoesNotDecodeFailsTheBuildNamingFileAndRow) {
   testing::ScopedTempDir dir("braid-services-images-fail");
   const Config config = CaptionJob(dir, /*cut_row=*/9, OnError::kFail);
-  auto planner = PlannerService::Make(config, Planner::InitialState(config));
+  auto planner = MakePlanner(config, Planner::InitialState(config));
   ASSERT_TRUE(planner.ok()) << planner.status().ToString();
-  auto service = PayloadService::Make(config, 0, int64_t{1} << 20);
+  auto service = MakeServing(config, 0, int64_t{1} << 20);
   ASSERT_TRUE(service.ok()) << service.status().ToString();
   Status failed;
   for (int64_t step = 0; step < 8 && failed.ok(); ++step) {
-    auto plan = (*planner)->Next();
-    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-    const auto message = EncodeStepPlan(*plan);
+    auto planned = (*planner)->Next();
+    ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+    const auto message = EncodeStepPlan(*(*planned)->plan);
     for (int64_t b = 0; b < 2 && failed.ok(); ++b) {
       auto part = DecodeBucket(message.data(), message.size(), b);
       ASSERT_TRUE(part.ok());

@@ -1,8 +1,11 @@
-#include "braid/service/payload_service.h"
+#include "braid/service/source_service.h"
 
 #include <algorithm>
 #include <string>
 
+#include "braid/exec/budget.h"
+#include "braid/exec/read_pool.h"
+#include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
 
 namespace braid {
@@ -25,30 +28,80 @@ int64_t ColumnsBytes(const Columns& cols) {
 
 }  // namespace
 
-Result<std::unique_ptr<PayloadService>> PayloadService::Make(const Config& config,
-                                                             int32_t source_index,
-                                                             int64_t cache_bytes) {
+Result<std::unique_ptr<SourceService>> SourceService::Make(const Config& config,
+                                                           int32_t source_index,
+                                                           Options options) {
   const std::string key = "sources[" + std::to_string(source_index) + "]";
   const SourceConfig& source = config.sources[size_t(source_index)];
-  std::unique_ptr<PayloadService> service(new PayloadService());
+  std::unique_ptr<SourceService> service(new SourceService());
   service->config_ = config;
   service->source_index_ = source_index;
-  service->cache_bytes_ = std::max<int64_t>(cache_bytes, 1);
-  ARROW_ASSIGN_OR_RAISE(service->transform_, MakeTransform(config, source_index));
-  std::vector<ColumnSpec> columns = service->transform_->columns();
-  if (columns.empty()) {
-    columns.push_back(TokenColumnSpec(source.tokens_column, key + ".tokens_column"));
+  if (options.stream != Stream::kNone) {
+    SourceLoader::Options loader;
+    loader.read_payloads = options.stream == Stream::kPayloads;
+    loader.read_ahead_bytes = options.read_ahead_bytes;
+    loader.pool = options.pool;
+    ARROW_ASSIGN_OR_RAISE(service->stream_,
+                          ShardedSource::Make(config, source_index, options.start, loader,
+                                              source.loaders));
   }
-  ARROW_ASSIGN_OR_RAISE(service->files_, SourceFiles::Open(source, key, std::move(columns)));
+  if (options.serve) {
+    service->cache_bytes_ = std::max<int64_t>(
+        options.cache_bytes > 0 ? options.cache_bytes
+                                : SourceShares(config)[size_t(source_index)],
+        1);
+    ARROW_ASSIGN_OR_RAISE(service->transform_, MakeTransform(config, source_index));
+    std::vector<ColumnSpec> columns = service->transform_->columns();
+    if (columns.empty()) {
+      columns.push_back(TokenColumnSpec(source.tokens_column, key + ".tokens_column"));
+    }
+    ARROW_ASSIGN_OR_RAISE(service->files_,
+                          SourceFiles::Open(source, key, std::move(columns)));
+  }
   return service;
 }
 
-int64_t PayloadService::cached_bytes() const {
+SourceService::~SourceService() {
+  if (stream_) stream_->RequestStop();  // then its destructor waits
+}
+
+SampleStream* SourceService::stream() { return stream_.get(); }
+
+void SourceService::Start() {
+  if (stream_) stream_->Start();
+}
+
+void SourceService::RequestStop() {
+  if (stream_) stream_->RequestStop();
+}
+
+void SourceService::Stop() {
+  if (stream_) stream_->Stop();
+}
+
+int64_t SourceService::blanked_payloads() const {
+  return stream_ ? stream_->blanked_payloads() : 0;
+}
+
+int64_t SourceService::skipped_files() const {
+  return stream_ ? static_cast<int64_t>(stream_->skipped_files().size()) : 0;
+}
+
+int64_t SourceService::unreadable_files() const {
+  return stream_ ? stream_->unreadable_files() : 0;
+}
+
+int64_t SourceService::requests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return requests_;
+}
+
+int64_t SourceService::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_;
 }
 
-Result<PayloadService::Unit*> PayloadService::UnitFor(int32_t file, int64_t row,
+Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
                                                       int32_t* row_group) {
   const auto& list = files_->files();
   const std::string key = "sources[" + std::to_string(source_index_) + "]";
@@ -105,7 +158,7 @@ Result<PayloadService::Unit*> PayloadService::UnitFor(int32_t file, int64_t row,
   return &cache_.emplace(key_tuple, std::move(unit)).first->second;
 }
 
-Result<std::shared_ptr<Payload>> PayloadService::Row(int32_t file, int64_t row,
+Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row,
                                                      std::vector<std::string_view>* encoded) {
   int32_t rg = 0;
   ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
@@ -130,7 +183,7 @@ Result<std::shared_ptr<Payload>> PayloadService::Row(int32_t file, int64_t row,
   return out.payload;
 }
 
-Status PayloadService::AddImages(const Payload& payload,
+Status SourceService::AddImages(const Payload& payload,
                                  const std::vector<std::string_view>& encoded,
                                  int64_t piece, int64_t start, int64_t len, int32_t file,
                                  int64_t row, PieceReply* reply,
@@ -181,8 +234,13 @@ Status PayloadService::AddImages(const Payload& payload,
   return Status::OK();
 }
 
-Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
+Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!files_) {
+    return ConfigError("sources[" + std::to_string(source_index_) + "]",
+                       "this source service does not serve payloads");
+  }
+  ++requests_;
   PieceReply reply;
   reply.offsets.reserve(size_t(n) + 1);
   bool masked = false;
@@ -221,6 +279,91 @@ Result<PieceReply> PayloadService::Fetch(const int64_t* requests, int64_t n) {
     reply.offsets.push_back(static_cast<int64_t>(reply.tokens.size()));
   }
   return reply;
+}
+
+Result<std::unique_ptr<SourceSet>> SourceSet::Open(const Config& config,
+                                                   const PlannerState& start,
+                                                   SourceService::Stream stream, bool serve,
+                                                   const std::vector<int32_t>& which) {
+  std::unique_ptr<SourceSet> set(new SourceSet());
+  std::vector<int32_t> sources = which;
+  if (sources.empty()) {
+    for (size_t i = 0; i < config.sources.size(); ++i) sources.push_back(int32_t(i));
+  }
+  set->pool_ = std::make_shared<ReadPool>(ReadThreads(config));
+  const std::vector<int64_t> shares = SourceShares(config);
+  const int64_t n = static_cast<int64_t>(sources.size());
+  set->services_.resize(size_t(n));
+  std::vector<Status> opened(static_cast<size_t>(n));
+  // The sources open (listing, footers) in parallel on the pool; the first error in
+  // config order is returned.
+  set->pool_->ParallelFor(n, OpenThreads(config, *set->pool_), [&](int64_t k) {
+    const int32_t i = sources[size_t(k)];
+    SourceService::Options options;
+    options.stream = stream;
+    options.serve = serve;
+    options.start = start.sources[size_t(i)].next;
+    options.read_ahead_bytes = shares[size_t(i)];
+    options.pool = set->pool_;
+    auto service = SourceService::Make(config, i, std::move(options));
+    if (service.ok()) {
+      set->services_[size_t(k)] = std::move(*service);
+    } else {
+      opened[size_t(k)] = service.status();
+    }
+  });
+  for (const Status& st : opened) ARROW_RETURN_NOT_OK(st);
+  return set;
+}
+
+SourceSet::~SourceSet() {
+  for (auto& s : services_) {
+    if (s) s->RequestStop();  // then each destructor waits
+  }
+}
+
+std::vector<SampleStream*> SourceSet::streams() const {
+  std::vector<SampleStream*> out;
+  for (const auto& s : services_) out.push_back(s->stream());
+  return out;
+}
+
+void SourceSet::Start() {
+  for (auto& s : services_) s->Start();
+}
+
+void SourceSet::Stop() {
+  for (auto& s : services_) {
+    if (s) s->RequestStop();
+  }
+  for (auto& s : services_) {
+    if (s) s->Stop();
+  }
+}
+
+SourceService* SourceSet::find(int32_t source) const {
+  for (const auto& s : services_) {
+    if (s->source_index() == source) return s.get();
+  }
+  return nullptr;
+}
+
+std::vector<int64_t> SourceSet::blanked_payloads() const {
+  std::vector<int64_t> out;
+  for (const auto& s : services_) out.push_back(s ? s->blanked_payloads() : 0);
+  return out;
+}
+
+std::vector<int64_t> SourceSet::skipped_files() const {
+  std::vector<int64_t> out;
+  for (const auto& s : services_) out.push_back(s ? s->skipped_files() : 0);
+  return out;
+}
+
+std::vector<int64_t> SourceSet::unreadable_files() const {
+  std::vector<int64_t> out;
+  for (const auto& s : services_) out.push_back(s ? s->unreadable_files() : 0);
+  return out;
 }
 
 }  // namespace braid

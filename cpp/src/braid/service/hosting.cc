@@ -1,0 +1,52 @@
+#include "braid/service/hosting.h"
+
+#include <algorithm>
+
+namespace braid {
+
+Placement PlaceSources(const Config& config) {
+  Placement p;
+  const int64_t actors = config.runtime.source_actors;
+  const int32_t n = static_cast<int32_t>(config.sources.size());
+  if (actors < 0) {
+    p.sources = Placement::Sources::kNode;
+    p.hosts = 1;
+  } else if (actors == 0) {
+    p.sources = Placement::Sources::kPlanner;
+    p.hosts = 1;
+  } else {
+    p.sources = Placement::Sources::kActors;
+    p.hosts = static_cast<int32_t>(std::min<int64_t>(actors, std::max<int32_t>(n, 1)));
+  }
+  p.sources_of_host.resize(size_t(p.hosts));
+  for (int32_t i = 0; i < n; ++i) {
+    p.host_of_source.push_back(i % p.hosts);
+    p.sources_of_host[size_t(i % p.hosts)].push_back(i);
+  }
+  p.standby = config.runtime.shadow;
+  return p;
+}
+
+PlannerService::Options SharedPlannerOptions(const Config& config) {
+  PlannerService::Options o;
+  o.background = true;
+  o.encode = true;
+  o.keep_plan = false;
+  o.replay = true;
+  o.state.plan_ahead = config.runtime.steps_in_flight + 1;
+  o.state.keep_steps = 2 * config.runtime.steps_in_flight + 6;
+  return o;
+}
+
+ConstructorService::Options NodeConstructorOptions(const Config& config) {
+  ConstructorService::Options o;
+  o.steps_in_flight = config.runtime.steps_in_flight;
+  o.keep_steps = config.runtime.steps_in_flight + 2;
+  o.build_threads = 4;
+  o.timeout_s = config.runtime.timeout_s;
+  o.host_of_source = PlaceSources(config).host_of_source;
+  o.standby = config.runtime.shadow;
+  return o;
+}
+
+}  // namespace braid

@@ -1,0 +1,183 @@
+// The source loader role as a service: one source's samples for an in-process planner,
+// and the tokens of planned pieces fetched by key (file, row, token range) for
+// constructors in other processes.
+//
+// A SourceService does either or both, as its Options say:
+//   - stream: the source's seeded sample stream (source/sharded_source.h:
+//     `sources[].loaders` loaders reading on a shared ReadPool within the source's share of
+//     runtime.memory_bytes), for a planner in the same process. With payloads (the
+//     embedded runtime) the samples carry them to the constructor by handle; without
+//     (a planning pass, the Ray runtime's planner) only their metadata is read.
+//   - serve: Fetch answers piece requests (wire.h PieceRequests) from the source's files,
+//     read through the same SourceFiles and Transform as the loader, so a row's payload
+//     is the one the embedded runtime delivers, byte for byte. The key names the row, so
+//     any copy of the service (a restarted one, a standby) answers the same request with
+//     the same bytes, and a request is idempotent. Row groups (or the blocks of row groups
+//     larger than the source's shuffle_window_bytes, as the loader cuts them) are read
+//     whole and kept in a cache bounded by `cache_bytes` (least recently used first out):
+//     the pieces of one step come from few shuffle windows.
+//
+// Fetch errors name the file, row group and row: a row whose tokens no longer cover the
+// planned piece (the file changed since it was planned), a row that is now skipped
+// (null, empty), an unreadable row group (after SourceFiles' retries). Images are sent
+// encoded, as the file holds them, with the grid their header gave; the constructor
+// decodes them (AttachPieces, docs/decisions.md 40), so this service decodes none.
+//
+// SourceSet opens every source of a job (or some of them) in parallel on one pool: what
+// the embedded runtime, a planning pass and the Ray runtime's hosts all start from.
+//
+// Thread-safe: Fetch calls are serialized by a mutex (SourceFiles is thread-compatible);
+// the stream is thread-compatible (one consumer, its planner).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/io/source_files.h"
+#include "braid/plan/step_plan.h"
+#include "braid/service/wire.h"
+#include "braid/source/sample.h"
+#include "braid/status.h"
+#include "braid/transform/transform.h"
+
+namespace braid {
+
+class ReadPool;
+class ShardedSource;
+
+class SourceService {
+ public:
+  enum class Stream : int8_t {
+    kNone,      ///< no stream: Fetch only
+    kMetadata,  ///< samples without payloads (token counts): for planning
+    kPayloads,  ///< samples with their payloads: the embedded runtime
+  };
+  struct Options {
+    Stream stream = Stream::kNone;
+    bool serve = false;  ///< answer Fetch
+    /// The stream's start (the source's cursor in a planner state).
+    StreamPos start;
+    /// Bytes the stream reads ahead (its share of runtime.memory_bytes, exec/budget.h).
+    int64_t read_ahead_bytes = int64_t{64} << 20;
+    /// The threads the stream reads on, shared with the job's other sources.
+    /// REQUIRES: set when stream != kNone.
+    std::shared_ptr<ReadPool> pool;
+    /// Fetch's row-group cache; 0: the source's share of runtime.memory_bytes.
+    int64_t cache_bytes = 0;
+  };
+
+  /// Opens config.sources[source_index]'s files (listing, footers) for what `options`
+  /// ask. Fails as SourceFiles::Open does, or (stream) as ShardedSource::Make does.
+  static Result<std::unique_ptr<SourceService>> Make(const Config& config,
+                                                     int32_t source_index,
+                                                     Options options);
+  ~SourceService();
+
+  /// The sample stream. REQUIRES: options.stream != kNone.
+  SampleStream* stream();
+  /// Starts the stream's read-ahead now rather than at its first Next().
+  void Start();
+  /// Asks the stream to stop without waiting (the destructor waits).
+  void RequestStop();
+  /// Stops the stream and waits for its reads; later Next() calls return Cancelled.
+  void Stop();
+
+  /// Answers `n` requests of kRequestFields int64 each (wire.h PieceRequests): each
+  /// piece's tokens and the label after them, and the loss mask if the source has one.
+  /// REQUIRES: options.serve.
+  Result<PieceReply> Fetch(const int64_t* requests, int64_t n);
+
+  int32_t source_index() const { return source_index_; }
+  /// Bytes of row groups cached now (serve).
+  int64_t cached_bytes() const;
+  /// Fetch calls answered so far.
+  int64_t requests() const;
+  /// The stream's payloads blanked after their metadata was published (an image whose
+  /// body did not decode, on_error: skip). Thread-safe.
+  int64_t blanked_payloads() const;
+  /// The stream's files skipped so far under on_error: skip, in whole or part (a footer
+  /// or a row group that did not read). Thread-safe.
+  int64_t skipped_files() const;
+  /// Of skipped_files(), those whose footer did not read: their rows are unknown.
+  int64_t unreadable_files() const;
+
+ private:
+  SourceService() = default;
+  struct Unit {  // a row group, or one block of one
+    std::vector<Columns> chunks;
+    std::vector<int64_t> chunk_first;  // row (within the unit) of each chunk's first row
+    int64_t first_row = 0;             // file row of the unit's first row
+    int64_t bytes = 0;
+    std::list<std::tuple<int32_t, int32_t, int64_t>>::iterator lru;
+  };
+  // The unit holding (file, row), read if not cached. REQUIRES: mu_ held.
+  Result<Unit*> UnitFor(int32_t file, int64_t row, int32_t* row_group);
+  // The payload of one row, its images not decoded; `encoded`: their bytes (views into
+  // the unit's columns). REQUIRES: mu_ held.
+  Result<std::shared_ptr<Payload>> Row(int32_t file, int64_t row,
+                                       std::vector<std::string_view>* encoded);
+  // Adds the images of piece `piece` ([start, start + len) of the row's tokens) to
+  // `reply`. REQUIRES: mu_ held.
+  Status AddImages(const Payload& payload, const std::vector<std::string_view>& encoded,
+                   int64_t piece, int64_t start, int64_t len, int32_t file, int64_t row,
+                   PieceReply* reply, std::map<int32_t, int64_t>* path_index) const;
+
+  Config config_;
+  int32_t source_index_ = 0;
+  std::unique_ptr<ShardedSource> stream_;
+  // What Fetch reads with (options.serve).
+  int64_t cache_bytes_ = 0;
+  std::unique_ptr<SourceFiles> files_;
+  std::unique_ptr<Transform> transform_;
+  mutable std::mutex mu_;
+  std::map<std::tuple<int32_t, int32_t, int64_t>, Unit> cache_;  // GUARDED_BY(mu_)
+  std::list<std::tuple<int32_t, int32_t, int64_t>> lru_;  // GUARDED_BY(mu_), newest first
+  int64_t cached_ = 0;                                     // GUARDED_BY(mu_)
+  int64_t requests_ = 0;                                   // GUARDED_BY(mu_)
+};
+
+/// Sources of one job opened together: their services and the pool their streams read
+/// on. Thread-compatible (Start/Stop from one thread); each service is as thread-safe as
+/// its header says.
+class SourceSet {
+ public:
+  /// Opens `which` sources of `config` (empty: every source) in parallel on one pool of
+  /// runtime.threads threads, each stream at `start`'s cursor of its source and reading
+  /// ahead within its share of runtime.memory_bytes. Fails with the first failing
+  /// source's error, in config order.
+  static Result<std::unique_ptr<SourceSet>> Open(const Config& config,
+                                                 const PlannerState& start,
+                                                 SourceService::Stream stream, bool serve,
+                                                 const std::vector<int32_t>& which = {});
+  /// Asks every stream to stop, then waits for each.
+  ~SourceSet();
+
+  /// The streams, one per source in config order. REQUIRES: opened with a stream and
+  /// every source.
+  std::vector<SampleStream*> streams() const;
+  /// Starts every stream's read-ahead, in config order (the order the planner asks).
+  void Start();
+  /// Stops every stream (RequestStop on all, then Stop on each).
+  void Stop();
+
+  /// The service of config.sources[source], or null when this set does not hold it.
+  SourceService* find(int32_t source) const;
+  const std::vector<std::unique_ptr<SourceService>>& services() const { return services_; }
+  /// Per source of the set, in order: SourceService::blanked_payloads() and the others.
+  std::vector<int64_t> blanked_payloads() const;
+  std::vector<int64_t> skipped_files() const;
+  std::vector<int64_t> unreadable_files() const;
+
+ private:
+  SourceSet() = default;
+  std::shared_ptr<ReadPool> pool_;  // outlives the streams (they hold it too)
+  std::vector<std::unique_ptr<SourceService>> services_;
+};
+
+}  // namespace braid
