@@ -43,6 +43,9 @@ NB_MODULE(_core, m) {
   braid::python::RegisterConfig(m);
   braid::python::RegisterRuntime(m);
   braid::python::RegisterTesting(m);
+  braid::python::RegisterExit(m);
+  braid::python::RegisterUserTransform(m);
+  braid::python::RegisterHfTokenizer(m);
   braid::python::RegisterSource(m);
   braid::python::RegisterInspect(m);
   braid::python::RegisterPlan(m);

@@ -43,7 +43,6 @@ struct WeightSchedule {
   double At(int64_t step) const;
 };
 
-// --- Transforms (docs/sources.md) ---
 /// Chat or instruction data: prompt/response string columns, or one messages column
 /// (list<struct<role: string, content: string>>). Empty: the source is not a chat source.
 struct ChatColumns {
@@ -77,7 +76,6 @@ struct TokenizerConfig {
   bool chat_template = true;
   bool huggingface() const { return type == "huggingface"; }
 };
-// --- end transforms ---
 
 inline constexpr int64_t kDefaultShuffleWindowBytes = int64_t{4} << 20;
 
@@ -98,13 +96,13 @@ struct SourceConfig {
   /// blocks. 0: windows bounded in rows only (the order before this bound existed).
   int64_t shuffle_window_bytes = kDefaultShuffleWindowBytes;
 
-  // --- Transforms (docs/sources.md). Exactly one of tokens_column, text_column, chat. ---
+  // The transform (docs/sources.md): exactly one of tokens_column, text_column, chat and
+  // user_transform.
   std::string text_column;  ///< string column, tokenized with Config::tokenizer
   ChatColumns chat;         ///< chat / instruction columns, tokenized with the tokenizer
   /// `sources[].tokenizer`: this source's own tokenizer; model empty: Config::tokenizer.
   TokenizerConfig tokenizer;
   int64_t workers = 1;      ///< transform threads of this source's loader (>= 1)
-  // --- User transform and sharding (docs/sources.md) ---
   /// `transform: {python: SPEC, columns: [...]}`: a user function over the named columns
   /// (transform/user_transform.h); `python` empty: none. Instead of tokens_column etc.
   struct UserTransform {
@@ -119,15 +117,13 @@ struct SourceConfig {
   /// Loader instances that share the source's shuffle windows (window w goes to loader
   /// w % loaders); the stream is the same for any value (source/sharded_source.h).
   int64_t loaders = 1;
-  // --- end user transform and sharding ---
-  // --- Images (docs/sources.md, image-caption transform); only with text_column. ---
+  // Images (docs/sources.md, the image-caption transform); only with text_column.
   std::string image_column;       ///< binary column of encoded JPEG / PNG bytes
   int64_t image_patch_size = 14;  ///< image.patch_size
   int64_t image_max_pixels = 262144;  ///< image.max_pixels
   int64_t image_token_id = -1;    ///< image.image_token_id (required with image_column)
-  // --- end images ---
 
-  // --- Storage (docs/config.md). Credentials come from the environment. ---
+  // Storage (docs/config.md); credentials come from the environment.
   std::string storage_endpoint;  ///< e.g. "http://127.0.0.1:9000" for a local S3 server
   std::string storage_region;
   bool storage_anonymous = false;  ///< gs:// without credentials (public buckets, emulators)
@@ -196,14 +192,12 @@ struct BatchConfig {
 struct BalanceConfig {
   double attn = 1.0;    ///< cost coefficient of L^2 (causal attention)
   double linear = 0.0;  ///< cost coefficient of L (MLP, projections)
-  // --- Planner: vision cost term (docs/planner.md) ---
   double vision = 0.0;  ///< cost coefficient of a document's image tokens (vision encoder)
-  /// kHybrid: sequence cost = backbone + vision * image tokens; kBackbone: vision ignored.
+  /// kHybrid: sequence cost = backbone + vision * image tokens; kBackbone: vision ignored
+  /// (docs/planner.md).
   enum class CostMode { kBackbone, kHybrid };
   CostMode cost_mode = CostMode::kHybrid;
-  // --- end planner: vision cost term ---
   BalanceAlgorithm algorithm = BalanceAlgorithm::kKarmarkarKarp;
-  // --- Planner: splitting levers (docs/planner.md) ---
   /// How a document longer than `max_piece` (0: the step's seq_len) is cut before
   /// packing: kBoundary cuts only where a sequence ends (and at multiples of max_piece);
   /// kEven cuts it into ceil(len / max_piece) near-equal pieces.
@@ -214,10 +208,8 @@ struct BalanceConfig {
   /// step's token budget), and the balancer may then move whole pieces between the
   /// sequences of different ranks, up to seq_len each, to even the ranks' costs. 0: off.
   double slack = 0.0;
-  // --- end planner ---
 };
 
-// --- Planner: phases (docs/planner.md) ---
 /// Steps [previous phase's until_step, until_step) use this phase's sequence length and
 /// weight overrides; steps after the last phase use batch.seq_len and the sources' weights.
 struct PhaseConfig {
@@ -227,7 +219,6 @@ struct PhaseConfig {
   /// source's own weight. Schedules use the global step.
   std::vector<std::optional<WeightSchedule>> weights;
 };
-// --- end planner: phases ---
 
 struct RuntimeConfig {
   /// Upper bound on the bytes each source loader holds ahead (its share of memory_bytes
@@ -239,7 +230,7 @@ struct RuntimeConfig {
   /// The source loaders' memory budget, shared by weight (exec/budget.h); 0: derived
   /// from the job (DefaultMemoryBytes).
   int64_t memory_bytes = 0;
-  // --- Distributed runtime (docs/distributed.md); runtime.kind: ray ---
+  // The distributed runtime (docs/distributed.md; runtime.kind: ray).
   enum class Kind : int8_t { kLocal, kRay };
   Kind kind = Kind::kLocal;
   std::string address = "auto";   ///< runtime.address: the Ray cluster to join
@@ -264,7 +255,6 @@ struct RuntimeConfig {
   /// trainer runs no Ray driver; kObjectStore: Ray's object store (the trainer joins Ray).
   enum class Delivery : int8_t { kNode, kObjectStore };
   Delivery delivery = Delivery::kNode;
-  // --- end distributed runtime ---
 };
 
 struct Config {
@@ -292,8 +282,7 @@ struct Config {
   int64_t micro_batches_per_rank() const {
     return sequences_per_step() / (topology.buckets() * batch.micro_batch_size);
   }
-  // --- Planner: per-step shape and weights (phases; docs/planner.md) ---
-  /// The phase that holds `step`, or null after the last phase.
+  /// The phase that holds `step` (docs/planner.md), or null after the last phase.
   const PhaseConfig* PhaseAt(int64_t step) const;
   /// The sequence length at `step`: its phase's, else batch.seq_len.
   int64_t SeqLenAt(int64_t step) const;
@@ -303,7 +292,6 @@ struct Config {
   int64_t MicroBatchesPerRankAt(int64_t step) const {
     return SequencesAt(step) / (topology.buckets() * batch.micro_batch_size);
   }
-  // --- end planner ---
 
   /// Hash of everything that determines the sample stream (seed, sources, sequence
   /// shape); weights and topology are excluded so a run may resume with new ones.

@@ -120,7 +120,7 @@ class Watchdog {
   std::thread thread_;
 };
 
-// --- The document tree the structural mutations work on ---
+// The document tree the structural mutations work on.
 struct Tree {
   enum Kind { kScalar, kMap, kSeq } kind = kScalar;
   std::string scalar;   // kScalar: the text
@@ -679,7 +679,7 @@ TEST(ConfigFuzz, MutatedStates) {
   }
 }
 
-// --- The check itself: it must reject what is not a key path ---
+// The check itself: it must reject what is not a key path.
 TEST(ConfigFuzz, CheckRejectsMessagesWithoutKeyPaths) {
   using fuzz::CheckError;
   using fuzz::Doc;
@@ -713,7 +713,7 @@ TEST(ConfigFuzz, CheckRejectsMessagesWithoutKeyPaths) {
   EXPECT_NE(CheckError(ConfigError("seed", ""), Doc::kConfig), "");
 }
 
-// --- Regressions: what the harness (or writing it) found, one case each ---
+// Regressions: what the harness (or writing it) found, one case each.
 
 // Parses `text`, expects an error at `where` whose message has `what`, and that the
 // error passes the harness's check.
@@ -873,7 +873,7 @@ TEST(ConfigFuzzRegression, SyntaxErrorsGivePositions) {
   ExpectConfigError("", "config", "must be a mapping (the document is empty)");
 }
 
-// --- State loader regressions ---
+// State loader regressions.
 class StateRegression : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -468,12 +468,7 @@ TEST(ConfigTest, EnumNamesRoundTrip) {
   }
 }
 
-}  // namespace
-}  // namespace braid
-
-// --- Transforms (docs/sources.md) ---
-namespace braid {
-namespace {
+// Transforms (docs/sources.md).
 
 const char* kTextSource =
     "batch: {global_tokens: 4096, seq_len: 1024}\n"

@@ -131,7 +131,7 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
   if (columns.empty()) {
     columns.push_back(TokenColumnSpec(source.tokens_column, key + ".tokens_column"));
   }
-  if (!source.length_column.empty()) {  // config.cc allows it on token sources only
+  if (!source.length_column.empty()) {  // the parser allows it on token sources only
     columns.push_back(LengthColumnSpec(source.length_column, key + ".length_column"));
   }
   ARROW_ASSIGN_OR_RAISE(auto files, SourceFiles::Open(source, key, std::move(columns)));

@@ -47,7 +47,8 @@ class SentencePieceTokenizer : public Tokenizer {
   sentencepiece::SentencePieceProcessor sp_;
 };
 
-// --- Hugging Face tokenizers ---
+// Hugging Face tokenizers (docs/sources.md): the installed encoder factory, and the
+// Tokenizer over an HfEncoder.
 
 std::mutex& FactoryMutex() {
   static std::mutex mu;

@@ -90,8 +90,6 @@ class Tokenizer {
   std::vector<int32_t> suffix_;
 };
 
-// --- Hugging Face tokenizers (docs/sources.md, "Hugging Face tokenizers") ---
-
 /// What the Python extension provides for a tokenizer.json: the library's own encoding.
 /// Thread-safe: EncodeBatch runs on several worker threads at once.
 class HfEncoder {
@@ -134,6 +132,5 @@ void SetHfEncoderFactory(HfEncoderFactory factory);
 /// not in the vocabulary or the post-processor splits a text's ids.
 Result<std::shared_ptr<const Tokenizer>> MakeHfTokenizer(
     const TokenizerConfig& config, std::shared_ptr<const HfEncoder> encoder);
-// --- end Hugging Face tokenizers ---
 
 }  // namespace braid

@@ -263,7 +263,7 @@ TEST_P(WorkersTest, DestroyMidStreamDoesNotHang) {
 
 INSTANTIATE_TEST_SUITE_P(Workers, WorkersTest, ::testing::Values(2, 3, 8));
 
-// --- Chat -------------------------------------------------------------------------------
+// Chat sources.
 
 Status WriteChatFile(const std::string& path, const std::vector<std::string>& prompts,
                      const std::vector<std::string>& responses) {
