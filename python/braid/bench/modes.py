@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from braid.bench.procs import children_map, descendants
+from braid.bench.procs import children_map, descendants, free_port
 
 
 @dataclass
@@ -214,12 +214,10 @@ def _prepare_mosaic(config: dict, args, state: dict) -> dict:
     trainers have none; records what is in /dev/shm before the run."""
     import tempfile
 
-    from braid.bench.run import _free_port
-
     folders = _convert(config, args, "mosaic")
     state["tmp"] = tempfile.mkdtemp(prefix="braid-mosaic-bench-")
     state["shm_before"] = _mosaic_shm()
-    return dict(config, mosaic_folders=folders, mosaic_master_port=_free_port())
+    return dict(config, mosaic_folders=folders, mosaic_master_port=free_port())
 
 
 def _cleanup_mosaic(state: dict) -> None:

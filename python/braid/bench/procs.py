@@ -1,9 +1,11 @@
 """Memory of process trees from /proc: what `braid bench` and the loader memory harness
-count (PSS, so shared pages count once). Linux only. Stateless; thread-safe."""
+count (PSS, so shared pages count once); a free port for the processes' group. Linux
+only. Stateless; thread-safe."""
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Dict, Iterable, List, Optional
 
 
@@ -69,7 +71,6 @@ def descendants(roots: Iterable[int], children: Dict[int, List[int]]) -> List[in
     return out
 
 
-
 def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
     """Summed PSS of the trainers, their descendants (forked workers) and `extra`."""
     children = children_map()
@@ -86,3 +87,10 @@ def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
     sums["anon_shmem"] = anon
     sums["processes"] = len(trainers) + len(workers) + len(extra)
     return sums
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process group)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

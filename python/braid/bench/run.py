@@ -30,7 +30,6 @@ import copy
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,9 +37,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from braid.bench.cost import batch_cost, cost_model
 from braid.bench.modes import MODES, mosaic_unavailable
 from braid.bench.overrides import apply_overrides, parse_set
-from braid.bench.procs import sample
+from braid.bench.procs import free_port, sample
 
 PEERS = ("baseline", "litdata", "energon", "mosaic")
 
@@ -90,12 +90,6 @@ def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) ->
     if runtime:
         out["runtime"] = runtime
     return out
-
-
-def cost_model(config: dict) -> Dict[str, float]:
-    cost = config.get("balance", {}).get("cost", {})
-    return {"attn": float(cost.get("attn", 1.0)), "linear": float(cost.get("linear", 0.0)),
-            "vision": float(cost.get("vision", 0.0))}
 
 
 def cannot_express(name: str, config: dict) -> Optional[str]:
@@ -161,7 +155,6 @@ def baseline_costs(config: dict, ranks: int, steps: int, workers: int,
     streams replayed in this process from metadata: the same documents, no image
     decoded)."""
     from braid.bench.baseline import BaselineDataset
-    from braid.bench.trainer import batch_cost
 
     model = cost_model(config)
     costs = [[0.0] * ranks for _ in range(steps)]
@@ -189,12 +182,6 @@ def imbalance(costs: List[List[float]]) -> List[float]:
 
 # ----------------------------------------------------------------------------------------
 # Trainer runs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
@@ -299,7 +286,7 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
     """R simulated trainers (braid/bench/trainer.py) in one mode, under the mode's
     interpreter (or `python`: the `none` run of another mode's)."""
     mode = MODES[mode_name]
-    port = _free_port()
+    port = free_port()
     python = python or mode.python(args)
     cmds = [[python, "-m", "braid.bench.trainer",
              json.dumps(dict(spec, mode=mode_name, config=config_path, rank=r, port=port))]
