@@ -378,6 +378,30 @@ def test_usage_errors_are_argparse_one_liners(config_path):
     assert result.stderr.strip().splitlines()[-1].startswith("braid plan: error:")
 
 
+def test_bench_is_not_a_braid_command_and_says_where_the_harness_is(config_path):
+    result = braid_cli("bench", config_path, "--ranks", 8, "--against", "baseline")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "braid: error: there is no 'braid bench': the benchmark harness lives in the "
+        "repository's benchmarks/bench.py (a checkout, not the wheel), with the same "
+        "options"]
+
+
+def test_more_errors_map_to_their_codes_before_the_table(capsys):
+    from braid import cli
+
+    class LoaderFailed(RuntimeError):
+        pass
+
+    def fail():
+        raise LoaderFailed("litdata: the trainer of rank 1 exited with 1")
+
+    assert cli.run_with_exit_codes(fail, errors={LoaderFailed: cli.EXIT_DATA}) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        "braid: error: litdata: the trainer of rank 1 exited with 1"]
+    assert cli.run_with_exit_codes(lambda: int("x")) == cli.EXIT_USAGE  # the table
+
+
 @pytest.mark.parametrize("field, value, needle", [
     ("window", 1000, "lies outside the source"),
     ("offset", 10**6, "lies outside the source"),

@@ -1,4 +1,4 @@
-"""A simulated synchronous data-parallel trainer rank, as `braid bench` starts it.
+"""A simulated synchronous data-parallel trainer rank, as the harness (run.py) starts it.
 
 One process per rank (a fresh interpreter that imports torch and braid, as a trainer
 does), joined to the others by a gloo process group. Per step it pulls micro-batches from
@@ -14,7 +14,7 @@ Protocol with the harness (stdout JSON lines, stdin words): prints {"event": "re
 waits for "go", prints {"event": "step", ...} after each step on rank 0, then
 {"event": "done", ...} with per-step figures, and exits after "exit".
 
-    python -m braid.bench.trainer '{"mode": "braid", "config": ..., "rank": 0, ...}'
+    python -m harness.trainer '{"mode": "braid", "config": ..., "rank": 0, ...}'
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def main(spec: dict) -> int:
     import torch.distributed as dist
 
     import braid  # noqa: F401  (a trainer imports it; the `none` mode loads nothing)
-    from braid.bench.cost import batch_cost, batch_tokens
-    from braid.bench.modes import MODES
+    from harness.cost import batch_cost, batch_tokens
+    from harness.modes import MODES
 
     rank, world = spec["rank"], spec["ranks"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}",
