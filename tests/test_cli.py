@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -118,6 +121,29 @@ def test_run_writes_the_report(config_path, tmp_path):
     data = json.loads((tmp_path / "slack" / "report.json").read_text())
     assert data["padding_tokens"] == 6 * 128 // 4
     assert sum(data["source_share"].values()) == pytest.approx(1.0)
+
+
+def test_run_report_without_matplotlib_is_report_json_and_one_line(config_path, tmp_path):
+    # matplotlib is braid[plots], not a dependency: a shim first on the path makes it
+    # unimportable, as in an environment without it.
+    shim = tmp_path / "no-matplotlib"
+    shim.mkdir()
+    (shim / "matplotlib.py").write_text(
+        "raise ImportError('No module named matplotlib', name='matplotlib')\n")
+    report = tmp_path / "report"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(shim),
+                                                       os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "braid.cli", "run", str(config_path),
+                             "--steps", "3", "--report", str(report)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "braid: no plots in the report: they need matplotlib "
+        "(pip install 'braid[plots]')"]
+    assert json.loads((report / "report.json").read_text())["steps"] == 3
+    assert sorted(p.name for p in report.iterdir()) == ["report.json"]
+    assert f"report: {report / 'report.json'}\n" in result.stdout
 
 
 def test_demo_runs_and_prints_its_summary(tmp_path):
