@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import collections
 import json
 import random
@@ -367,3 +368,46 @@ def test_table_without_a_baseline_has_no_ratio_column_value():
     with_base = dict(result, loaders={"braid": row,
                                       "baseline": dict(row, steps_per_s=2.0)})
     assert "2.00x" in table(with_base)
+
+
+def _imports(path: Path) -> set:
+    """Every module a file imports, at any depth (function-level imports too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_the_harness_modules_import_no_circle():
+    harness = BENCHMARKS / "harness"
+    modules = {p.stem for p in harness.glob("*.py")} - {"__init__"}
+    graph = {m: {n.split(".")[1] for n in _imports(harness / f"{m}.py")
+                 if n.startswith("harness.") and n.split(".")[1] in modules} - {m}
+             for m in modules}
+    assert {"modes", "procs"} <= graph["run"]  # the graph is read at all
+    done: set = set()
+
+    def visit(m: str, path: list) -> None:
+        for d in sorted(graph[m]):
+            assert d not in path, " -> ".join(path[path.index(d):] + [d])
+            if d not in done:
+                visit(d, path + [d])
+        done.add(m)
+
+    for m in sorted(modules):
+        visit(m, [m])
+
+
+def test_braid_never_imports_the_harness_and_no_benchmark_shadows_the_stdlib():
+    package = BENCHMARKS.parent / "python" / "braid"
+    for path in package.rglob("*.py"):
+        assert not any(n == "harness" or n.startswith(("harness.", "braid.bench"))
+                       for n in _imports(path)), path
+    # benchmarks/ is first on the harness's processes' path: no file there may hide a
+    # standard-library module.
+    names = {p.stem for p in BENCHMARKS.glob("*.py")} | {"harness"}
+    assert not names & set(sys.stdlib_module_names)
