@@ -1,4 +1,4 @@
-"""`braid bench` on the four workloads (benchmarks/workloads.py), one after the other, and
+"""`benchmarks/bench.py` on the four workloads (benchmarks/workloads.py), one after the other, and
 the figures issue 12 asks for side by side: end-to-end speedup over the per-rank
 baseline (and its average over the workloads), memory ratio, imbalance at dp=64.
 
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                    "the bench's steps)")
     p.add_argument("--runtime", default="embedded", choices=["embedded", "ray"])
     p.add_argument("--names", default=",".join(NAMES))
-    p.add_argument("bench", nargs=argparse.REMAINDER, help="after --: braid bench options")
+    p.add_argument("bench", nargs=argparse.REMAINDER, help="after --: bench.py options")
     args = p.parse_args(argv)
     extra = [a for a in args.bench if a != "--"]
     names = [n for n in args.names.split(",") if n]
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     rows = {}
     for name in names:
         out = os.path.join(args.out, name)
-        subprocess.run([sys.executable, "-m", "braid.cli", "bench",
+        subprocess.run([sys.executable, os.path.join(HERE, "bench.py"),
                         os.path.join(args.dir, name, f"{name}.json"), "--ranks", args.ranks,
                         "--runtime", args.runtime, "--out", out, *extra], check=True)
         with open(os.path.join(out, "bench.json")) as f:

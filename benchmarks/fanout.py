@@ -49,25 +49,21 @@ bytes against the replies (slow at many ranks: for small runs and the test).
 
 from __future__ import annotations
 
+import argparse
+import collections
+import importlib.util
+import json
 import os
 import sys
+import time
+from typing import Dict, List
 
-# This folder holds a tokenize.py, which would shadow the standard library's module
-# (numpy imports it): keep the folder off the path, load the generator by file name.
+import numpy as np
+
+from braid import _core
+
+# This folder is on sys.path (the script's), as many_sources.py needs for the harness.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
-import argparse  # noqa: E402
-import collections  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from typing import Dict, List  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from braid import _core  # noqa: E402
-
 _spec = importlib.util.spec_from_file_location("many_sources",
                                                os.path.join(_HERE, "many_sources.py"))
 many_sources = importlib.util.module_from_spec(_spec)

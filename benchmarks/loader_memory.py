@@ -15,19 +15,19 @@ during the run, less the peak of the same R trainers in a `none` run that import
 and braid and loads nothing. PSS splits a shared page between the processes mapping it,
 so shared libraries and copy-on-write pages after a fork count once.
 
-Modes (MODES below): `baseline` (braid/bench/baseline.py: a DataLoader with --workers
+Modes (MODES below): `baseline` (harness/baseline.py: a DataLoader with --workers
 forked workers per rank), `braid` (braid.Loader(config, rank, R) in each trainer, the
 embedded runtime), `braid-ray` (the same Loader with runtime.kind: ray against a Ray head
 this script starts: Ray's daemons and the job's actors count as extra processes; the
 trainers receive through node delivery), `braid-ray-store` (the same with
 runtime.delivery: object_store: the trainers are Ray drivers), `litdata` and `energon`
-(peers, braid/bench/peers.py: LitData's pre-tokenized chunks, or Megatron-Energon's
+(peers, harness/peers.py: LitData's pre-tokenized chunks, or Megatron-Energon's
 WebDataset shards and blend metadataset, with --workers forked workers per rank; they
 need benchmarks/requirements-peers.txt) and `mosaic` (MosaicML Streaming's MDS datasets
 and StreamingDataset, --workers forked workers per rank; its trainers, and the `none`
 run they are measured against, run under the python of its own environment, made by
 benchmarks/setup-mosaic-env: --mosaic-python; without it the mode is skipped). A mode is
-a `Mode` (braid/bench/modes.py): what it changes in the config, how a trainer starts
+a `Mode` (harness/modes.py): what it changes in the config, how a trainer starts
 its loader, which extra PIDs count, which interpreter runs the trainers.
 
     PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
@@ -43,25 +43,22 @@ rank), tokens/s delivered, and the baseline/braid ratio.
 
 from __future__ import annotations
 
-import os
-import sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-# Never look up modules in this folder (a script there named like a standard module would
-# shadow it); load the siblings by path (_sibling).
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
-
 import argparse
 import importlib.util
 import json
+import os
 import statistics
+import sys
 import time
 from typing import Any, Dict, List, Tuple
 
-from braid.bench.modes import MODES, Mode, mosaic_unavailable
-from braid.bench.overrides import apply_overrides, parse_set
-from braid.bench.procs import children_map, descendants, sample, smaps_rollup, threads
-from braid.bench.run import run_processes
+# The harness package, from this script's folder (sys.path[0]).
+from harness.modes import MODES, Mode, mosaic_unavailable
+from harness.overrides import apply_overrides, parse_set
+from harness.procs import children_map, descendants, sample, smaps_rollup, threads
+from harness.run import run_processes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 

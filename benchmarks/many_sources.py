@@ -41,8 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from braid.bench.overrides import apply_overrides, parse_set
-from braid.bench.procs import proc_fields
+# The harness package, from this script's folder (sys.path[0]).
+from harness.overrides import apply_overrides, parse_set
+from harness.procs import proc_fields
 
 SEQ_LEN = 2048
 DP = 1024

@@ -14,6 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+# The benchmark harness (benchmarks/harness, not in the wheel) is imported from here.
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
 
 def doc_tokens(source: int, doc: int, length: int) -> List[int]:
     """Tokens that say where they came from: source, document and offset."""

@@ -1,8 +1,9 @@
-"""`braid bench` as a user runs it, and the per-rank baseline on the mixes it must read
+"""`benchmarks/bench.py` as a user runs it, and the per-rank baseline on the mixes it must read
 (phases, weight schedules, text and image-caption sources)."""
 
 from __future__ import annotations
 
+import ast
 import collections
 import json
 import random
@@ -16,10 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import encoded_image, write_config, write_docs
+from conftest import BENCHMARKS, encoded_image, write_config, write_docs
 
 from braid import _core
-from braid.bench import baseline, run
+from harness import baseline, run
+
+BENCH = BENCHMARKS / "bench.py"
 
 
 def token_source(root: Path, name: str, seed: int, mean: float, weight) -> dict:
@@ -45,7 +48,7 @@ def mix(tmp_path_factory) -> Path:
 def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
     out = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "-m", "braid.cli", "bench", str(mix), "--ranks", "2",
+        [sys.executable, str(BENCH), str(mix), "--ranks", "2",
          "--steps", "6", "--warmup", "2", "--step-ms", "40", "--imbalance-dp", "8",
          "--imbalance-micro-batches", "2", "--imbalance-steps", "3", "--sample-ms", "50",
          "--timeout", "240", "--out", str(out), "--against", "baseline,mosaic",
@@ -87,7 +90,7 @@ def test_braid_bench_runs_as_a_user_runs_it(mix: Path, tmp_path: Path):
 
 def bench(config: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "braid.cli", "bench", str(config), "--ranks", "2",
+        [sys.executable, str(BENCH), str(config), "--ranks", "2",
          "--warmup", "1", "--no-progress", "--out", str(cwd / "out"), *extra],
         capture_output=True, text=True, timeout=300, cwd=cwd)
 
@@ -119,7 +122,7 @@ def test_bench_refuses_what_a_peer_cannot_express(mix: Path, tmp_path: Path):
     assert run.cannot_express("litdata", config) is None
     config["sources"][0]["weight"] = {"schedule": [[0, 0.1], [10, 0.5]]}
     assert "sources[0].weight" in run.cannot_express("litdata", config)
-    result = subprocess.run([sys.executable, "-m", "braid.cli", "bench", str(mix),
+    result = subprocess.run([sys.executable, str(BENCH), str(mix),
                              "--against", "webdataset"], capture_output=True, text=True,
                             cwd=tmp_path)
     assert result.returncode == 2 and "webdataset" in result.stderr
@@ -165,7 +168,7 @@ def test_bench_refuses_what_mosaic_cannot_express(mix: Path):
 def test_mosaic_is_unavailable_without_its_environment(tmp_path: Path):
     import argparse
 
-    from braid.bench import modes
+    from harness import modes, procs
 
     missing = tmp_path / "venv" / "bin" / "python"
     why = modes.mosaic_unavailable(argparse.Namespace(mosaic_python=str(missing)))
@@ -176,8 +179,8 @@ def test_mosaic_is_unavailable_without_its_environment(tmp_path: Path):
     assert why.startswith(f"{sys.executable} has no mosaicml-streaming: create it with "
                           "benchmarks/setup-mosaic-env")
     # The option wins over the variable, which wins over the default place.
-    env = dict(os.environ, BRAID_MOSAIC_PYTHON=str(missing))
-    probe = ("import argparse; from braid.bench import modes; "
+    env = procs.python_env({"BRAID_MOSAIC_PYTHON": str(missing)})
+    probe = ("import argparse; from harness import modes; "
              "print(modes.mosaic_python(argparse.Namespace(mosaic_python=None))); "
              "print(modes.mosaic_python(argparse.Namespace(mosaic_python='/x/python')))")
     lines = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -186,7 +189,7 @@ def test_mosaic_is_unavailable_without_its_environment(tmp_path: Path):
 
 
 def test_document_weights_are_token_shares_per_document():
-    from braid.bench import peers
+    from harness import peers
 
     stats = [{"documents": 100, "tokens": 10_000},  # mean 100 tokens
              {"documents": 10, "tokens": 10_000},  # mean 1,000
@@ -205,7 +208,7 @@ def test_document_weights_are_token_shares_per_document():
 
 
 def test_mosaic_collate_packs_as_the_baseline_and_carries_over():
-    from braid.bench import peers
+    from harness import peers
 
     rng = np.random.default_rng(4)
     docs = [(np.arange(1000 * d, 1000 * d + n, dtype=np.int32), d % 3)
@@ -351,8 +354,8 @@ def test_baseline_tokenizes_text_as_the_model_does(tmp_path: Path):
 
 
 def test_table_without_a_baseline_has_no_ratio_column_value():
-    # `braid bench --against ''` measures Braid alone: its row says "-", not "nanx".
-    from braid.bench.run import table
+    # `bench.py --against ''` measures Braid alone: its row says "-", not "nanx".
+    from harness.run import table
 
     row = {"added_pss_bytes": 1.5e9, "tokens_per_s": 1000.0, "wait_fraction": 0.1,
            "mean_rank_cost": 2.0, "imbalance_per_step": [1.01, 1.03], "steps_per_s": 4.0}
@@ -365,3 +368,46 @@ def test_table_without_a_baseline_has_no_ratio_column_value():
     with_base = dict(result, loaders={"braid": row,
                                       "baseline": dict(row, steps_per_s=2.0)})
     assert "2.00x" in table(with_base)
+
+
+def _imports(path: Path) -> set:
+    """Every module a file imports, at any depth (function-level imports too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_the_harness_modules_import_no_circle():
+    harness = BENCHMARKS / "harness"
+    modules = {p.stem for p in harness.glob("*.py")} - {"__init__"}
+    graph = {m: {n.split(".")[1] for n in _imports(harness / f"{m}.py")
+                 if n.startswith("harness.") and n.split(".")[1] in modules} - {m}
+             for m in modules}
+    assert {"modes", "procs"} <= graph["run"]  # the graph is read at all
+    done: set = set()
+
+    def visit(m: str, path: list) -> None:
+        for d in sorted(graph[m]):
+            assert d not in path, " -> ".join(path[path.index(d):] + [d])
+            if d not in done:
+                visit(d, path + [d])
+        done.add(m)
+
+    for m in sorted(modules):
+        visit(m, [m])
+
+
+def test_braid_never_imports_the_harness_and_no_benchmark_shadows_the_stdlib():
+    package = BENCHMARKS.parent / "python" / "braid"
+    for path in package.rglob("*.py"):
+        assert not any(n == "harness" or n.startswith(("harness.", "braid.bench"))
+                       for n in _imports(path)), path
+    # benchmarks/ is first on the harness's processes' path: no file there may hide a
+    # standard-library module.
+    names = {p.stem for p in BENCHMARKS.glob("*.py")} | {"harness"}
+    assert not names & set(sys.stdlib_module_names)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -118,6 +121,29 @@ def test_run_writes_the_report(config_path, tmp_path):
     data = json.loads((tmp_path / "slack" / "report.json").read_text())
     assert data["padding_tokens"] == 6 * 128 // 4
     assert sum(data["source_share"].values()) == pytest.approx(1.0)
+
+
+def test_run_report_without_matplotlib_is_report_json_and_one_line(config_path, tmp_path):
+    # matplotlib is braid[plots], not a dependency: a shim first on the path makes it
+    # unimportable, as in an environment without it.
+    shim = tmp_path / "no-matplotlib"
+    shim.mkdir()
+    (shim / "matplotlib.py").write_text(
+        "raise ImportError('No module named matplotlib', name='matplotlib')\n")
+    report = tmp_path / "report"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(shim),
+                                                       os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "braid.cli", "run", str(config_path),
+                             "--steps", "3", "--report", str(report)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "braid: no plots in the report: they need matplotlib "
+        "(pip install 'braid[plots]')"]
+    assert json.loads((report / "report.json").read_text())["steps"] == 3
+    assert sorted(p.name for p in report.iterdir()) == ["report.json"]
+    assert f"report: {report / 'report.json'}\n" in result.stdout
 
 
 def test_demo_runs_and_prints_its_summary(tmp_path):
@@ -376,6 +402,30 @@ def test_usage_errors_are_argparse_one_liners(config_path):
     result = braid_cli("plan", config_path)  # --steps missing
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("braid plan: error:")
+
+
+def test_bench_is_not_a_braid_command_and_says_where_the_harness_is(config_path):
+    result = braid_cli("bench", config_path, "--ranks", 8, "--against", "baseline")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "braid: error: there is no 'braid bench': the benchmark harness lives in the "
+        "repository's benchmarks/bench.py (a checkout, not the wheel), with the same "
+        "options"]
+
+
+def test_more_errors_map_to_their_codes_before_the_table(capsys):
+    from braid import cli
+
+    class LoaderFailed(RuntimeError):
+        pass
+
+    def fail():
+        raise LoaderFailed("litdata: the trainer of rank 1 exited with 1")
+
+    assert cli.run_with_exit_codes(fail, errors={LoaderFailed: cli.EXIT_DATA}) == 3
+    assert capsys.readouterr().err.splitlines() == [
+        "braid: error: litdata: the trainer of rank 1 exited with 1"]
+    assert cli.run_with_exit_codes(lambda: int("x")) == cli.EXIT_USAGE  # the table
 
 
 @pytest.mark.parametrize("field, value, needle", [

@@ -1,4 +1,4 @@
-"""The per-rank baseline (braid/bench/baseline.py) and the loader memory harness
+"""The per-rank baseline (benchmarks/harness/baseline.py) and the loader memory harness
 (benchmarks/loader_memory.py) at a tiny size."""
 
 from __future__ import annotations
@@ -7,19 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import write_config, write_docs
-
-ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = ROOT / "benchmarks"
+from conftest import BENCHMARKS, write_config, write_docs
 
 
 def load_baseline():
-    from braid.bench import baseline
+    from harness import baseline
 
     return baseline
 

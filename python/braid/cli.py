@@ -1,8 +1,7 @@
-"""The ``braid`` command line: plan, run, demo, bench.
+"""The ``braid`` command line: plan, run, demo, inspect, status, stop, calibrate.
 
 Exit codes: 0 success; 2 bad usage or config (stderr names the key path); 3 bad data or
-storage (stderr names the file), or in ``braid bench`` a loader that failed in its
-trainers; 130 interrupted (SIGINT, Ctrl-C); 141 the reader of stdout went away
+storage (stderr names the file); 130 interrupted (SIGINT, Ctrl-C); 141 the reader of stdout went away
 (``braid plan ... | head``); 143 terminated (SIGTERM, as launchers send). Each prints
 at most one line on stderr and no traceback; 1 is an internal error (a bug in braid), the
 only case that prints a traceback.
@@ -17,7 +16,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional, Type
 
 from braid import _core
 from braid.config import load_config
@@ -260,15 +259,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:  # --- planner: calibrate -
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from braid.bench import run
-
-    try:
-        return run.main(args)
-    except run.BenchError as e:  # a loader failed in its trainers: not a bug of the CLI
-        return _error(e, EXIT_DATA)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="braid", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -307,12 +297,6 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--column", help="token column (default: the first list<int>)")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
-
-    bench = sub.add_parser("bench", help="Braid against the per-rank baseline and peers: "
-                           "memory, tokens/s, imbalance, end-to-end steps/s")
-    from braid.bench.run import parser as bench_parser
-
-    bench_parser(bench).set_defaults(func=_cmd_bench)
 
     # --- the Ray runtime's jobs (docs/distributed.md) ---
     status = sub.add_parser("status", help="a Ray job's actors: node, memory, progress")
@@ -363,12 +347,30 @@ def _silence_stdout() -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:
+        print("braid: error: there is no 'braid bench': the benchmark harness lives in the "
+              "repository's benchmarks/bench.py (a checkout, not the wheel), with the same "
+              "options", file=sys.stderr)
+        return EXIT_USAGE
     args = _parser().parse_args(argv)  # bad usage: argparse prints one line, exits 2
+    return run_with_exit_codes(lambda: args.func(args))
+
+
+def run_with_exit_codes(command: Callable[[], int],
+                        errors: Optional[Dict[Type[BaseException], int]] = None) -> int:
+    """Runs `command()` and returns its exit code, or the code of what it raised (the
+    module's docstring), printing at most one line on stderr; SIGTERM raises at the next
+    Python line while it runs in the main thread. `errors` maps more exception types to
+    codes, checked first (benchmarks/bench.py: a loader that failed in its trainers)."""
+    errors = errors or {}
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return args.func(args)
+        return command()
+    except tuple(errors) as e:
+        return _error(e, next(code for kind, code in errors.items() if isinstance(e, kind)))
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE

@@ -1,14 +1,18 @@
-"""``braid run --report DIR``: report.json and PNG plots from a run summary."""
+"""``braid run --report DIR``: report.json and PNG plots from a run summary. The plots
+need matplotlib (``pip install 'braid[plots]'``); without it the report is report.json
+alone."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import List
 
 
 def write_report(summary: dict, directory: str) -> List[str]:
-    """Writes DIR/report.json and the plots; returns the paths written."""
+    """Writes DIR/report.json and, when matplotlib imports, the plots (else one line on
+    stderr says how to get them); returns the paths written."""
     os.makedirs(directory, exist_ok=True)
     paths = []
     report_path = os.path.join(directory, "report.json")
@@ -16,14 +20,18 @@ def write_report(summary: dict, directory: str) -> List[str]:
         json.dump(summary, f, indent=2, sort_keys=True)
         f.write("\n")
     paths.append(report_path)
+    try:
+        import matplotlib
+    except ImportError:
+        print("braid: no plots in the report: they need matplotlib "
+              "(pip install 'braid[plots]')", file=sys.stderr)
+        return paths
+    matplotlib.use("Agg")
     paths.extend(_plots(summary, directory))
     return paths
 
 
 def _plots(summary: dict, directory: str) -> List[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []

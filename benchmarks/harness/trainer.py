@@ -1,4 +1,4 @@
-"""A simulated synchronous data-parallel trainer rank, as `braid bench` starts it.
+"""A simulated synchronous data-parallel trainer rank, as the harness (run.py) starts it.
 
 One process per rank (a fresh interpreter that imports torch and braid, as a trainer
 does), joined to the others by a gloo process group. Per step it pulls micro-batches from
@@ -7,16 +7,14 @@ its loader until it holds the rank's share of the step's tokens; after each one 
 the CPUs), then waits at a barrier for the slowest rank: a step ends when the slowest
 rank ends, as with an all-reduce of gradients.
 
-The cost of a micro-batch is the planner's cost model (docs/planner.md):
-`attn * len^2 + linear * len` per piece of `cu_seqlens` plus `vision * image tokens`
-(rows of `pixel_values`), times `scale` seconds. A loader that cannot report document
-boundaries (one segment per row) pays full-row attention, as its trainer would.
+A micro-batch's time is its cost (cost.py: the planner's cost model) times `scale`
+seconds.
 
 Protocol with the harness (stdout JSON lines, stdin words): prints {"event": "ready"},
 waits for "go", prints {"event": "step", ...} after each step on rank 0, then
 {"event": "done", ...} with per-step figures, and exits after "exit".
 
-    python -m braid.bench.trainer '{"mode": "braid", "config": ..., "rank": 0, ...}'
+    python -m harness.trainer '{"mode": "braid", "config": ..., "rank": 0, ...}'
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import List
 
 
 def _emit(event: dict) -> None:
@@ -33,32 +31,13 @@ def _emit(event: dict) -> None:
     sys.stdout.flush()
 
 
-def batch_cost(batch: Dict, attn: float, linear: float, vision: float) -> float:
-    """The cost model of one micro-batch (see the module's docstring)."""
-    import torch
-
-    cu = batch["cu_seqlens"].to(torch.float64)
-    lens = cu[1:] - cu[:-1]
-    cost = float(attn * (lens * lens).sum() + linear * lens.sum())
-    if "image_tokens" in batch:
-        cost += vision * float(batch["image_tokens"].sum())
-    elif "pixel_values" in batch:
-        cost += vision * batch["pixel_values"].shape[0]
-    return cost
-
-
-def batch_tokens(batch: Dict) -> int:
-    if "input_ids" in batch:
-        return batch["input_ids"].numel()
-    return int(batch["cu_seqlens"][-1])
-
-
 def main(spec: dict) -> int:
     import torch
     import torch.distributed as dist
 
     import braid  # noqa: F401  (a trainer imports it; the `none` mode loads nothing)
-    from braid.bench.modes import MODES
+    from harness.cost import batch_cost, batch_tokens
+    from harness.modes import MODES
 
     rank, world = spec["rank"], spec["ranks"]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}",

@@ -1,6 +1,6 @@
-"""The loaders `braid bench` and the loader memory harness compare, each a `Mode`: how a
-trainer process starts it, what the harness prepares first (a converted dataset, a Ray
-head) and which processes outside the trainers' trees it adds.
+"""The loaders `benchmarks/bench.py` and `benchmarks/loader_memory.py` compare, each a
+`Mode`: how a trainer process starts it, what the harness prepares first (a converted
+dataset, a Ray head) and which processes outside the trainers' trees it adds.
 
 `args` is the harness's namespace: `workers` and `shuffle_buffer` (the baseline's and
 the peers' DataLoader workers), `dir` (where converted data goes),
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from braid.bench.procs import children_map, descendants
+from harness.procs import children_map, descendants, free_port, python_env
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _start_none(config_path, rank, world_size, args):
 
 
 def _start_baseline(config_path, rank, world_size, args):
-    from braid.bench.baseline import make_loader
+    from harness.baseline import make_loader
 
     loader = make_loader(config_path, rank=rank, world_size=world_size,
                          workers=args.workers, shuffle_buffer=args.shuffle_buffer)
@@ -84,16 +84,16 @@ def _start_braid(config_path, rank, world_size, args):
 
 
 def _convert(config: dict, args, peer: str) -> List[str]:
-    """Runs braid/bench/peers.py's converter for `peer` (once: its folders under
-    --dir/PEER are reused) in a process of its own (LitData's optimize starts workers of
-    its own), under the peer's interpreter; returns the folders."""
+    """Runs peers.py's converter for `peer` (once: its folders under --dir/PEER are
+    reused) in a process of its own (LitData's optimize starts workers of its own),
+    under the peer's interpreter; returns the folders."""
     path = os.path.abspath(os.path.join(args.dir, f"config-{peer}-convert.json"))
     with open(path, "w") as f:
         json.dump(config, f)
     flag = [f"--{peer}"] if peer in ("energon", "mosaic") else []
-    done = subprocess.run([MODES[peer].python(args), "-m", "braid.bench.peers", *flag, path,
+    done = subprocess.run([MODES[peer].python(args), "-m", "harness.peers", *flag, path,
                            os.path.abspath(os.path.join(args.dir, peer))],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=python_env())
     if done.returncode != 0:
         raise RuntimeError(f"{peer}: converting the sources failed:\n"
                            f"{done.stderr[-4000:]}")
@@ -117,7 +117,7 @@ def _prepare_energon(config: dict, args, state: dict) -> dict:
 def _start_litdata(config_path, rank, world_size, args):
     with open(config_path) as f:
         config = json.load(f)
-    from braid.bench.peers import litdata_loader
+    from harness.peers import litdata_loader
 
     return litdata_loader(config, config["litdata_folders"], rank, world_size,
                           args.workers)
@@ -126,7 +126,7 @@ def _start_litdata(config_path, rank, world_size, args):
 def _start_energon(config_path, rank, world_size, args):
     with open(config_path) as f:
         config = json.load(f)
-    from braid.bench.peers import energon_loader
+    from harness.peers import energon_loader
 
     return energon_loader(config, config["energon_root"], rank, world_size, args.workers,
                           shuffle_buffer=args.shuffle_buffer)
@@ -156,47 +156,23 @@ def mosaic_python(args=None) -> str:
     return next((c for c in candidates if os.path.exists(c)), candidates[0])
 
 
-def _package_digest(folder: str) -> str:
-    """A digest of the Python files under `folder` (a package)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for base, _, files in sorted(os.walk(folder)):
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = os.path.join(base, name)
-                digest.update(os.path.relpath(path, folder).encode())
-                with open(path, "rb") as f:
-                    digest.update(f.read())
-    return digest.hexdigest()
-
-
 def mosaic_unavailable(args=None) -> Optional[str]:
     """Why the `mosaic` mode cannot run here (None: it can): its interpreter is missing,
-    lacks mosaicml-streaming or braid, or its braid.bench is not this one's (the trainers
-    there run that copy, and speak the harness's protocol)."""
-    import braid
-
+    or lacks mosaicml-streaming or braid. Its trainers run this harness (python_env)."""
     python = mosaic_python(args)
     fix = (f"create it with {MOSAIC_SETUP} (or name its python with --mosaic-python or "
            f"${MOSAIC_PYTHON_ENV})")
     if not os.access(python, os.X_OK):
         return f"no MosaicML Streaming environment at {python}: {fix}"
-    probe = ("import importlib.util as u, json; s = u.find_spec('streaming'); "
-             "b = u.find_spec('braid'); print(json.dumps([s is not None, b and "
-             "b.submodule_search_locations[0]]))")
+    probe = ("import importlib.util as u, json; print(json.dumps("
+             "[u.find_spec(m) is not None for m in ('streaming', 'braid')]))")
     done = subprocess.run([python, "-c", probe], capture_output=True, text=True)
     if done.returncode != 0:
         return f"{python} does not run ({done.stderr.strip()[-200:]}): {fix}"
-    has_streaming, braid_dir = json.loads(done.stdout.strip().splitlines()[-1])
-    if not has_streaming or not braid_dir:
+    has_streaming, has_braid = json.loads(done.stdout.strip().splitlines()[-1])
+    if not has_streaming or not has_braid:
         missing = "mosaicml-streaming" if not has_streaming else "braid"
         return f"{python} has no {missing}: {fix}"
-    here = os.path.dirname(os.path.abspath(braid.__file__))
-    if (_package_digest(os.path.join(braid_dir, "bench")) !=
-            _package_digest(os.path.join(here, "bench"))):
-        return (f"the braid of {python} ({braid_dir}) is not this one's ({here}): their "
-                f"braid/bench files differ; update it with {MOSAIC_SETUP}")
     return None
 
 
@@ -214,12 +190,10 @@ def _prepare_mosaic(config: dict, args, state: dict) -> dict:
     trainers have none; records what is in /dev/shm before the run."""
     import tempfile
 
-    from braid.bench.run import _free_port
-
     folders = _convert(config, args, "mosaic")
     state["tmp"] = tempfile.mkdtemp(prefix="braid-mosaic-bench-")
     state["shm_before"] = _mosaic_shm()
-    return dict(config, mosaic_folders=folders, mosaic_master_port=_free_port())
+    return dict(config, mosaic_folders=folders, mosaic_master_port=free_port())
 
 
 def _cleanup_mosaic(state: dict) -> None:
@@ -250,7 +224,7 @@ def _mosaic_env(state: dict) -> Dict[str, str]:
 def _start_mosaic(config_path, rank, world_size, args):
     with open(config_path) as f:
         config = json.load(f)
-    from braid.bench.peers import mosaic_loader
+    from harness.peers import mosaic_loader
 
     return mosaic_loader(config, config["mosaic_folders"], rank, world_size, args.workers,
                          master_port=config["mosaic_master_port"])
@@ -319,7 +293,7 @@ MODES: Dict[str, Mode] = {
     # actors (planner, source actors, the node's constructor), all counted.
     "braid-ray": Mode("braid-ray", _start_braid, prepare=_prepare_ray,
                       extra_pids=_ray_pids, cleanup=_cleanup_ray),
-    # A peer (braid/bench/peers.py): LitData's pre-tokenized chunks, forked workers.
+    # A peer (harness/peers.py): LitData's pre-tokenized chunks, forked workers.
     "litdata": Mode("litdata", _start_litdata, prepare=_prepare_litdata,
                     imports=("litdata",)),
     # A peer: Megatron-Energon's WebDataset shards and a blend metadataset, packing with

@@ -1,10 +1,16 @@
-"""Memory of process trees from /proc: what `braid bench` and the loader memory harness
-count (PSS, so shared pages count once). Linux only. Stateless; thread-safe."""
+"""The harness's processes: the memory of process trees from /proc, what
+`benchmarks/bench.py` and `benchmarks/loader_memory.py` count (PSS, so shared pages count
+once); the environment of the Python processes the harness starts; a free port for their
+process group. Linux only. Stateless; thread-safe."""
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Dict, Iterable, List, Optional
+
+# benchmarks/, the folder that holds this package.
+HARNESS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def proc_fields(pid: int, name: str) -> Optional[Dict[str, str]]:
@@ -69,7 +75,6 @@ def descendants(roots: Iterable[int], children: Dict[int, List[int]]) -> List[in
     return out
 
 
-
 def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
     """Summed PSS of the trainers, their descendants (forked workers) and `extra`."""
     children = children_map()
@@ -86,3 +91,20 @@ def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
     sums["anon_shmem"] = anon
     sums["processes"] = len(trainers) + len(workers) + len(extra)
     return sums
+
+
+def python_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a Python process the harness starts: this one's plus `extra`,
+    with HARNESS_ROOT first on PYTHONPATH, so that `python -m harness.NAME` finds this
+    package from any working directory and under any interpreter."""
+    env = dict(os.environ, **(extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [HARNESS_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a process group)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -34,17 +34,18 @@ document), one read of each source for the whole job (every worker of every rank
 every source), cost-balanced ranks, a resumable state, streams of different ranks that
 together cover each source once per epoch (ranks only differ by seed).
 
-    from braid.bench.baseline import make_loader
+    from harness.baseline import make_loader
     loader = make_loader("job.json", rank=0, world_size=8, workers=2)
     for batch in loader: ...
 
-    python -m braid.bench.baseline job.json [--rank 0] [--world-size 8] [--workers 2]
-        [--micro-batches 16]
+    PYTHONPATH=benchmarks python -m harness.baseline job.json [--rank 0] \
+        [--world-size 8] [--workers 2] [--micro-batches 16]
 
 `metadata=True` (``BaselineDataset(..., metadata=True)``) reads and tokenizes the same
 documents but decodes no image (its size comes from the header) and yields only
 ``cu_seqlens``, ``source_ids`` and ``image_tokens`` per piece: what
-``braid bench`` uses to measure the baseline's imbalance at a large dp in one process.
+``benchmarks/bench.py`` uses to measure the baseline's imbalance at a large dp in one
+process.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""`braid bench CONFIG --ranks R`: Braid against the per-rank baseline and peers, on the
-same mix, in one run.
+"""`benchmarks/bench.py CONFIG --ranks R`: Braid against the per-rank baseline and peers,
+on the same mix, in one run.
 
 For each loader (Braid on the chosen runtime, then each of `--against`), R simulated
-trainer processes (braid/bench/trainer.py) run `--steps` synchronous data-parallel steps
+trainer processes (harness/trainer.py) run `--steps` synchronous data-parallel steps
 whose time per rank is the cost model of what the rank received. Reported per loader:
 
 - memory: the peak of the summed PSS of every process the loader adds (trainers, their
@@ -30,7 +30,6 @@ import copy
 import json
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,9 +37,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from braid.bench.modes import MODES, mosaic_unavailable
-from braid.bench.overrides import apply_overrides, parse_set
-from braid.bench.procs import sample
+from harness.cost import batch_cost, cost_model
+from harness.modes import MODES, mosaic_unavailable
+from harness.overrides import apply_overrides, parse_set
+from harness.procs import free_port, python_env, sample
 
 PEERS = ("baseline", "litdata", "energon", "mosaic")
 
@@ -92,23 +92,17 @@ def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) ->
     return out
 
 
-def cost_model(config: dict) -> Dict[str, float]:
-    cost = config.get("balance", {}).get("cost", {})
-    return {"attn": float(cost.get("attn", 1.0)), "linear": float(cost.get("linear", 0.0)),
-            "vision": float(cost.get("vision", 0.0))}
-
-
 def cannot_express(name: str, config: dict) -> Optional[str]:
     """Why loader `name` cannot run this mix (None: it can).
 
     litdata, energon and mosaic read the token lists their converters wrote
-    (braid/bench/peers.py: pre-tokenized sources only), with one constant weight per
+    (harness/peers.py: pre-tokenized sources only), with one constant weight per
     source (LitData's `CombinedStreamingDataset` weights, Energon's metadataset `blend`
     weights, Streaming's `Stream` proportions: floats fixed for the run) and one seq_len
     for the whole run (no phases). The baseline reads token, text and image-caption
-    sources with a SentencePiece tokenizer (braid/bench/baseline.py)."""
+    sources with a SentencePiece tokenizer (harness/baseline.py)."""
     if name == "baseline":
-        from braid.bench import baseline
+        from harness import baseline
 
         try:
             baseline.sources_from_config(config)
@@ -160,8 +154,7 @@ def baseline_costs(config: dict, ranks: int, steps: int, workers: int,
     """Per step, the cost each of `ranks` baseline ranks receives (their DataLoaders'
     streams replayed in this process from metadata: the same documents, no image
     decoded)."""
-    from braid.bench.baseline import BaselineDataset
-    from braid.bench.trainer import batch_cost
+    from harness.baseline import BaselineDataset
 
     model = cost_model(config)
     costs = [[0.0] * ranks for _ in range(steps)]
@@ -191,12 +184,6 @@ def imbalance(costs: List[List[float]]) -> List[float]:
 # Trainer runs
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
                   sample_ms: float, progress=None, before_go=None,
                   env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
@@ -204,12 +191,13 @@ def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
     {"event": "ready"}, waits for "go" on stdin, may print {"event": "step"}, prints
     {"event": "done", ...} and exits after "exit"), sampling the memory of the trainers,
     their descendants and `extra_pids()` every `sample_ms` from "go" until every trainer
-    is done. `before_go(pids)` runs once all are ready; `env` adds to their environment.
+    is done. `before_go(pids)` runs once all are ready; `env` adds to their environment
+    (python_env: they find the harness).
     Returns the samples ("peak": the largest), the done events in rank order and the wall
     time from "go". A trainer that exits early or a run past `timeout` seconds raises
     BenchError naming `label`."""
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               PYTHONUNBUFFERED="1", **(env or {}))
+    env = python_env(dict(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+                          PYTHONUNBUFFERED="1", **(env or {})))
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env) for cmd in cmds]
     deadline = time.monotonic() + timeout
@@ -296,12 +284,12 @@ def run_processes(label: str, cmds: List[List[str]], extra_pids, timeout: float,
 
 def run_trainers(mode_name: str, config_path: str, args, spec: dict,
                  progress=None, python: Optional[str] = None) -> Dict[str, Any]:
-    """R simulated trainers (braid/bench/trainer.py) in one mode, under the mode's
+    """R simulated trainers (harness/trainer.py) in one mode, under the mode's
     interpreter (or `python`: the `none` run of another mode's)."""
     mode = MODES[mode_name]
-    port = _free_port()
+    port = free_port()
     python = python or mode.python(args)
-    cmds = [[python, "-m", "braid.bench.trainer",
+    cmds = [[python, "-m", "harness.trainer",
              json.dumps(dict(spec, mode=mode_name, config=config_path, rank=r, port=port))]
             for r in range(args.ranks)]
     label = mode_name if mode_name != "none" else "none (the trainers that load nothing)"
@@ -419,8 +407,9 @@ def table(result: dict) -> str:
 # Main
 
 
-def parser(p: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    p = p or argparse.ArgumentParser(prog="braid bench", description=__doc__.split("\n")[0])
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="benchmarks/bench.py",
+                                description=__doc__.split("\n")[0])
     p.add_argument("config", help="a Braid config (JSON or YAML)")
     p.add_argument("--ranks", default="8",
                    help="trainer processes; a comma list (4,8) runs each, for memory "
@@ -461,8 +450,9 @@ def main(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401  (the plots, at the end)
         from tqdm import tqdm
     except ImportError as e:
-        raise ValueError(f"braid bench needs {e.name}: pip install 'braid[bench]'")
-    from braid.bench.baseline import load_braid_config
+        raise ValueError(f"benchmarks/bench.py needs {e.name}: "
+                         "pip install 'braid[bench]'")
+    from harness.baseline import load_braid_config
 
     ranks_list = sorted({int(r) for r in str(args.ranks).split(",") if r})
     if not ranks_list or min(ranks_list) < 1:
@@ -589,7 +579,3 @@ def main(args: argparse.Namespace) -> int:
               f"{n}: {result['memory_ratio_baseline_over'].get(n, float('nan')):.2f}x")
     print(f"wrote {path} and {len(result['plots'])} plots")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(parser().parse_args()))

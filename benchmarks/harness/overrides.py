@@ -1,4 +1,5 @@
-"""`--set KEY=VALUE` config overrides for the benchmarks and `braid bench`. Stateless."""
+"""`--set KEY=VALUE` config overrides for the benchmarks (`benchmarks/bench.py`,
+`benchmarks/loader_memory.py`...). Stateless."""
 
 from __future__ import annotations
 

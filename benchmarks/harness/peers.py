@@ -2,7 +2,7 @@
 
 Each peer converts the sources with its own writer (once, cached under the output folder)
 and builds a per-rank loader with forked workers. A loader yields what the trainers of
-`braid bench` and `benchmarks/loader_memory.py` take: dicts with `input_ids`
+`benchmarks/bench.py` and `benchmarks/loader_memory.py` take: dicts with `input_ids`
 [batch, seq_len] and `cu_seqlens` (LitData: one segment per row, it packs blocks of
 tokens across document boundaries and does not report them; Energon: one per document
 piece).
@@ -359,7 +359,7 @@ class MosaicPack:
 
     def __call__(self, samples: List[Tuple]) -> Dict[str, list]:
         """`samples`: (token array, source index) per document."""
-        from braid.bench.baseline import Document, _Packer
+        from harness.baseline import Document, _Packer
 
         if self._packer is None:
             self._packer = _Packer(self.rows, self.seq_len)
@@ -480,7 +480,7 @@ def mosaic_loader(config: dict, folders: List[str], rank: int, world_size: int,
 
 
 def main() -> int:
-    """Convert only: `python -m braid.bench.peers [--energon|--mosaic] CONFIG.json OUT_DIR`
+    """Convert only: `python -m harness.peers [--energon|--mosaic] CONFIG.json OUT_DIR`
     (LitData unless --energon or --mosaic)."""
     import sys
 
