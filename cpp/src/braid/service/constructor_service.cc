@@ -83,6 +83,7 @@ class ConstructorService::Impl {
   struct Queued {
     int64_t id = 0;
     std::shared_ptr<std::promise<BuildResult>> promise;
+    ConstructorServiceState::BuildFuture build;
   };
   std::map<StepBucket, Queued> queued_;  // GUARDED_BY(mu_)
   int64_t next_id_ = 0;                  // GUARDED_BY(mu_): of builds and plan requests
@@ -115,11 +116,17 @@ ConstructorServiceState::BuildFuture ConstructorService::Impl::EnsureBuild(int64
                                                                            int64_t bucket) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto held = state_.Build({step, bucket})) return *held;
+  const auto queued = queued_.find({step, bucket});
+  if (queued != queued_.end()) {  // dropped from the window before it started: kept
+    state_.Apply(ConstructorServiceState::BuildQueued{
+        {step, bucket}, queued->second.id, queued->second.build});
+    return queued->second.build;
+  }
   auto promise = std::make_shared<std::promise<BuildResult>>();
   ConstructorServiceState::BuildFuture build = promise->get_future().share();
   const int64_t id = next_id_++;
   state_.Apply(ConstructorServiceState::BuildQueued{{step, bucket}, id, build});
-  queued_.emplace(StepBucket{step, bucket}, Queued{id, std::move(promise)});
+  queued_.emplace(StepBucket{step, bucket}, Queued{id, std::move(promise), build});
   cv_.notify_one();
   return build;
 }

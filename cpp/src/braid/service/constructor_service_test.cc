@@ -322,5 +322,32 @@ TEST_F(ConstructorServiceTest, TheWindowKeepsFewStepsAndRebuildsAnOldOneTheSame)
   EXPECT_FALSE(service->View(ViewKey{0, 0, 99, 0, 0, true, true}).ok());
 }
 
+TEST_F(ConstructorServiceTest, ABuildDroppedFromTheWindowBeforeItRanIsStillAnswered) {
+  // Regression: a rank far ahead dropped a queued build from the window; a rank behind
+  // that then asked for it got a broken promise instead of the build.
+  ConstructorService::Options options;
+  options.keep_steps = 0;
+  options.steps_in_flight = 3;
+  options.build_threads = 1;
+  auto service = Make(options);
+  ASSERT_NE(service, nullptr);
+  pieces_->Set(0, 0, {.delay_s = 0.3, .error = Status::OK(), .failures = 0});
+  // Step 0 builds (0.3 s) with steps 1-3 queued behind it; meanwhile a rank asks for
+  // the last step (dropping steps before it from the window), then one for step 2.
+  std::thread first([&] {
+    EXPECT_TRUE(service->View(ViewKey{0, 0, 0, 0, 0, true, true}).ok());
+  });
+  std::thread ahead([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    EXPECT_TRUE(service->View(ViewKey{kSteps - 1, 0, 0, 0, 0, true, true}).ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const auto behind = service->View(ViewKey{2, 0, 1, 0, 0, true, true});
+  first.join();
+  ahead.join();
+  ASSERT_TRUE(behind.ok()) << behind.status().ToString();
+  ExpectSame((*behind)->batch(), Embedded(2, 0, 1));
+}
+
 }  // namespace
 }  // namespace braid
