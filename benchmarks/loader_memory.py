@@ -330,6 +330,9 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--workers", type=int, default=2, help="baseline workers per rank")
+    p.add_argument("--ray-defaults", action="store_true",
+                   help="start the Ray head with Ray's defaults (prestarted workers, a log "
+                   "monitor) rather than docs/distributed.md's settings for Braid's nodes")
     p.add_argument("--ray-object-store-mb", type=int, default=256,
                    help="braid-ray: the Ray head's object store")
     p.add_argument("--shuffle-buffer", type=int, default=64,

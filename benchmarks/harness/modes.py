@@ -232,7 +232,8 @@ def _start_mosaic(config_path, rank, world_size, args):
 
 def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
     """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
-    a small object store, token authentication off on loopback) and points the config
+    a small object store, token authentication off on loopback; unless
+    `--ray-defaults`, no prestarted workers and no log monitor) and points the config
     at it. With `delivery` node the trainers attach through a short-lived helper process
     (counted while it lives: it is a trainer's child) and receive through the node's
     constructor; with object_store each trainer is a Ray driver."""
@@ -242,10 +243,17 @@ def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dic
     port = 20000 + os.getpid() % 20000
     os.environ["RAY_AUTH_MODE"] = "disabled"  # the trainers inherit it
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    lean, env = [], dict(os.environ)
+    if not getattr(args, "ray_defaults", False):
+        # What docs/distributed.md suggests for nodes that run only Braid's actors: no
+        # prestarted task workers (Braid runs no Ray tasks), no log monitor (the
+        # trainers are no Ray drivers, nobody reads streamed worker logs).
+        lean = ["--include-log-monitor=false"]
+        env["RAY_prestart_worker_first_driver"] = "0"
     subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp}",
                     "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                    f"--object-store-memory={args.ray_object_store_mb << 20}"],
-                   check=True, capture_output=True, text=True)
+                    f"--object-store-memory={args.ray_object_store_mb << 20}", *lean],
+                   check=True, capture_output=True, text=True, env=env)
     state["temp"] = temp
     runtime = {"kind": "ray", "address": f"127.0.0.1:{port}",
                "namespace": f"bench{os.getpid()}", "delivery": delivery}

@@ -75,8 +75,29 @@ def descendants(roots: Iterable[int], children: Dict[int, List[int]]) -> List[in
     return out
 
 
+def memfd_bytes(pids: Iterable[int], seen: Dict[int, int]) -> None:
+    """Adds to `seen` (inode -> bytes) the anonymous shared-memory files (memfd) the
+    processes hold open: memory no process's PSS shows while none maps it (node
+    delivery's views wait in them for the trainer ranks)."""
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                    continue
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            seen[st.st_ino] = st.st_blocks * 512
+
+
 def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
-    """Summed PSS of the trainers, their descendants (forked workers) and `extra`."""
+    """Summed PSS of the trainers, their descendants (forked workers) and `extra`, plus
+    the shared-memory files they hold open (counted once each, in `extra`'s column: it
+    is the loader's, whichever process holds it)."""
     children = children_map()
     workers = descendants(trainers, children)
     sums = {"trainers": 0, "workers": 0, "extra": 0}
@@ -87,6 +108,11 @@ def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
             if roll:
                 sums[kind] += roll.get("Pss", 0)
                 anon += roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
+    held: Dict[int, int] = {}
+    memfd_bytes(list(trainers) + workers + list(extra), held)
+    sums["memfd"] = sum(held.values())
+    sums["extra"] += sums["memfd"]
+    anon += sums["memfd"]
     sums["total"] = sums["trainers"] + sums["workers"] + sums["extra"]
     sums["anon_shmem"] = anon
     sums["processes"] = len(trainers) + len(workers) + len(extra)

@@ -436,6 +436,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default: out/bench/CONFIG_NAME)")
     p.add_argument("--sample-ms", type=float, default=200.0)
     p.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
+    p.add_argument("--ray-defaults", action="store_true",
+                   help="start the Ray head with Ray's defaults (prestarted workers, a log "
+                   "monitor) rather than docs/distributed.md's settings for Braid's nodes")
     p.add_argument("--ray-object-store-mb", type=int, default=256, help=argparse.SUPPRESS)
     p.add_argument("--mosaic-python", metavar="PATH",
                    help="mosaic: the python of MosaicML Streaming's environment (default: "

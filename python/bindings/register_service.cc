@@ -284,6 +284,7 @@ struct PlannerHandle {
 struct ConstructorHandle {
   std::unique_ptr<Config> config;
   std::shared_ptr<SourceSet> local;  // the sources this process serves, if any
+  const PlannerHandle* planner = nullptr;  // the planner beside it, if any
   std::unique_ptr<ConstructorService> service;
 };
 
@@ -403,7 +404,7 @@ void RegisterService(nb::module_& m) {
       });
   m.def("make_planner_service",
         [](const Config& config, const std::string& state_json, const std::string& journal,
-           nb::object commit) {
+           nb::object commit, bool read_payloads) {
           auto handle = std::make_unique<PlannerHandle>();
           handle->config = std::make_unique<Config>(config);
           PlannerState start = Planner::InitialState(config);
@@ -411,7 +412,8 @@ void RegisterService(nb::module_& m) {
             int64_t consumed = 0;
             start = ValueOrThrow(PlannerStateFromJson(state_json, config, &consumed));
           }
-          PlannerService::Options options = SharedPlannerOptions(config);
+          PlannerService::Options options =
+              read_payloads ? CoHostedPlannerOptions(config) : SharedPlannerOptions(config);
           if (!commit.is_none()) {
             handle->commit = std::make_unique<Callback>(std::move(commit));
             Callback* fn = handle->commit.get();
@@ -428,18 +430,27 @@ void RegisterService(nb::module_& m) {
           Result<std::unique_ptr<PlannerService>> service;
           {
             GilRelease release;
-            service = PlannerService::Make(*handle->config, start,
-                                           PlannerService::MetadataOnly(*handle->config),
-                                           std::move(options), journal);
+            const Config& c = *handle->config;
+            PlannerService::OpenSources open = PlannerService::MetadataOnly(c);
+            if (read_payloads) {
+              open = [&c](const PlannerState& at) {
+                return SourceSet::Open(c, at, SourceService::Stream::kPayloads,
+                                       /*serve=*/false);
+              };
+            }
+            service = PlannerService::Make(c, start, std::move(open), std::move(options),
+                                           journal);
           }
           handle->service = ValueOrThrow(std::move(service));
           return handle;
         },
         nb::arg("config"), nb::arg("state_json") = "", nb::arg("journal") = "",
-        nb::arg("commit").none() = nb::none(),
+        nb::arg("commit").none() = nb::none(), nb::arg("read_payloads") = false,
         "The planner service of a job that starts at `state_json` (its consumed "
         "micro-batches ignored: it plans whole steps), restored from `journal` when "
-        "given; commit(journal) receives every change of the journal.");
+        "given; commit(journal) receives every change of the journal. read_payloads: "
+        "its streams read the payloads too, for a constructor in the same process "
+        "(service/hosting.h, CoHostedPlannerOptions).");
 
   // --- The sources' payloads ---
   nb::class_<SourceHost>(m, "SourceHost", "The payloads of the sources a process serves.")
@@ -571,6 +582,14 @@ void RegisterService(nb::module_& m) {
              {
                GilRelease release;
                f = h.service->figures();
+               if (h.planner != nullptr) {
+                 // Built from the planner's own streams: their rows blanked under
+                 // on_error: skip reached this constructor blank.
+                 const auto blanked = h.planner->service->sources().blanked_payloads();
+                 for (size_t i = 0; i < blanked.size(); ++i) {
+                   if (blanked[i] > 0) f.blanked_pieces[int32_t(i)] += blanked[i];
+                 }
+               }
              }
              nb::dict d;
              d["newest_step"] = f.newest_step;
@@ -588,7 +607,7 @@ void RegisterService(nb::module_& m) {
       });
   m.def("make_constructor_service",
         [](const Config& config, nb::object plan, nb::object send, nb::object wait,
-           nb::object forget, SourceHost* local) {
+           nb::object forget, SourceHost* local, PlannerHandle* planner) {
           auto handle = std::make_unique<ConstructorHandle>();
           handle->config = std::make_unique<Config>(config);
           ConstructorService::Options options = NodeConstructorOptions(config);
@@ -604,16 +623,26 @@ void RegisterService(nb::module_& m) {
                 std::move(hosts), std::make_shared<LocalPieces>(handle->local.get()),
                 std::move(pieces));
           }
-          auto plans = std::make_shared<PyPlanSource>(*handle->config, std::move(plan));
+          std::shared_ptr<PlanSource> plans;
+          if (planner != nullptr) {  // the planner of this process: its plans themselves
+            handle->planner = planner;
+            plans = std::make_shared<InProcessPlans>(planner->service.get(),
+                                                     config.runtime.timeout_s);
+          } else {
+            plans = std::make_shared<PyPlanSource>(*handle->config, std::move(plan));
+          }
           handle->service = ValueOrThrow(ConstructorService::Make(
               *handle->config, std::move(options), std::move(plans), std::move(pieces)));
           return handle;
         },
         nb::arg("config"), nb::arg("plan"), nb::arg("send"), nb::arg("wait"),
         nb::arg("forget"), nb::arg("local").none() = nb::none(),
-        "A node's constructor service: plans from plan(step, buckets) -> (message, "
-        "state_before, state_after); pieces from send/wait/forget (hosts served by "
-        "`local`, a SourceHost of this process, in process).");
+        nb::arg("planner").none() = nb::none(), nb::keep_alive<0, 6>(),
+        nb::keep_alive<0, 7>(),
+        "A node's constructor service: plans from `planner` (a PlannerService of this "
+        "process) or else plan(step, buckets) -> (message, state_before, state_after); "
+        "pieces from send/wait/forget (hosts served by `local`, a SourceHost of this "
+        "process, in process).");
 
   // --- The client ---
   nb::class_<RankCursor>(m, "RankCursor",

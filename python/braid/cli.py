@@ -89,7 +89,8 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
           f"sequences assigned in order, as per-rank loaders do", file=out)
     if summary.get("runtime") == "ray":
         print(f"  memory           {_fmt_bytes(summary['loader_peak_rss_bytes'])} (RSS of "
-              f"the job's {len(summary['actors'])} actors at the end; job {summary['job']})",
+              f"the job's {len({a['name'] for a in summary['actors']})} actors at the end; "
+              f"job {summary['job']})",
               file=out)
     else:
         print(f"  peak memory      {_fmt_bytes(summary['loader_peak_rss_bytes'])} "

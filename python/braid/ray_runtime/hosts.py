@@ -3,13 +3,13 @@
 to ask for, builds ahead, hedging, what to keep) is decided there. This module moves
 bytes: plans, piece requests and replies between the actors, views to the trainer ranks.
 
-- ``PlannerHost`` (``JOB.planner``): the planner service; its journal goes to Ray's
-  key-value store. With ``runtime.source_actors: 0`` it serves the sources too.
-- ``NodeHost`` (``JOB.constructor.NODE``, one per node with trainer ranks, pinned to it):
-  the node's constructor service, and by default, on the job's first node, the sources'
-  payloads (one process per node); serves the node's ranks their views.
-- ``SourcesHost`` (``JOB.sources.K`` with ``runtime.source_actors: K``, and standbys
-  ``JOB.sources.K.shadow``): sources' payloads.
+Every actor is a ``Host``: one process with the services placed in it
+(service/hosting.h). By default a job has one per node with trainer ranks: the first
+node's, ``JOB.planner``, hosts the planner, the sources and that node's constructor;
+every other node's, ``JOB.constructor.NODE``, its constructor. With
+``runtime.source_actors`` or ``runtime.actor_resources`` the planner, the sources
+(``JOB.sources.K``) and each node's constructor get processes of their own; standbys
+``JOB.sources.K.shadow`` serve a source host's payloads when it cannot.
 
 Requests are keyed and idempotent (a retried call returns the same bytes), so Ray may
 re-run a call on a restarted actor (``max_task_retries=-1``). Threaded actors
@@ -55,87 +55,6 @@ def braid_error(exc: BaseException) -> Tuple[str, str]:
         if isinstance(exc, cls):
             return cls.__name__, str(exc)[:8000]
     return type(exc).__name__, str(exc)[:8000]
-
-
-class _Serving:
-    """Answers piece requests for the sources this process serves."""
-
-    _sources: Optional["_core.SourceHost"] = None
-
-    def _serve(self, config: "_core.Config", sources: List[int]) -> None:
-        self._sources = _core.make_source_host(config, sources) if sources else None
-
-    def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
-        """Per source, ``(tokens, offsets, loss_mask, images, image_bytes, paths)`` (None
-        where a source has none) for its piece requests; images stay encoded."""
-        if self._sources is None:
-            raise _core.ConfigError("sources: this actor serves none")
-        return self._sources.fetch(requests)
-
-    def _serving_status(self) -> Dict[str, Any]:
-        return self._sources.status() if self._sources is not None else {}
-
-
-class PlannerHost(_Serving):
-    """The planner service (``_core.PlannerService``) of job ``JOB``, from ``state_json``;
-    its journal lives in Ray's key-value store, so a restarted planner resumes from the
-    newest checkpoint it committed."""
-
-    def __init__(self, config: "_core.Config", cwd: str, state_json: str,
-                 source_hosts: List[str], sources: List[int]) -> None:
-        os.chdir(cwd)  # relative source paths resolve as in the job's first rank
-        context = ray.get_runtime_context()
-        job = context.get_actor_name().rsplit(".planner", 1)[0]
-        self._key = registry.journal_key(context.namespace, job)
-        # What the journal belongs to: this job (config, topology, start), not an earlier
-        # one of the same name whose actors were removed without `braid stop`.
-        self._tag = names.job_tag(config, state_json)
-        self._source_hosts = source_hosts
-        self._serve(config, sources)
-        self._service = _core.make_planner_service(config, state_json, self._load(),
-                                                   self._commit)
-
-    def _load(self) -> str:
-        held = internal_kv._internal_kv_get(self._key)
-        entry = json.loads(held) if held else {}
-        return entry.get("value", "") if entry.get("job") == self._tag else ""
-
-    def _commit(self, journal: str) -> None:
-        if journal:
-            internal_kv._internal_kv_put(self._key,
-                                         json.dumps({"job": self._tag, "value": journal}))
-        else:  # every rank detached: the job ends
-            internal_kv._internal_kv_del(self._key)
-
-    def plan(self, step: int, timeout_s: float,
-             buckets: Optional[List[int]] = None) -> Dict[str, Any]:
-        """Step ``step``'s plan (wire message and states), of ``buckets`` only when given."""
-        return self._service.plan(step, timeout_s, buckets)
-
-    def attach(self, client: str) -> int:
-        return self._service.attach(client)
-
-    def detach(self, client: str) -> int:
-        return self._service.detach(client)
-
-    def source_hosts(self) -> List[str]:
-        """The actor that serves each source host's payloads."""
-        return self._source_hosts
-
-    def status(self) -> Dict[str, Any]:
-        return {**process_status("planner"), **self._service.figures(),
-                **self._serving_status()}
-
-
-class SourcesHost(_Serving):
-    """The payloads of ``sources``, by key."""
-
-    def __init__(self, config: "_core.Config", cwd: str, sources: List[int]) -> None:
-        os.chdir(cwd)
-        self._serve(config, sources)
-
-    def status(self) -> Dict[str, Any]:
-        return {**process_status("sources"), **self._serving_status()}
 
 
 class RayTransport:
@@ -217,41 +136,107 @@ class RayTransport:
                 self._calls.pop(call, None)
 
 
-class NodeHost(_Serving):
-    """A node's host process: its constructor service (``_core.ConstructorService``),
-    the sources placed on the node, and the delivery of views to the node's trainer
-    ranks, each view written once (a shared-memory file, or an object-store object) for
-    every rank that receives it (TP peers)."""
+class Host:
+    """One process of a job on Ray: the services placed in it (service/hosting.h).
 
-    def __init__(self, config: "_core.Config", job: str, namespace: str, cwd: str) -> None:
-        os.chdir(cwd)
+    ``planner``: the job's planner service (``JOB.planner``); its journal lives in Ray's
+    key-value store, so a restarted planner resumes from the newest checkpoint it
+    committed. ``sources``: the sources whose payloads this process serves by key.
+    ``constructor``: this node's constructor service, which serves the node's trainer
+    ranks their views, each written once (a shared-memory file, or an object-store
+    object) for every rank that receives it (TP peers). With the planner beside it, the
+    constructor builds from the plans themselves (payloads read by the planner's streams);
+    else its plans and pieces come through ``RayTransport``.
+    """
+
+    def __init__(self, config: "_core.Config", job: str, namespace: str, cwd: str,
+                 state_json: str = "", planner: bool = False, sources: List[int] = (),
+                 constructor: bool = False, source_hosts: Optional[List[str]] = None
+                 ) -> None:
+        os.chdir(cwd)  # relative source paths resolve as in the job's first rank
         self._config, self._job, self._ns = config, job, namespace
         self._timeout = float(config.runtime["timeout_s"])
-        me = ray.get_runtime_context().get_actor_name()
-        planner = ray.get_actor(f"{job}.planner", namespace=namespace)
-        hosts = ray.get(planner.source_hosts.remote(), timeout=self._timeout)
-        placement = _core.placement(config)
-        self._serve(config, [s for h, name in enumerate(hosts) if name == me
-                             for s in placement["sources_of_host"][h]])
-        transport = RayTransport(config, job, namespace, hosts, cwd)
-        self._service = _core.make_constructor_service(
-            config, transport.plan, transport.send, transport.wait, transport.forget,
-            self._sources)
+        self._me = ray.get_runtime_context().get_actor_name()
+        self._source_hosts = source_hosts or []
+        self._planner = None
+        if planner:
+            self._journal_key = registry.journal_key(namespace, job)
+            # What the journal belongs to: this job (config, topology, start), not an
+            # earlier one of the same name whose actors were removed without `braid stop`.
+            self._tag = names.job_tag(config, state_json)
+            self._planner = _core.make_planner_service(
+                config, state_json, self._load(), self._commit,
+                read_payloads=constructor)
+        if constructor and not planner:  # the sources placed with this node's host
+            planner_actor = ray.get_actor(f"{job}.planner", namespace=namespace)
+            self._source_hosts = ray.get(planner_actor.source_hosts.remote(),
+                                         timeout=self._timeout)
+            placement = _core.placement(config)
+            sources = [s for h, name in enumerate(self._source_hosts) if name == self._me
+                       for s in placement["sources_of_host"][h]]
+        self._sources = _core.make_source_host(config, list(sources)) if sources else None
+        self._constructor = None
         self._delivered = 0  # views sent through node delivery
         self._socket_name = ""
-        if config.runtime["delivery"] == "node":
-            self._listen()
+        if constructor:
+            transport = RayTransport(config, job, namespace, self._source_hosts, cwd)
+            self._constructor = _core.make_constructor_service(
+                config, transport.plan, transport.send, transport.wait, transport.forget,
+                self._sources, self._planner)
+            if config.runtime["delivery"] == "node":
+                self._listen()
+
+    # --- the planner ---
+
+    def _load(self) -> str:
+        held = internal_kv._internal_kv_get(self._journal_key)
+        entry = json.loads(held) if held else {}
+        return entry.get("value", "") if entry.get("job") == self._tag else ""
+
+    def _commit(self, journal: str) -> None:
+        if journal:
+            internal_kv._internal_kv_put(self._journal_key,
+                                         json.dumps({"job": self._tag, "value": journal}))
+        else:  # every rank detached: the job ends
+            internal_kv._internal_kv_del(self._journal_key)
+
+    def plan(self, step: int, timeout_s: float,
+             buckets: Optional[List[int]] = None) -> Dict[str, Any]:
+        """Step ``step``'s plan (wire message and states), of ``buckets`` only when given."""
+        return self._planner.plan(step, timeout_s, buckets)
+
+    def attach(self, client: str) -> int:
+        return self._planner.attach(client)
+
+    def detach(self, client: str) -> int:
+        return self._planner.detach(client)
+
+    def source_hosts(self) -> List[str]:
+        """The actor that serves each source host's payloads."""
+        return self._source_hosts
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    # --- the sources ---
+
+    def fetch(self, requests: Dict[int, np.ndarray]) -> Dict[int, Tuple]:
+        """Per source, ``(tokens, offsets, loss_mask, images, image_bytes, paths)`` (None
+        where a source has none) for its piece requests; images stay encoded."""
+        if self._sources is None:
+            raise _core.ConfigError(f"sources: {self._me} serves none")
+        return self._sources.fetch(requests)
+
+    # --- the constructor ---
 
     def get(self, step: int, bucket: int, micro_batch: int, pp: int, cp: int,
             split_context: bool) -> Tuple[List[Any], str, str]:
         """``([ref to the view's arrays], state_before, state_after)`` of micro-batch
         ``micro_batch`` of bucket ``bucket`` at step ``step`` for pipeline stage ``pp``,
         context rank ``cp`` (the same for every TP rank): ``delivery: object_store``."""
-        view = self._service.view(step, bucket, micro_batch, pp, cp, split_context)
+        view = self._constructor.view(step, bucket, micro_batch, pp, cp, split_context)
         ref = view.attachment(lambda: ray.put(view.arrays()))
         return [ref], view.state_before, view.state_after
-
-    # --- runtime.delivery: node (node_delivery.py) ---
 
     def socket_name(self) -> str:
         """The abstract socket name this node's trainer ranks connect to."""
@@ -300,7 +285,7 @@ class NodeHost(_Serving):
                 fds: List[int] = []
                 try:
                     if request["op"] == "get":
-                        view = self._service.view(*request["key"])
+                        view = self._constructor.view(*request["key"])
                         held = view.attachment(lambda: node_delivery.ViewFile(
                             view.arrays(), view.state_before, view.state_after))
                         reply, fds = {"size": held.size}, [held.fd]
@@ -323,27 +308,43 @@ class NodeHost(_Serving):
 
     def _call_planner(self, method: str, client: str) -> int:
         # A rank attaching or detaching through node delivery (it runs no Ray driver).
+        if self._planner is not None:
+            return getattr(self._planner, method)(client)
         planner = ray.get_actor(f"{self._job}.planner", namespace=self._ns)
         return ray.get(getattr(planner, method).remote(client), timeout=self._timeout)
 
     def _stop_job(self, but_me: bool) -> None:
         # The last rank detached: every other actor of the job, then this one.
-        me = ray.get_runtime_context().get_actor_name()
         if but_me:
-            registry.stop(self._job, self._ns, skip=me)
+            registry.stop(self._job, self._ns, skip=self._me)
         else:
-            ray.kill(ray.get_actor(me, namespace=self._ns), no_restart=True)
+            ray.kill(ray.get_actor(self._me, namespace=self._ns), no_restart=True)
+
+    # --- what it reports ---
 
     def status(self) -> Dict[str, Any]:
-        return {**process_status("constructor"), **self._service.figures(),
-                "delivered": self._delivered, **self._serving_status()}
+        """``{"roles": [...]}``: one entry per service hosted here (role, pid, memory,
+        node, its figures); the payloads served count with the planner, else with the
+        constructor, else as the role ``sources``."""
+        process = process_status("")
+        serving = self._sources.status() if self._sources is not None else {}
+        roles = []
+        if self._planner is not None:
+            roles.append({**process, "role": "planner", **self._planner.figures(),
+                          **serving})
+            serving = {}
+        if self._constructor is not None:
+            roles.append({**process, "role": "constructor", **self._constructor.figures(),
+                          "delivered": self._delivered, **serving})
+            serving = {}
+        if serving or not roles:
+            roles.append({**process, "role": "sources", **serving})
+        return {"roles": roles}
 
 
 # --- Starting the actors (job.py composes them) ---
 
-_Planner = ray.remote(PlannerHost)
-_Sources = ray.remote(SourcesHost)
-_Node = ray.remote(NodeHost)
+_Host = ray.remote(Host)
 
 
 def _options(name: str, namespace: str, **extra: Any) -> Dict[str, Any]:
@@ -360,13 +361,21 @@ def _placed(config: "_core.Config") -> Dict[str, Any]:
     return {"resources": dict(resources)} if resources else {}
 
 
+def _pinned(node: str) -> Dict[str, Any]:
+    affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
+    return {"scheduling_strategy": affinity(node_id=node, soft=False)}
+
+
 def start_planner(config: "_core.Config", job: str, namespace: str, cwd: str,
-                  state_json: str, source_hosts: List[str], sources: List[int]):
-    """``JOB.planner`` (found if it runs): plans from ``state_json``; ``sources`` it
-    serves itself (``runtime.source_actors: 0``)."""
-    return _Planner.options(**_options(f"{job}.planner", namespace,
-                                       **_placed(config))).remote(
-        config, cwd, state_json, source_hosts, sources)
+                  state_json: str, source_hosts: List[str], sources: List[int],
+                  node: Optional[str] = None):
+    """``JOB.planner`` (found if it runs): plans from ``state_json``; serves ``sources``
+    itself. With ``node`` (the default placement) it is that node's host, pinned to it,
+    with its constructor beside the planner."""
+    where = _pinned(node) if node else _placed(config)
+    return _Host.options(**_options(f"{job}.planner", namespace, **where)).remote(
+        config, job, namespace, cwd, state_json=state_json, planner=True,
+        sources=sources, constructor=node is not None, source_hosts=source_hosts)
 
 
 def start_sources(config: "_core.Config", job: str, namespace: str, cwd: str, host: int,
@@ -375,8 +384,8 @@ def start_sources(config: "_core.Config", job: str, namespace: str, cwd: str, ho
     node), found if it runs."""
     name = f"{job}.sources.{host}" + (".shadow" if standby else "")
     extra = dict(_placed(config), **({"scheduling_strategy": "SPREAD"} if standby else {}))
-    return _Sources.options(**_options(name, namespace, **extra)).remote(
-        config, cwd, _core.placement(config)["sources_of_host"][host])
+    return _Host.options(**_options(name, namespace, **extra)).remote(
+        config, job, namespace, cwd, sources=_core.placement(config)["sources_of_host"][host])
 
 
 def node_host_name(job: str, node: str) -> str:
@@ -386,7 +395,6 @@ def node_host_name(job: str, node: str) -> str:
 def start_node_host(config: "_core.Config", job: str, namespace: str, cwd: str,
                     node: str):
     """Node ``node``'s host (``JOB.constructor.NODE``), pinned to it, found if it runs."""
-    affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-    return _Node.options(**_options(node_host_name(job, node), namespace,
-                                    scheduling_strategy=affinity(node_id=node, soft=False))
-                         ).remote(config, job, namespace, cwd)
+    return _Host.options(**_options(node_host_name(job, node), namespace,
+                                    **_pinned(node))).remote(
+        config, job, namespace, cwd, constructor=True)

@@ -3,10 +3,11 @@
 ``JOB`` is ``runtime.job`` or ``braid-`` and a hash of the config's fingerprint, topology
 and start state, so the ranks of one job (same config, same state) find the same actors
 and another job never does. Where each service runs follows ``_core.placement(config)``
-(service/hosting.h): the planner in ``JOB.planner``; on every node with trainer ranks one
-host process ``JOB.constructor.NODE`` with its constructor and, by default on the job's
-first node, the sources' payloads; ``JOB.sources.K`` with ``runtime.source_actors: K``;
-hot standbys ``JOB.sources.K.shadow`` with ``runtime.shadow``.
+(service/hosting.h, hosts.py): by default one host process per node, the first node's
+``JOB.planner`` with the planner, the sources and its constructor, the others'
+``JOB.constructor.NODE``; with ``runtime.source_actors`` or ``runtime.actor_resources``
+the planner, ``JOB.sources.K`` and each node's constructor apart; hot standbys
+``JOB.sources.K.shadow`` with ``runtime.shadow``.
 
 The first rank to arrive creates the actors (``get_if_exists``: race-free); every rank
 attaches with a client id and detaches when it closes or exits; the last to detach stops
@@ -68,15 +69,14 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     where = placement["sources"]
     # The actor that serves each source host's payloads (the first rank's choice wins:
     # the planner keeps the list it was created with).
-    if where == "node":
-        source_hosts = [hosts.node_host_name(name, node)]
-    elif where == "planner":
-        source_hosts = [f"{name}.planner"]
-    else:
+    if where == "actors":
         source_hosts = [f"{name}.sources.{k}" for k in range(placement["hosts"])]
+    else:  # with the planner (in the first node's host by default)
+        source_hosts = [f"{name}.planner"]
     planner = hosts.start_planner(
         config, name, ns, cwd, state_json, source_hosts,
-        placement["sources_of_host"][0] if where == "planner" else [])
+        placement["sources_of_host"][0] if where != "actors" else [],
+        node=node if where == "node" else None)
     sources = []
     if where == "actors":
         sources = [hosts.start_sources(config, name, ns, cwd, k)
@@ -84,8 +84,12 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     if placement["standby"]:  # hot standbys, spread over the nodes (docs/distributed.md)
         sources += [hosts.start_sources(config, name, ns, cwd, k, standby=True)
                     for k in range(placement["hosts"])]
-    constructor = hosts.start_node_host(config, name, ns, cwd, node)
-    job = Job(name, ns, planner, sources, constructor, float(rt["timeout_s"]))
+    timeout_s = float(rt["timeout_s"])
+    if where == "node" and ray.get(planner.node.remote(), timeout=timeout_s) == node:
+        constructor = planner  # this node's host is the planner's
+    else:
+        constructor = hosts.start_node_host(config, name, ns, cwd, node)
+    job = Job(name, ns, planner, sources, constructor, timeout_s)
     ray.get(planner.attach.remote(client), timeout=job.timeout_s)
     return job
 

@@ -1,10 +1,10 @@
 """A job's named actors and its entry in Ray's key-value store: found, reported and
 removed by name (``braid status``, ``braid stop``, the last rank to detach).
 
-Names: ``JOB.planner``, ``JOB.constructor.NODE`` (one host process per node with trainer
-ranks: its constructor, and, by default on the job's first node, the sources' payloads),
+Names: ``JOB.planner`` (by default the job's first node's host: the planner, the
+sources and that node's constructor), ``JOB.constructor.NODE`` (every other node's host),
 ``JOB.sources.K`` (with ``runtime.source_actors: K``) and ``JOB.sources.K.shadow`` (a
-source host's standby), all in ``runtime.namespace``.
+source host's standby), all in ``runtime.namespace`` (hosts.py).
 """
 
 from __future__ import annotations
@@ -46,17 +46,18 @@ def stop(name: str, namespace: str, skip: Optional[str] = None) -> List[str]:
 
 
 def status(name: str, namespace: str, timeout_s: float = 10.0) -> List[Dict[str, Any]]:
-    """Each actor of job ``name``: its name and what it reports (role, node, pid, memory,
-    steps reached), or the error that kept it from answering."""
+    """Each service of job ``name``: the name of the actor that hosts it and what it
+    reports (role, node, pid, memory, steps reached), one entry per role an actor hosts;
+    or, for an actor that did not answer, the error."""
     out = []
     for actor_name in actor_names(name, namespace):
-        entry: Dict[str, Any] = {"name": actor_name}
         try:
             actor = ray.get_actor(actor_name, namespace=namespace)
-            entry.update(ray.get(actor.status.remote(), timeout=timeout_s))
+            reply = ray.get(actor.status.remote(), timeout=timeout_s)
         except Exception as exc:  # reported, not raised: status is for crashed jobs too
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-        out.append(entry)
+            out.append({"name": actor_name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        out.extend({"name": actor_name, **role} for role in reply["roles"])
     return out
 
 

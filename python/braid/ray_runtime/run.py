@@ -15,7 +15,7 @@ from braid.ray_runtime.client import RayStream
 def run_job(config: "_core.Config", steps: int,
             progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """Runs ``steps`` steps; returns ``_core.run_job``'s summary plus ``runtime`` and
-    ``actors`` (each actor's status at the end). Starts a local Ray instance when
+    ``actors`` (each role's status at the end, with the actor that hosts it). Starts a local Ray instance when
     ``runtime.address`` has none."""
     if steps <= 0:
         raise _core.ConfigError("--steps: must be > 0")
@@ -42,7 +42,9 @@ def run_job(config: "_core.Config", steps: int,
             if progress is not None:
                 progress(recorder.summary(0))
         actors = jobs.status(job.name, job.namespace)
-        summary = recorder.summary(sum(a.get("rss_bytes", 0) for a in actors))
+        # One entry per role: a process hosting several counts once.
+        rss = {a["name"]: a.get("rss_bytes", 0) for a in actors}
+        summary = recorder.summary(sum(rss.values()))
         summary["runtime"] = "ray"
         summary["job"] = job.name
         summary["actors"] = actors

@@ -15,6 +15,21 @@
 
 namespace braid {
 
+namespace {
+
+// Whether the pieces of `bucket` hold their payloads (a plan planned in this process
+// from streams that read them), or only their keys (from metadata, or across processes).
+bool CarriesPayloads(const StepPlan& plan, int64_t bucket) {
+  for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+    for (const Sequence& seq : mb.sequences) {
+      for (const DocPiece& piece : seq.docs) return static_cast<bool>(piece.payload);
+    }
+  }
+  return true;  // no piece: nothing to fetch
+}
+
+}  // namespace
+
 std::shared_ptr<void> DeliveredView::Attachment(
     const std::function<std::shared_ptr<void>()>& make) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -295,8 +310,14 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
   ARROW_ASSIGN_OR_RAISE(std::shared_ptr<const PlannedStep> planned, PlanFor(step, bucket));
   auto out = std::make_shared<BucketBuild>();
   out->step = planned;
-  if (planned->plan != nullptr) {  // in process: the pieces carry their payloads
+  if (planned->plan != nullptr && CarriesPayloads(*planned->plan, bucket)) {
+    // In process, the pieces' payloads attached: their decodes start now, on the pool.
     const StepPlan& plan = *planned->plan;
+    for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+      for (const Sequence& seq : mb.sequences) {
+        for (const DocPiece& piece : seq.docs) piece.payload.Want();
+      }
+    }
     // The build keeps the step's states, not its plan: the payloads go once built.
     auto states = std::make_shared<PlannedStep>();
     states->step = planned->step;

@@ -8,7 +8,7 @@ Placement PlaceSources(const Config& config) {
   Placement p;
   const int64_t actors = config.runtime.source_actors;
   const int32_t n = static_cast<int32_t>(config.sources.size());
-  if (actors < 0) {
+  if (actors < 0 && config.runtime.actor_resources.empty()) {
     p.sources = Placement::Sources::kNode;
     p.hosts = 1;
   } else if (actors == 0) {
@@ -16,7 +16,8 @@ Placement PlaceSources(const Config& config) {
     p.hosts = 1;
   } else {
     p.sources = Placement::Sources::kActors;
-    p.hosts = static_cast<int32_t>(std::min<int64_t>(actors, std::max<int32_t>(n, 1)));
+    p.hosts = static_cast<int32_t>(
+        std::min<int64_t>(std::max<int64_t>(actors, 1), std::max<int32_t>(n, 1)));
   }
   p.sources_of_host.resize(size_t(p.hosts));
   for (int32_t i = 0; i < n; ++i) {
@@ -35,6 +36,14 @@ PlannerService::Options SharedPlannerOptions(const Config& config) {
   o.replay = true;
   o.state.plan_ahead = config.runtime.steps_in_flight + 1;
   o.state.keep_steps = 2 * config.runtime.steps_in_flight + 6;
+  return o;
+}
+
+PlannerService::Options CoHostedPlannerOptions(const Config& config) {
+  PlannerService::Options o = SharedPlannerOptions(config);
+  o.keep_plan = true;
+  o.state.keep_plan_steps = config.runtime.steps_in_flight + 2;
+  o.reopen = PlannerService::MetadataOnly(config);
   return o;
 }
 

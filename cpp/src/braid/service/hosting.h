@@ -1,16 +1,19 @@
 // How a runtime of several processes (the Ray runtime) hosts the services: where the
 // sources' payloads are served, and the services' settings that follow from the config.
 //
-// Placement (runtime.source_actors):
-//   unset   the sources are served by the host process of the node that starts the job,
-//           beside that node's constructor: one process per node, and that node's
-//           constructor fetches its pieces in process (the default)
-//   0       by the planner's process
-//   K > 0   by K processes of their own, source i by process i % K (placed by Ray, on
-//           nodes with runtime.actor_resources when given)
-// runtime.shadow gives every source host a hot standby in a process of its own; without
-// it a standby is started when a host cannot be reached (its node is gone). A host's
-// number is the same in every process of the job: PieceSource's `host`.
+// Placement. By default one host process per node with trainer ranks: the job's first
+// node's (`JOB.planner`) hosts the planner, the sources and that node's constructor,
+// which then builds from the plans themselves, their payloads read by the planner's own
+// streams (one read of each row, as in the embedded runtime); every other node's host
+// runs its constructor, which fetches pieces by key from the first. With
+// runtime.source_actors or runtime.actor_resources the roles get processes of their
+// own: the planner (`JOB.planner`, placed by Ray, on nodes with actor_resources when
+// given); the sources' payloads served by the planner's process (source_actors: 0) or
+// by K processes of their own (`JOB.sources.K`, source i in i % K; K defaults to 1 with
+// actor_resources); a host per node for its constructor. runtime.shadow gives every
+// source host a hot standby in a process of its own; without it a standby is started
+// when a host cannot be reached (its node is gone). A source host's number is the same
+// in every process of the job: PieceSource's `host`.
 //
 // Thread-safe: pure functions of the config.
 #pragma once
@@ -26,8 +29,8 @@ namespace braid {
 
 struct Placement {
   enum class Sources : int8_t {
-    kNode,     ///< in the host process of the job's first node
-    kPlanner,  ///< in the planner's process
+    kNode,     ///< with the planner, in the host process of the job's first node
+    kPlanner,  ///< in the planner's own process
     kActors,   ///< in processes of their own
   };
   Sources sources = Sources::kNode;
@@ -46,10 +49,18 @@ Placement PlaceSources(const Config& config);
 /// within a few steps of each other; an older step is planned again from a checkpoint).
 PlannerService::Options SharedPlannerOptions(const Config& config);
 
+/// The planner of the job's first node's host (Placement kNode): SharedPlannerOptions,
+/// planning from streams that read the payloads (`open`, SourceSet kPayloads) for the
+/// constructor beside it, the plans themselves kept runtime.steps_in_flight + 2 steps
+/// (then only their wire messages), replays from metadata only.
+PlannerService::Options CoHostedPlannerOptions(const Config& config);
+
 /// A node's constructor service: steps_in_flight steps built ahead, four builds at a
 /// time (their waits on the planner and the source hosts overlap the others' image
-/// decoding), builds kept steps_in_flight + 2 steps (a node's ranks move within about a
-/// step of each other; a rank further behind gets its micro-batches built again).
+/// decoding), builds and views kept steps_in_flight + 2 steps behind the newest step
+/// asked for (a node's ranks move within about a step of each other and ask about two
+/// steps ahead of what they consume; a rank further behind gets its micro-batches built
+/// again, the same bytes).
 ConstructorService::Options NodeConstructorOptions(const Config& config);
 
 }  // namespace braid

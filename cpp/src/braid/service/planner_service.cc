@@ -199,7 +199,8 @@ Result<std::shared_ptr<const PlannedStep>> PlannerService::Replay(int64_t step,
                                                                   PlannerState from) {
   // A step older than the held ones (a consumer far behind, or restarted): the plan is
   // a pure function of (config, state), so it is the one handed out before.
-  ARROW_ASSIGN_OR_RAISE(auto sources, open_(from));
+  ARROW_ASSIGN_OR_RAISE(auto sources,
+                        options_.reopen ? options_.reopen(from) : open_(from));
   ARROW_ASSIGN_OR_RAISE(auto planner, Planner::Make(config_, sources->streams(), from));
   sources->Start();
   while (true) {

@@ -54,6 +54,10 @@ class PlannerService {
     bool keep_plan = true;
     /// Plan a step no longer held again from a checkpoint; false: asking for it fails.
     bool replay = true;
+    /// Opens the streams a replay plans from; null: the OpenSources of Make. (A planner
+    /// whose streams read payloads replays from metadata: a replayed step is wanted
+    /// across processes, by key.)
+    OpenSources reopen;
     /// Receives the journal (PlannerServiceState::Journal) whenever it changed, in order;
     /// called without the service's lock held. Null: nothing is persisted.
     std::function<void(const std::string& journal)> commit;

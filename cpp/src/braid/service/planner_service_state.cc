@@ -96,6 +96,15 @@ bool PlannerServiceState::Apply(const Update& update) {
 void PlannerServiceState::DropOld() {
   const int64_t oldest = newest_asked_ - options_.keep_steps;
   while (!held_.empty() && held_.begin()->first < oldest) held_.erase(held_.begin());
+  if (options_.keep_plan_steps < 0) return;
+  // Older steps keep their wire message, not the plan: its payloads are freed.
+  const int64_t planned = newest_asked_ - options_.keep_plan_steps;
+  for (auto it = held_.begin(); it != held_.end() && it->first < planned; ++it) {
+    if (it->second->plan == nullptr) continue;
+    auto light = std::make_shared<PlannedStep>(*it->second);
+    light->plan = nullptr;
+    it->second = std::move(light);
+  }
 }
 
 std::string PlannerServiceState::Journal() const {

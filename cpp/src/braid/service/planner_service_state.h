@@ -56,6 +56,9 @@ class PlannerServiceState {
     /// Plans held behind the newest step asked for (older ones are planned again on
     /// demand).
     int64_t keep_steps = 1;
+    /// Of them, how many keep the plan itself (PlannedStep::plan: its payload handles
+    /// hold payloads in memory); older ones keep their wire message only. -1: all.
+    int64_t keep_plan_steps = -1;
     /// Every checkpoint_every-th step's state is kept to plan dropped steps again from;
     /// the newest max_checkpoints of them (and the start), `committed` in the journal.
     int64_t checkpoint_every = 16;
