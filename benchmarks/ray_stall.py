@@ -1,14 +1,16 @@
 """How long a trainer waits when an actor of its Ray job dies.
 
 One trainer (dp=1) pulls micro-batches from `braid.Loader` with `runtime.kind: ray`,
-"training" --step-ms per step; at fixed micro-batches the planner, the source actor and
-the constructor are killed in turn (`ray.kill(..., no_restart=False)`: Ray restarts
-them). Prints, per role, the longest `next()` in the --window micro-batches after the
+"training" --step-ms per step; at fixed micro-batches the job's actors are killed in turn
+(`ray.kill(..., no_restart=False)`: Ray restarts them): with the default placement its
+one host process (`JOB.planner`: planner, sources and constructor), with
+`--source-actors 1` the planner, the source actor and the constructor apart. Prints, per role, the longest `next()` in the --window micro-batches after the
 kill, and the median `next()` without kills, from one run. The stream itself is checked
 against the embedded runtime by the tests (tests/test_ray_faults.py).
 
     PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/ray_stall.py \
-        [--kills 3] [--step-ms 200] [--window 16] [--dir out/ray_stall] [--shadow]
+        [--kills 3] [--step-ms 200] [--window 16] [--dir out/ray_stall] [--shadow] \
+        [--source-actors 1]
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=3, help="kills per role")
+    ap.add_argument("--source-actors", type=int, default=None,
+                    help="runtime.source_actors (default: unset, one host process)")
     ap.add_argument("--step-ms", type=float, default=200)
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--dir", default=os.path.join("out", "ray_stall"))
@@ -53,9 +57,12 @@ def main() -> None:
              configure_logging=False, namespace="stall")
     config["runtime"] = {"kind": "ray", "namespace": "stall", "job": "stall",
                          "shadow": args.shadow}
+    if args.source_actors is not None:
+        config["runtime"]["source_actors"] = args.source_actors
     loader = braid.Loader(config, 0, 1)
     sleep = args.step_ms / 1000 / loader.micro_batches_per_step
-    roles = ["planner", "sources.0", "constructor"]
+    roles = (["planner"] if args.source_actors is None
+             else ["planner", "sources.0", "constructor"])
     plan = {}
     at = 2 * args.window
     for k in range(args.kills):
