@@ -741,8 +741,8 @@ Result<Topology> ParseTopology(const YAML::Node& t) {
 
 Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   ARROW_RETURN_NOT_OK(CheckMap(root, "",
-                               {"seed", "topology", "batch", "balance", "sources",
-                                "runtime", "tokenizer", "phases"}));
+                               {"seed", "topology", "batch", "balance", "mix",
+                                "sources", "runtime", "tokenizer", "phases"}));
   Config c;
   c.base_dir = base_dir;
   if (root["seed"]) {
@@ -787,6 +787,7 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                             Enum<BalanceConfig::Split>(
                                 bal["split"], "balance.split",
                                 {{"boundary", BalanceConfig::Split::kBoundary},
+                                 {"aligned", BalanceConfig::Split::kAligned},
                                  {"even", BalanceConfig::Split::kEven}}));
     }
     if (bal["max_piece"]) {
@@ -835,6 +836,17 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
                                   {"none", BalanceAlgorithm::kNone}}));
     }
   }
+  // --- Planner: mix accounting (docs/planner.md) ---
+  if (const YAML::Node mix = root["mix"]) {
+    ARROW_RETURN_NOT_OK(CheckMap(mix, "mix", {"exact"}));
+    if (mix["exact"]) {
+      ARROW_ASSIGN_OR_RAISE(c.mix.exact,
+                            Enum<MixConfig::Exact>(mix["exact"], "mix.exact",
+                                                   {{"time", MixConfig::Exact::kTime},
+                                                    {"step", MixConfig::Exact::kStep}}));
+    }
+  }
+  // --- end planner ---
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(
         CheckMap(rt, "runtime", {"kind", "read_ahead_bytes", "prefetch_steps", "cache",
