@@ -63,7 +63,8 @@ int64_t WholePacker::Largest() const {
 Status WholePacker::Pack(const std::vector<int64_t>& lens,
                          const std::vector<int32_t>& order, std::vector<int64_t>* rooms,
                          std::vector<int32_t>* sequence_of,
-                         std::vector<PackedPart>* cut) {
+                         std::vector<PackedPart>* cut,
+                         const std::vector<int32_t>* first) {
   cut->clear();
   const size_t n = lens.size();
   if (order.size() != n) {
@@ -92,7 +93,12 @@ Status WholePacker::Pack(const std::vector<int64_t>& lens,
     });
   }
   Reset(max_room, rooms->size());
-  for (size_t s = rooms->size(); s-- > 0;) {
+  if (first != nullptr && first->size() != rooms->size()) {
+    return Status::Invalid("WholePacker: ", rooms->size(), " rooms but an order of ",
+                           first->size(), " sequences (a bug)");
+  }
+  for (size_t j = rooms->size(); j-- > 0;) {  // LIFO: the first pushed last
+    const size_t s = first != nullptr ? size_t((*first)[j]) : j;
     if ((*rooms)[s] > 0) Push(static_cast<int32_t>(s), (*rooms)[s]);
   }
   leftover_.clear();

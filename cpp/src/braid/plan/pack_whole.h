@@ -34,15 +34,16 @@ class WholePacker {
   /// tokens of room each, lowering the rooms by what it puts there. Pieces go in
   /// decreasing length, ties in the order of `order` (a permutation of the piece
   /// indices); a piece lands whole in the sequence with the smallest room that holds it
-  /// (the most recently filled of equal rooms, sequence 0 first at the start):
+  /// (the most recently filled of equal rooms; at the start, `first`'s order):
   /// `(*sequence_of)[k]` is that sequence. The pieces no room holds whole, in the same
   /// order, fill the largest rooms: their `(*sequence_of)[k]` is -1 and their parts are
   /// in `*cut` (cleared first), each piece's consecutive and by offset. Rooms left over
-  /// are padding. Deterministic. Fails (a bug in the caller) when the pieces exceed the
-  /// rooms. Cost: O(pieces + sequences + longest room / 64).
+  /// are padding. `first` (may be null: 0, 1, ...) orders the sequences among equal rooms
+  /// at the start: first[0] is filled first. Deterministic. Fails (a bug in the caller)
+  /// when the pieces exceed the rooms. Cost: O(pieces + sequences + longest room / 64).
   Status Pack(const std::vector<int64_t>& lens, const std::vector<int32_t>& order,
               std::vector<int64_t>* rooms, std::vector<int32_t>* sequence_of,
-              std::vector<PackedPart>* cut);
+              std::vector<PackedPart>* cut, const std::vector<int32_t>* first = nullptr);
 
  private:
   // The sequences bucketed by their room: a LIFO list per room size and a two-level

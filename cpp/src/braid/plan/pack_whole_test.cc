@@ -192,6 +192,24 @@ TEST(WholePackerTest, CutsOnlyWhatNoRoomHoldsAndOnlyWhereARoomEnds) {
   EXPECT_GT(whole, 20 * cut);
 }
 
+// `first` orders the sequences at the start: equal rooms are filled in its order.
+TEST(WholePackerTest, TheFirstOrderChoosesWhichSequencesFillFirst) {
+  WholePacker packer;
+  std::vector<int64_t> rooms(4, 10);
+  std::vector<int32_t> sequence_of;
+  std::vector<PackedPart> cut;
+  const std::vector<int32_t> first = {2, 0, 3, 1};
+  ASSERT_TRUE(
+      packer.Pack({10, 10, 6, 6}, {0, 1, 2, 3}, &rooms, &sequence_of, &cut, &first).ok());
+  // Longest first: 10 -> 2, 10 -> 0, 6 -> 3, then the other 6 best fits nowhere
+  // smaller than the untouched 10 of sequence 1 (the 4 left in 3 is too small).
+  EXPECT_EQ(sequence_of, (std::vector<int32_t>{2, 0, 3, 1}));
+  EXPECT_TRUE(cut.empty());
+  EXPECT_EQ(rooms, (std::vector<int64_t>{0, 4, 0, 4}));
+  std::vector<int32_t> wrong = {0, 1};
+  EXPECT_TRUE(packer.Pack({1}, {0}, &rooms, &sequence_of, &cut, &wrong).IsInvalid());
+}
+
 TEST(WholePackerTest, PiecesBeyondTheRoomsAreABugNotACrash) {
   WholePacker packer;
   std::vector<int64_t> rooms = {10, 10};

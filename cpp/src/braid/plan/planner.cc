@@ -885,12 +885,16 @@ Status Planner::PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan) {
   perm_.resize(n);
   std::iota(perm_.begin(), perm_.end(), 0);
   rng.Shuffle(&perm_);
-  // Best fit decreasing fills the packer's sequences from the longest pieces down; each
-  // goes to a seeded place among the step's sequences, so that their order (ties in
-  // balancing, sequences assigned in order) says nothing of their contents.
+  // Best fit decreasing fills sequences from the longest pieces down, so their order
+  // follows their contents. Sequences assigned in order (`algorithm: none`, and the
+  // sequential imbalance reported) take them in a seeded order instead, which says
+  // nothing of their contents; the balancers keep the packer's (their ties cost the
+  // swaps after them less work).
   slot_.resize(n_seq);
   std::iota(slot_.begin(), slot_.end(), 0);
   rng.Shuffle(&slot_);
+  const bool in_order = config_.balance.algorithm == BalanceAlgorithm::kNone;
+  const std::vector<int32_t>* first = in_order ? &slot_ : nullptr;
   // Multimodal heads go where the draw placed them; the rest of every piece is text.
   static const std::vector<Placement> kNone;
   const std::vector<Placement>& placed = placer_ ? placer_->placements() : kNone;
@@ -908,7 +912,7 @@ Status Planner::PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan) {
   const bool text_only = placed.empty();
   if (text_only) {
     ARROW_RETURN_NOT_OK(
-        packer_.Pack(piece_lens_, perm_, &rooms_, &text_sequence_, &cut_parts_));
+        packer_.Pack(piece_lens_, perm_, &rooms_, &text_sequence_, &cut_parts_, first));
   } else {
     text_lens_.clear();
     text_piece_.clear();
@@ -922,7 +926,8 @@ Status Planner::PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan) {
     text_order_.resize(text_lens_.size());
     std::iota(text_order_.begin(), text_order_.end(), 0);
     ARROW_RETURN_NOT_OK(
-        packer_.Pack(text_lens_, text_order_, &rooms_, &text_sequence_, &cut_parts_));
+        packer_.Pack(text_lens_, text_order_, &rooms_, &text_sequence_, &cut_parts_,
+                     first));
   }
   // Each sequence's parts in interleave order (a piece's by offset), as entries into its
   // slice of by_sequence_: a piece index for a piece placed whole, -1 - j for special_[j]
@@ -989,7 +994,7 @@ Status Planner::PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan) {
   const double attn = config_.balance.attn, linear = config_.balance.linear;
   size_t index = 0;
   for (size_t s = 0; s < n_seq; ++s) {
-    Sequence& seq = sequences_[size_t(slot_[s])];
+    Sequence& seq = sequences_[s];
     const size_t last = size_t(seq_parts_[s + 1]);
     seq.docs.reserve(last - index);
     for (; index < last; ++index) {
@@ -1021,8 +1026,8 @@ Status Planner::PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan) {
       seq.cost += PieceCost(config_.balance, part.len, part.image_tokens);
       tally.Add(part.source, part.start, part.len);
     }
-    seq_tokens_[size_t(slot_[s])] = seq.tokens;
-    seq_costs_[size_t(slot_[s])] = seq.cost;
+    seq_tokens_[s] = seq.tokens;
+    seq_costs_[s] = seq.cost;
   }
   pieces_.clear();
   return Status::OK();
@@ -1105,12 +1110,16 @@ Result<StepPlan> Planner::PlanStep() {
     // Then swaps between the costliest and the cheapest rank (plan/swap_refine.h).
     for (auto& bin : rank_bins) std::sort(bin.begin(), bin.end());
   }
-  {  // in order, num_sequences / dp consecutive sequences per rank
+  {  // in order, num_sequences / dp consecutive sequences per rank (under mix.exact:
+     // time in a seeded order when the packer's follows the sequences' contents)
     const size_t per = costs.size() / size_t(dp);
+    const bool seeded = !per_step && config_.balance.algorithm != BalanceAlgorithm::kNone;
     double max_sum = 0, total = 0;
     for (size_t r = 0; r < size_t(dp); ++r) {
       double sum = 0;
-      for (size_t k = r * per; k < (r + 1) * per; ++k) sum += costs[k];
+      for (size_t k = r * per; k < (r + 1) * per; ++k) {
+        sum += costs[seeded ? size_t(slot_[k]) : k];
+      }
       max_sum = std::max(max_sum, sum);
       total += sum;
     }
