@@ -62,10 +62,11 @@ inline double PieceCost(const BalanceConfig& b, int64_t len, int64_t image_token
 }
 
 /// The context figures of a piece of `len` tokens starting `start` tokens into its
-/// document, at sequence length `seq_len` (docs/planner.md, "Context"): `context` sums
-/// each token's position inside the piece (what attention sees of its document), `bound`
-/// each token's offset in the document modulo seq_len (what it would see were the
-/// document cut only every seq_len tokens from its start).
+/// document, at sequence length `seq_len` (docs/planner.md, "Context and share drift"):
+/// `context` sums each token's position inside the piece (what attention sees of its
+/// document), `bound` each token's offset in the document modulo seq_len (what it would
+/// see were the document cut only every seq_len tokens from its start); context <= bound
+/// for a piece of at most seq_len tokens.
 struct PieceContext {
   int64_t context = 0;
   int64_t bound = 0;
@@ -138,7 +139,11 @@ class Planner {
     int64_t phase = 0, phase_cap = 0;
     StreamPos phase_pos;
   };
+  /// Sets `flow`'s head document and next unit for `source` (reading its stream when
+  /// the head is consumed).
   Status NextUnit(int32_t source, int64_t seq_len, int64_t fill, Flow* flow);
+  /// Takes `tokens` of `source`'s next unit (all of it, or the step's last tokens) into
+  /// pieces_, then finds its next unit.
   Status TakeUnit(int32_t source, int64_t tokens, int64_t seq_len, int64_t fill);
   /// Packs pieces_ into sequences_ (mix.exact: step: interleave order, cut at sequence
   /// boundaries; time: whole where they fit), with the sequences' tokens and costs in
