@@ -48,6 +48,7 @@ CASES = [
     ("phases_greedy", 12, None),
     ("slack_dp", 10, None),
     ("slack_dp", 10, 2),
+    ("per_step", 16, None),
 ]
 
 

@@ -55,6 +55,18 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["skipped_files_rows_unknown"] = rows_unknown;
   d["step_imbalance"] = s.step_imbalance;
   d["step_seconds"] = s.step_seconds;
+  // Planner: per source, mean context / bound and share drift (docs/plan-format.md).
+  nb::dict context, drift, drift_max;
+  for (size_t i = 0; i < s.source_names.size(); ++i) {
+    const char* name = s.source_names[i].c_str();
+    context[name] = i < s.source_context.size() ? s.source_context[i] : 1.0;
+    drift[name] = i < s.source_drift.size() ? s.source_drift[i] : 0.0;
+    drift_max[name] = i < s.source_drift_max.size() ? s.source_drift_max[i] : 0.0;
+  }
+  d["source_context"] = context;
+  d["source_drift"] = drift;
+  d["source_drift_max"] = drift_max;
+  d["max_seq_len"] = s.max_seq_len;
   return d;
 }
 

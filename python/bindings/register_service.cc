@@ -67,6 +67,10 @@ nb::dict FiguresToDict(const PlanFigures& f) {
   d["padding_tokens"] = f.padding_tokens;
   d["multimodal_cut"] = f.multimodal_cut;
   d["multimodal_deferred"] = f.multimodal_deferred;
+  d["seq_len"] = f.seq_len;  // planner: context and drift
+  d["source_context"] = f.source_context;
+  d["source_bound"] = f.source_bound;
+  d["source_drift"] = f.source_drift;
   return d;
 }
 
@@ -80,6 +84,12 @@ PlanFigures FiguresFromDict(const nb::dict& d) {
   f.padding_tokens = nb::cast<int64_t>(d["padding_tokens"]);
   f.multimodal_cut = nb::cast<int64_t>(d["multimodal_cut"]);
   f.multimodal_deferred = nb::cast<int64_t>(d["multimodal_deferred"]);
+  if (d.contains("seq_len")) {  // planner: context and drift
+    f.seq_len = nb::cast<int64_t>(d["seq_len"]);
+    f.source_context = nb::cast<std::vector<int64_t>>(d["source_context"]);
+    f.source_bound = nb::cast<std::vector<int64_t>>(d["source_bound"]);
+    f.source_drift = nb::cast<std::vector<double>>(d["source_drift"]);
+  }
   return f;
 }
 

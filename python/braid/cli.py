@@ -101,6 +101,21 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
               f"   skipped {summary['skipped'][name]}"
               + (f", blanked {summary['blanked'][name]}" if summary["blanked"][name] else "")
               + _skipped_files(summary, name), file=out)
+    _print_context(summary, out)
+
+
+def _print_context(summary: dict, out) -> None:
+    """Per source: mean context / bound and the share drift (docs/plan-format.md)."""
+    if "source_context" not in summary:
+        return
+    seq_len = max(summary.get("max_seq_len", 0), 1)
+    print("  context          mean context / bound, share drift (tokens received less "
+          "the share; largest |drift| in seq_lens)", file=out)
+    for name, ratio in summary["source_context"].items():
+        drift = summary["source_drift"][name]
+        worst = summary["source_drift_max"][name]
+        print(f"    {name:<14} {ratio:.4f}   drift {drift:+,.0f} tokens, largest "
+              f"{worst:,.0f} ({worst / seq_len:.2f} x {seq_len})", file=out)
 
 
 def _skipped_files(summary: dict, name: str) -> str:

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 
 
@@ -57,6 +58,11 @@ RunRecorder::RunRecorder(const Config& config) : config_(config) {
   summary_.target_share.assign(n, 0.0);
   summary_.skipped.assign(n, 0);
   target_sum_.assign(n, 0.0);
+  summary_.source_context.assign(n, 1.0);
+  summary_.source_drift.assign(n, 0.0);
+  summary_.source_drift_max.assign(n, 0.0);
+  context_sum_.assign(n, 0.0);
+  bound_sum_.assign(n, 0.0);
 }
 
 void RunRecorder::AddStep(const PlanFigures& plan, int64_t tokens, int64_t micro_batches,
@@ -78,6 +84,19 @@ void RunRecorder::AddStep(const PlanFigures& plan, int64_t tokens, int64_t micro
     target_sum_[i] += config_.WeightAt(i, plan.step) / total_weight;
   }
   if (plan.skipped.size() == n) s.skipped = plan.skipped;
+  s.max_seq_len = std::max(s.max_seq_len, plan.seq_len);
+  for (size_t i = 0; i < n; ++i) {
+    if (i < plan.source_bound.size() && i < plan.source_context.size()) {
+      context_sum_[i] += double(plan.source_context[i]);
+      bound_sum_[i] += double(plan.source_bound[i]);
+      if (bound_sum_[i] > 0) s.source_context[i] = context_sum_[i] / bound_sum_[i];
+    }
+    if (i < plan.source_drift.size()) {
+      s.source_drift[i] = plan.source_drift[i];
+      s.source_drift_max[i] =
+          std::max(s.source_drift_max[i], std::abs(plan.source_drift[i]));
+    }
+  }
   s.padding_tokens += plan.padding_tokens;
   s.multimodal_cut += plan.multimodal_cut;
   s.multimodal_deferred += plan.multimodal_deferred;

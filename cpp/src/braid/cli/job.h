@@ -51,6 +51,14 @@ struct RunSummary {
   int64_t multimodal_deferred = 0;
   std::vector<double> step_imbalance;
   std::vector<double> step_seconds;  ///< wall time to receive each step's micro-batches
+  // --- Planner: context and share drift (docs/plan-format.md) ---
+  /// Per source: mean context / bound of its tokens over the run (planner.h ContextOf).
+  std::vector<double> source_context;
+  /// Per source: share drift after the last step (tokens received less its share of the
+  /// tokens planned) and the largest |drift| over the steps, in tokens.
+  std::vector<double> source_drift;
+  std::vector<double> source_drift_max;
+  int64_t max_seq_len = 0;  ///< the longest sequence of the run's steps
 };
 
 
@@ -72,6 +80,7 @@ class RunRecorder {
   double imbalance_sum_ = 0, sequential_sum_ = 0;
   int64_t first_step_tokens_ = 0;
   std::vector<double> target_sum_;
+  std::vector<double> context_sum_, bound_sum_;
 };
 
 /// Runs the whole pipeline for `steps` steps with every DP rank simulated in this process:

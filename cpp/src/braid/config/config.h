@@ -199,9 +199,12 @@ struct BalanceConfig {
   CostMode cost_mode = CostMode::kHybrid;
   BalanceAlgorithm algorithm = BalanceAlgorithm::kKarmarkarKarp;
   /// How a document longer than `max_piece` (0: the step's seq_len) is cut before
-  /// packing: kBoundary cuts only where a sequence ends (and at multiples of max_piece);
-  /// kEven cuts it into ceil(len / max_piece) near-equal pieces.
-  enum class Split { kBoundary, kEven };
+  /// packing: kBoundary where a sequence ends: under mix.exact: step by the packer,
+  /// under time every max_piece tokens from a seeded offset (as the sequence ends of
+  /// concatenated documents would cut it); kAligned every max_piece tokens from the
+  /// document's start (under time; as kBoundary under step); kEven into
+  /// ceil(len / max_piece) near-equal pieces.
+  enum class Split { kBoundary, kAligned, kEven };
   Split split = Split::kBoundary;
   int64_t max_piece = 0;
   /// Token slack: each sequence is packed to seq_len - round(slack * seq_len) tokens (the
@@ -210,6 +213,16 @@ struct BalanceConfig {
   double slack = 0.0;
 };
 
+/// How the planner keeps the mix's token shares (`mix.exact`).
+struct MixConfig {
+  /// kTime: shares exact over time. Each source's cumulative tokens stay within a
+  /// sequence length of its share of the tokens planned, and a step takes whole
+  /// documents, cut only where a sequence ends, by `oversize` or by `max_piece`.
+  /// kStep: every step's tokens per source are exact; the document that overflows a
+  /// source's quota is cut there and continues at the next step.
+  enum class Exact { kTime, kStep };
+  Exact exact = Exact::kTime;
+};
 /// Steps [previous phase's until_step, until_step) use this phase's sequence length and
 /// weight overrides; steps after the last phase use batch.seq_len and the sources' weights.
 struct PhaseConfig {
@@ -262,6 +275,7 @@ struct Config {
   Topology topology;
   BatchConfig batch;
   BalanceConfig balance;
+  MixConfig mix;  ///< planner: how shares are kept exact
   std::vector<SourceConfig> sources;
   RuntimeConfig runtime;
   TokenizerConfig tokenizer;  ///< for text_column / chat sources

@@ -906,7 +906,7 @@ class StateRegression : public ::testing::Test {
 
 TEST_F(StateRegression, WrongTypesHadNoKeyPath) {
   // Were "state: malformed: [json.exception.type_error.302] ...".
-  ExpectError(Edit("\"version\":1", "\"version\":\"1\""), "state.version", "must be 1");
+  ExpectError(Edit("\"version\":2", "\"version\":\"2\""), "state.version", "must be 2");
   ExpectError(Edit("\"step\":0", "\"step\":[0]"), "state.step",
               "must be an integer, got array");
   ExpectError(Edit("\"name\":\"web\"", "\"name\":7"), "state.sources[0].name",

@@ -225,6 +225,7 @@ Status ParseBalance(const YAML::Node& bal, BalanceConfig* balance) {
                           Enum<BalanceConfig::Split>(
                               bal["split"], "balance.split",
                               {{"boundary", BalanceConfig::Split::kBoundary},
+                               {"aligned", BalanceConfig::Split::kAligned},
                                {"even", BalanceConfig::Split::kEven}}));
   }
   if (bal["max_piece"]) {
@@ -293,8 +294,8 @@ Status ParseSources(const YAML::Node& sources, const std::string& base_dir,
 // gets), then the cross-field checks.
 Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   ARROW_RETURN_NOT_OK(CheckMap(root, "",
-                               {"seed", "topology", "batch", "balance", "sources",
-                                "runtime", "tokenizer", "phases"}));
+                               {"seed", "topology", "batch", "balance", "mix",
+                                "sources", "runtime", "tokenizer", "phases"}));
   Config c;
   c.base_dir = base_dir;
   if (root["seed"]) {
@@ -313,6 +314,15 @@ Result<Config> ParseRoot(const YAML::Node& root, const std::string& base_dir) {
   ARROW_RETURN_NOT_OK(ParseBatch(b, &c.batch));
   if (const YAML::Node bal = root["balance"]) {
     ARROW_RETURN_NOT_OK(ParseBalance(bal, &c.balance));
+  }
+  if (const YAML::Node mix = root["mix"]) {
+    ARROW_RETURN_NOT_OK(CheckMap(mix, "mix", {"exact"}));
+    if (mix["exact"]) {
+      ARROW_ASSIGN_OR_RAISE(c.mix.exact,
+                            Enum<MixConfig::Exact>(mix["exact"], "mix.exact",
+                                                   {{"time", MixConfig::Exact::kTime},
+                                                    {"step", MixConfig::Exact::kStep}}));
+    }
   }
   if (const YAML::Node rt = root["runtime"]) {
     ARROW_RETURN_NOT_OK(ParseRuntime(rt, &c.runtime));

@@ -1,36 +1,39 @@
 // The planner: decides every global step from sample metadata alone.
 //
-// For step t with sequence length L and S = global_tokens / L sequences:
-//  1. Quotas. Each source's weight at t (its schedule) gives its share of the S*L tokens;
-//     largest-remainder rounding, with the remainder carried to the next step, makes the
-//     achieved share converge to the weights.
-//  2. Draw. Each source yields its quota from its stream, in its seeded order; a document
-//     that does not fit the quota is cut, and its rest opens the source's next quota.
-//  3. Pack. The drawn pieces are interleaved in a seeded order and packed in that order into
-//     S sequences of exactly L tokens; a piece that crosses a sequence boundary is split.
-//     Documents longer than L follow `oversize` (split | truncate | skip).
-//     Multimodal documents (image_tokens > 0) are never cut inside their image tokens,
-//     and not at all when they fit a sequence and a sequence has room: the draw places
-//     each one into a sequence as it takes it (the first with room from a seeded random
-//     one), before consuming it. A
-//     document that the quota cannot hold, or that no sequence has room for (not even
-//     for its image tokens), stays at the head of its source for the next step (the
-//     carry owes the source the tokens; counted as deferred). One that has no room
-//     whole but room for its image tokens is cut after them (counted as cut). A source
-//     owed a token or more by its carry (it deferred) draws before the others, the most
-//     owed first, so the document it deferred meets the step's rooms still empty. The
-//     packer puts them where the draw placed them, then fills the rooms with text in
-//     interleave order. Longer than L: an atomic first L tokens, the rest text; more
-//     image tokens than L: skipped (counted).
-//  4. Balance. The S sequences are split over dp ranks with equal counts by the configured
-//     algorithm on cost(doc) = attn*len^2 + linear*len (+ vision*image_tokens in the
-//     hybrid cost mode) summed per sequence; each rank's
-//     sequences form its micro-batches.
+// For step t with sequence length L and S = global_tokens / L sequences
+// (docs/planner.md, "One step"):
+//  1-2. Draw. Each source is owed its weight's share of the tokens planned so far less
+//     what it received (its carry, in the state). Under mix.exact: time (the default)
+//     the step takes whole *units* from the sources' streams, each in its seeded order
+//     (a document, or a piece of one longer than the piece cap ending at its next cut
+//     point), in the order a worst-case fair queue (WF2Q) over tokens would serve them;
+//     a unit larger than the room left waits for the next step, and the step's last
+//     tokens are a cut of one text unit. Every source stays within two sequence lengths
+//     of its share (docs/decisions.md, 2). Under mix.exact: step every step's tokens per
+//     source are exact (largest remainder with carry) and the document that overflows a
+//     quota is cut there, its rest opening the source's next quota.
+//  3. Pack. Time: best fit decreasing (pack_whole.h), pieces cut only where a sequence
+//     ends. Step: the pieces interleaved in a seeded order, packed in that order into
+//     sequences of exactly L tokens, split at sequence boundaries. Documents longer than
+//     L follow `oversize` (split | truncate | skip). Multimodal documents
+//     (image_tokens > 0) are never cut inside their image tokens, and not at all when
+//     they fit a sequence and a sequence has room: the draw places each one into a
+//     sequence as it takes it (the first with room from a seeded random one), before
+//     consuming it. One that the step cannot hold, or that no sequence has room for
+//     (not even for its image tokens), stays at the head of its source for the next
+//     step (counted as deferred; the source is owed it and draws early); one that has
+//     no room whole but room for its image tokens is cut after them (counted as cut).
+//     More image tokens than L: skipped (counted).
+//  4. Balance. The S sequences are split over dp ranks with equal counts by the
+//     configured algorithm on cost(doc) = attn*len^2 + linear*len (+ vision*image_tokens
+//     in the hybrid cost mode) summed per sequence; each rank's sequences form its
+//     micro-batches.
 // Token slack (balance.slack > 0): steps 1-3 use a budget of S * fill tokens, fill = L
 // less round(slack * L), packing each sequence to `fill`; after step 4 whole pieces move
 // between the ranks' sequences, up to L tokens each, to even the ranks' costs
 // (rebalance.h).
-// Steps 1-3 do not depend on dp, so the documents of a step are the same for any dp.
+// Steps 1-3 do not depend on dp, so the documents of a step, and their pieces, are the
+// same for any dp.
 //
 // Thread-compatible: one thread calls PlanStep; the streams are consumed from that thread.
 #pragma once
@@ -39,6 +42,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/plan/pack_whole.h"
 #include "braid/plan/step_plan.h"
 #include "braid/source/sample.h"
 #include "braid/status.h"
@@ -55,6 +59,29 @@ inline double PieceCost(const BalanceConfig& b, int64_t len, int64_t image_token
     c += b.vision * static_cast<double>(image_tokens);
   }
   return c;
+}
+
+/// The context figures of a piece of `len` tokens starting `start` tokens into its
+/// document, at sequence length `seq_len` (docs/planner.md, "Context and share drift"):
+/// `context` sums each token's position inside the piece (what attention sees of its
+/// document), `bound` each token's offset in the document modulo seq_len (what it would
+/// see were the document cut only every seq_len tokens from its start); context <= bound
+/// for a piece of at most seq_len tokens.
+struct PieceContext {
+  int64_t context = 0;
+  int64_t bound = 0;
+};
+inline PieceContext ContextOf(int64_t start, int64_t len, int64_t seq_len) {
+  const int64_t end = start + len;
+  if (end <= seq_len) {  // inside the document's first seq_len tokens: no wrap
+    return PieceContext{len * (len - 1) / 2, (end * (end - 1) - start * (start - 1)) / 2};
+  }
+  // Sum of (offset mod seq_len) over the offsets [0, end) of a document.
+  auto prefix = [seq_len](int64_t e) {
+    const int64_t q = e / seq_len, r = e % seq_len;
+    return q * (seq_len * (seq_len - 1) / 2) + r * (r - 1) / 2;
+  };
+  return PieceContext{len * (len - 1) / 2, prefix(end) - prefix(start)};
 }
 
 class Planner {
@@ -78,11 +105,52 @@ class Planner {
  private:
   Planner(const Config& config, std::vector<SampleStream*> streams, PlannerState state);
   std::vector<int64_t> Quotas(int64_t capacity);
-  /// Draws up to `quota` tokens; `*drawn` gets the tokens drawn (less than the quota
-  /// when a multimodal document is left for the next step). `fill` is the tokens a
-  /// sequence is packed to (multimodal documents are placed into sequences as drawn).
+  /// The source's next document not fully consumed, read from its stream into heads_
+  /// (skipping what `oversize: skip`, an empty row or images larger than `seq_len`
+  /// skip); returns its tokens at `seq_len` (truncated under `oversize: truncate`).
+  /// Fails with the stream's error, or a config error for a state whose consumed part
+  /// does not fit the document found at its cursor.
+  Result<int64_t> Head(int32_t source, int64_t seq_len);
+  /// Takes the next `take` tokens of the head document (`doc_tokens` long) as a piece.
+  void Consume(int32_t source, int64_t doc_tokens, int64_t take,
+               std::vector<DocPiece>* pieces);
+  /// Places the multimodal document about to become piece pieces_.size() (its atomic
+  /// `atomic` tokens) into a sequence of the step; false: no room (it waits).
+  bool Place(int64_t atomic, int64_t image_tokens, int64_t seq_len, int64_t fill);
+  /// mix.exact: step. Draws up to `quota` tokens; `*drawn` gets the tokens drawn (less
+  /// than the quota when a multimodal document is left for the next step). `fill` is
+  /// the tokens a sequence is packed to (multimodal documents are placed into sequences
+  /// as drawn).
   Status Draw(int32_t source, int64_t quota, int64_t seq_len, int64_t fill,
               std::vector<DocPiece>* pieces, int64_t* drawn);
+  /// mix.exact: time. Draws the step's whole units into pieces_ (planner.cc); `*taken`
+  /// gets the tokens per source. Updates the sources' carries.
+  Status DrawWhole(int64_t seq_len, int64_t fill, int64_t capacity,
+                   std::vector<int64_t>* taken);
+  // A source's place in DrawWhole's schedule for the step.
+  struct Flow {
+    int64_t doc_tokens = 0;  // of its head document
+    int64_t unit = 0;        // tokens of its next unit
+    int64_t served = 0;      // tokens taken this step
+    bool atomic = false;     // the unit is a multimodal document's atomic head
+    bool blocked = false;    // its unit did not fit: it takes nothing more this step
+    // The phase of the head document's cut points (split: boundary), for its position
+    // and piece cap.
+    int64_t phase = 0, phase_cap = 0;
+    StreamPos phase_pos;
+  };
+  /// Sets `flow`'s head document and next unit for `source` (reading its stream when
+  /// the head is consumed).
+  Status NextUnit(int32_t source, int64_t seq_len, int64_t fill, Flow* flow);
+  /// Takes `tokens` of `source`'s next unit (all of it, or the step's last tokens) into
+  /// pieces_, then finds its next unit.
+  Status TakeUnit(int32_t source, int64_t tokens, int64_t seq_len, int64_t fill);
+  /// Packs pieces_ into sequences_ (mix.exact: step: interleave order, cut at sequence
+  /// boundaries; time: whole where they fit), with the sequences' tokens and costs in
+  /// seq_tokens_ / seq_costs_ and the context figures in the plan.
+  Status PackInterleaved(int64_t seq_len, int64_t fill, int64_t num_sequences,
+                         StepPlan* plan);
+  Status PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan);
 
   const Config config_;
   std::vector<SampleStream*> streams_;
@@ -110,6 +178,22 @@ class Planner {
   std::vector<int32_t> seq_parts_;
   std::vector<int64_t> seq_tokens_;
   std::vector<double> seq_costs_;
+  // DrawWhole's and PackWhole's scratch.
+  std::vector<Flow> flows_;
+  std::vector<double> owed_, rate_;  // per source: owed at the step's start, share
+  std::vector<int32_t> active_, draw_sources_;
+  std::vector<std::pair<double, int32_t>> scratch_, waiting_, ready_;
+  struct Part {  // a part of a drawn piece in a sequence
+    int32_t piece = 0;
+    int64_t offset = 0;
+    int64_t len = 0;
+  };
+  std::vector<Part> special_;
+  std::vector<int32_t> by_sequence_, head_of_, text_order_, text_piece_, text_sequence_,
+      piece_parts_, at_, slot_;
+  std::vector<int64_t> rooms_, text_lens_;
+  std::vector<PackedPart> cut_parts_;
+  WholePacker packer_;
 };
 
 }  // namespace braid

@@ -74,7 +74,8 @@ std::shared_ptr<const std::vector<int64_t>> Lengths(int64_t seq_len) {
   return out;
 }
 
-// Args: sources, dp, micro-batches per rank (mbs 1), seq_len, algorithm, slack in percent.
+// Args: sources, dp, micro-batches per rank (mbs 1), seq_len, algorithm, slack in
+// percent, mix.exact (0 time, the default; 1 step).
 void BM_PlanStep(benchmark::State& state) {
   const int64_t num_sources = state.range(0);
   const int64_t dp = state.range(1);
@@ -88,6 +89,7 @@ void BM_PlanStep(benchmark::State& state) {
   config.balance.linear = double(seq_len);
   config.balance.algorithm = static_cast<BalanceAlgorithm>(state.range(4));
   config.balance.slack = double(state.range(5)) / 100;
+  if (state.range(6) == 1) config.mix.exact = MixConfig::Exact::kStep;
   const auto lengths = Lengths(seq_len);
   std::vector<std::unique_ptr<LengthStream>> owned;
   std::vector<SampleStream*> streams;
@@ -124,7 +126,8 @@ void BM_PlanStep(benchmark::State& state) {
     benchmark::DoNotOptimize(plan->ranks.data());
   }
   state.SetLabel(std::string(ToString(config.balance.algorithm)) +
-                 (state.range(5) > 0 ? " + slack" : "") + ", ms per step");
+                 (state.range(5) > 0 ? " + slack" : "") +
+                 (state.range(6) == 1 ? ", mix.exact: step" : "") + ", ms per step");
   state.counters["sequences"] = double(config.sequences_per_step());
   state.counters["pieces/step"] = double(pieces) / double(std::max<int64_t>(steps, 1));
   state.counters["imbalance"] = imbalance / double(std::max<int64_t>(steps, 1));
@@ -167,16 +170,19 @@ BENCHMARK(BM_StreamsOnly)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(1.0);
 
-// 306 sources, dp=1024, 16 sequences per rank = 16,384 sequences of 4096 (64M tokens).
+// 306 sources, dp=1024, 16 sequences per rank = 16,384 sequences of 4096 (64M tokens);
+// each row with the default accounting (shares exact over time) and per-step quotas.
 BENCHMARK(BM_PlanStep)
-    ->ArgNames({"sources", "dp", "per_rank", "seq_len", "algo", "slack_pct"})
-    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp), 0})
-    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kGreedy), 0})
-    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kNone), 0})
-    ->Args({306, 1024, 16, 1024, int(BalanceAlgorithm::kKarmarkarKarp), 0})
-    ->Args({1000, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp), 0})
+    ->ArgNames({"sources", "dp", "per_rank", "seq_len", "algo", "slack_pct", "per_step"})
+    ->ArgsProduct({{306}, {1024}, {16}, {4096}, {int(BalanceAlgorithm::kKarmarkarKarp)},
+                   {0}, {0, 1}})
+    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kGreedy), 0, 0})
+    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kNone), 0, 0})
+    ->Args({306, 1024, 16, 1024, int(BalanceAlgorithm::kKarmarkarKarp), 0, 0})
+    ->Args({1000, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp), 0, 0})
+    ->Args({1000, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp), 0, 1})
     // The token-slack lever's cost at this scale (exchanges between ranks after KK).
-    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp), 5})
+    ->Args({306, 1024, 16, 4096, int(BalanceAlgorithm::kKarmarkarKarp), 5, 0})
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0);
 

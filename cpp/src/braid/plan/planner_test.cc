@@ -66,6 +66,12 @@ std::shared_ptr<const Docs> LongTailDocs(int64_t count, uint64_t seed,
 
 WeightSchedule Constant(double w) { return WeightSchedule{{{0, w}}}; }
 
+// `c` under mix.exact: step: every step's tokens per source exact, cut at the quota.
+Config PerStep(Config c) {
+  c.mix.exact = MixConfig::Exact::kStep;
+  return c;
+}
+
 struct Shape {
   int64_t seq_len = 256;
   int64_t sequences = 16;  // per step
@@ -449,12 +455,13 @@ TEST(PlannerTest, PlansCopiesAndAssignmentsOutliveEachOtherAndThePlanner) {
 // ---------------------------------------------------------------------------
 // Mix fidelity.
 
+// mix.exact: step (the time accounting's bound: PlannerTimeTest).
 TEST(PlannerTest, AchievedTokenShareMatchesWeights) {
   Shape shape;
   shape.seq_len = 512;
   shape.sequences = 16;
   auto sources = ThreeSources(0.6, 0.3, 0.1);
-  const Config config = MakeConfig(sources, shape);
+  const Config config = PerStep(MakeConfig(sources, shape));
   MemoryJob job(config, sources);
   constexpr int kSteps = 200;
   const auto plans = job.Plan(kSteps);
@@ -499,7 +506,7 @@ TEST(PlannerTest, WeightScheduleChangesSharesPiecewiseLinearly) {
   sources[0].weight = WeightSchedule{{{0, 0.8}, {50, 0.2}}};   // falls
   sources[1].weight = WeightSchedule{{{10, 0.1}, {40, 0.7}}};  // rises
   sources[2].weight = Constant(0.1);
-  const Config config = MakeConfig(sources, shape);
+  const Config config = PerStep(MakeConfig(sources, shape));  // time: PlannerTimeTest
   MemoryJob job(config, sources);
   const auto plans = job.Plan(60);
   const double capacity = double(config.batch.global_tokens);
@@ -892,7 +899,10 @@ TEST(PlannerTest, KarmarkarKarpBalancesBetterThanNoneAtDp8) {
               mean[BalanceAlgorithm::kKarmarkarKarp], mean[BalanceAlgorithm::kGreedy],
               mean[BalanceAlgorithm::kNone]);
   EXPECT_LE(mean[BalanceAlgorithm::kKarmarkarKarp], mean[BalanceAlgorithm::kNone]);
-  EXPECT_LE(mean[BalanceAlgorithm::kKarmarkarKarp], mean[BalanceAlgorithm::kGreedy]);
+  // With the swaps after both, KK and LPT end within 1e-4 of each other here (1.00115
+  // and 1.00113 on the whole-document stream, 1.00105 and 1.00109 per step).
+  EXPECT_LE(mean[BalanceAlgorithm::kKarmarkarKarp],
+            mean[BalanceAlgorithm::kGreedy] + 1e-4);
   EXPECT_LT(mean[BalanceAlgorithm::kKarmarkarKarp], 1.05);
   EXPECT_GT(mean[BalanceAlgorithm::kNone], 1.1);
 }
@@ -1070,32 +1080,49 @@ TEST(PlannerPhaseTest, PhaseSetsSeqLenAndWeightsThenBatchShapeResumes) {
   shape.seq_len = 256;
   shape.sequences = 16;
   shape.dp = 2;
-  const Config config = PhasedConfig(sources, shape);
-  MemoryJob job(config, sources);
-  const auto early = job.Plan(20);
-  ASSERT_EQ(early.size(), 20u);
-  EXPECT_EQ(job.stream(0).next_calls(), 0);  // weight 0 in the phase: never read
-  for (const auto& plan : early) {
-    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
-      return job.Doc(s, f, r);
-    });
-    EXPECT_EQ(plan.seq_len, 128);
-    for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 16u);
-    EXPECT_EQ(plan.source_tokens[0], 0);
-    // code 0.5 vs math 0.1 (its own weight): 5/6 of the tokens.
-    EXPECT_NEAR(double(plan.source_tokens[1]), 4096.0 * 5 / 6, 1.0);
-    EXPECT_NE(StepPlanToJson(plan, config).find("\"seq_len\":128"), std::string::npos);
+  for (const bool per_step : {false, true}) {
+    SCOPED_TRACE(per_step ? "mix.exact: step" : "mix.exact: time");
+    Config config = PhasedConfig(sources, shape);
+    if (per_step) config = PerStep(config);
+    MemoryJob job(config, sources);
+    const auto early = job.Plan(20);
+    ASSERT_EQ(early.size(), 20u);
+    EXPECT_EQ(job.stream(0).next_calls(), 0);  // weight 0 in the phase: never read
+    double code = 0;
+    for (const auto& plan : early) {
+      CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+        return job.Doc(s, f, r);
+      });
+      EXPECT_EQ(plan.seq_len, 128);
+      for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 16u);
+      EXPECT_EQ(plan.source_tokens[0], 0);
+      // code 0.5 vs math 0.1 (its own weight): 5/6 of the tokens, every step (step) or
+      // within two sequences of it so far (time).
+      code += double(plan.source_tokens[1]);
+      if (per_step) {
+        EXPECT_NEAR(double(plan.source_tokens[1]), 4096.0 * 5 / 6, 1.0);
+      } else {
+        EXPECT_NEAR(code, 4096.0 * 5 / 6 * double(plan.step + 1), 2.0 * 128);
+      }
+      EXPECT_NE(StepPlanToJson(plan, config).find("\"seq_len\":128"), std::string::npos);
+    }
+    const auto late = job.Plan(10);
+    double web = 0;
+    for (const auto& plan : late) {
+      CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+        return job.Doc(s, f, r);
+      });
+      EXPECT_EQ(plan.seq_len, 256);
+      for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 8u);
+      web += double(plan.source_tokens[0]);
+      if (per_step) {
+        EXPECT_NEAR(double(plan.source_tokens[0]), 4096.0 * 0.6, 2.0);
+      } else {
+        EXPECT_NEAR(web, 4096.0 * 0.6 * double(plan.step - 19), 2.0 * 256);
+      }
+    }
+    EXPECT_GT(job.stream(0).next_calls(), 0);
   }
-  const auto late = job.Plan(10);
-  for (const auto& plan : late) {
-    CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
-      return job.Doc(s, f, r);
-    });
-    EXPECT_EQ(plan.seq_len, 256);
-    for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 8u);
-    EXPECT_NEAR(double(plan.source_tokens[0]), 4096.0 * 0.6, 2.0);
-  }
-  EXPECT_GT(job.stream(0).next_calls(), 0);
 }
 
 TEST(PlannerPhaseTest, ShareWithinOnePercentOverAnyHundredStepsOfAPhase) {
@@ -1277,9 +1304,20 @@ TEST(PlannerElasticTest, ChangedWeightsContinueEverySourceFromItsCursor) {
   ASSERT_TRUE(state.ok()) << state.status().ToString();
   MemoryJob second(after, changed, *state);
   const auto tail = second.Plan(10);
+  // The new weights hold from the resumed step: each source's tokens are its new share
+  // plus what it was owed when saved, to within two sequences (the bound of its carry).
+  std::vector<double> tail_tokens(3, 0.0);
   for (const auto& p : tail) {
-    EXPECT_NEAR(double(p.source_tokens[0]), 0.1 * 4096, 2.0) << p.step;
-    EXPECT_NEAR(double(p.source_tokens[2]), 0.7 * 4096, 2.0) << p.step;
+    for (size_t s = 0; s < 3; ++s) {
+      tail_tokens[s] += double(p.source_tokens[s]);
+      EXPECT_LE(std::abs(p.state_after.sources[s].carry), 2.0 * 256) << p.step;
+    }
+  }
+  const double new_weights[] = {0.1, 0.2, 0.7};
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_NEAR(tail_tokens[s], new_weights[s] * 10 * 4096 + state->sources[s].carry,
+                2.0 * 256)
+        << "source " << s;
   }
   plans.insert(plans.end(), tail.begin(), tail.end());
   for (int32_t s = 0; s < 3; ++s) {
@@ -1315,15 +1353,16 @@ TEST(PlannerElasticTest, ChangedWeightsContinueEverySourceFromItsCursor) {
 }
 
 
-// The splitting levers cut long documents differently but draw the same documents and
-// tokens, keep every sequence full, and never produce a piece above the cap.
+// Under mix.exact: step the splitting levers cut long documents differently but draw the
+// same documents and tokens, keep every sequence full, and never produce a piece above
+// the cap. (Under time they choose the units: LeversCapPiecesAndCutAtTheirPoints.)
 TEST(PlannerSplitTest, LeversKeepTheDrawAndCapPieces) {
   auto sources = ThreeSources();
   Shape shape;
   shape.seq_len = 512;
   shape.sequences = 16;
   shape.dp = 4;
-  const Config base = MakeConfig(sources, shape);
+  const Config base = PerStep(MakeConfig(sources, shape));
   const auto reference = MemoryJob(base, sources).Plan(12);
   struct Lever {
     BalanceConfig::Split split;
@@ -1546,6 +1585,7 @@ TEST(PlannerVisionTest, HybridAddsTheVisionTermAndBackboneIgnoresIt) {
   const auto b = MemoryJob(backbone, sources).Plan(5);
   ASSERT_EQ(a.size(), 5u);
   ASSERT_EQ(b.size(), 5u);
+  double all_extra = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(PieceSet(a[i]), PieceSet(b[i]));  // the same documents, the same pieces
     double ca = 0, cb = 0, extra = 0;
@@ -1558,9 +1598,10 @@ TEST(PlannerVisionTest, HybridAddsTheVisionTermAndBackboneIgnoresIt) {
         }
       }
     }
-    EXPECT_GT(extra, 0);
+    all_extra += extra;
     EXPECT_NEAR(ca, cb + extra, 1e-9 * ca);
   }
+  EXPECT_GT(all_extra, 0);
   EXPECT_EQ(PieceCost(hybrid.balance, 10, 3), 100 + 3e4);
   EXPECT_EQ(PieceCost(backbone.balance, 10, 3), 100);
 }
@@ -2084,6 +2125,422 @@ INSTANTIATE_TEST_SUITE_P(
                 c->phase_len = 256;
               })),
     [](const ::testing::TestParamInfo<MultimodalCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------
+// Shares exact over time (mix.exact: time, the default): whole documents per step,
+// every source's cumulative tokens within two sequence lengths of its share.
+
+// Checks, at every step, each source's tokens so far against its share of the tokens
+// planned, computed here from the config's weights: |received - share| <= 2 * the
+// longest seq_len so far, and the plan's carry is share less received. Returns the
+// largest |received - share| / longest seq_len.
+double CheckDrift(const std::vector<StepPlan>& plans, const Config& config) {
+  const size_t n = config.sources.size();
+  std::vector<double> received(n, 0.0), share(n, 0.0);
+  int64_t longest = 0;
+  double worst = 0;
+  for (const StepPlan& plan : plans) {
+    longest = std::max(longest, plan.seq_len);
+    double total_weight = 0, tokens = 0;
+    for (size_t i = 0; i < n; ++i) total_weight += config.WeightAt(i, plan.step);
+    for (size_t i = 0; i < n; ++i) tokens += double(plan.source_tokens[i]);
+    for (size_t i = 0; i < n; ++i) {
+      received[i] += double(plan.source_tokens[i]);
+      share[i] += config.WeightAt(i, plan.step) / total_weight * tokens;
+      const double drift = received[i] - share[i];
+      EXPECT_LE(std::abs(drift), 2.0 * double(longest))
+          << "step " << plan.step << " source " << config.sources[i].name;
+      EXPECT_NEAR(-plan.state_after.sources[i].carry, drift, 1e-6 * (1 + share[i]))
+          << "step " << plan.step << " source " << i;
+      worst = std::max(worst, std::abs(drift) / double(longest));
+    }
+  }
+  return worst;
+}
+
+struct DriftCase {
+  std::string name;
+  int sources = 3;         // ThreeSources, or this many long-tail sources (Zipf weights)
+  bool schedules = false;  // linear and stepwise schedules, a source off and on again
+  bool phases = false;     // seq_len 128, then 2048, then 512
+  int64_t max_piece = 0;
+  BalanceConfig::Split split = BalanceConfig::Split::kBoundary;
+};
+
+class PlannerDriftTest : public ::testing::TestWithParam<DriftCase> {};
+
+TEST_P(PlannerDriftTest, DriftWithinTwoSeqLensAtEveryStep) {
+  const DriftCase c = GetParam();
+  std::vector<MemorySource> sources;
+  if (c.sources == 3) {
+    sources = ThreeSources();
+  } else {
+    for (int k = 0; k < c.sources; ++k) {
+      sources.push_back(Src("s" + std::to_string(k), Constant(1.0 / (k + 1)),
+                            LongTailDocs(300, 40 + uint64_t(k),
+                                         60.0 * std::pow(1.25, k % 20), 6000, 1.0)));
+    }
+  }
+  if (c.schedules) {
+    sources[0].weight = WeightSchedule{{{0, 0.8}, {60, 0.1}}};    // falls
+    sources[1].weight = WeightSchedule{{{20, 0.05}, {90, 0.6}}};  // rises
+    WeightSchedule off{{{0, 0.2}, {30, 0.0}, {50, 0.3}, {70, 0.02}}};
+    off.stepwise = true;  // off at step 30, on again at 50, low from 70
+    sources[2].weight = off;
+  }
+  Shape shape;
+  shape.seq_len = 512;
+  shape.sequences = 16;
+  shape.dp = 4;
+  Config config = MakeConfig(sources, shape);
+  config.balance.max_piece = c.max_piece;
+  config.balance.split = c.split;
+  if (c.phases) {
+    PhaseConfig shorter;  // steps [0, 40): 64 sequences of 128 tokens
+    shorter.until_step = 40;
+    shorter.seq_len = 128;
+    shorter.weights.resize(config.sources.size());
+    PhaseConfig longer;  // [40, 80): 4 sequences of 2048, the first source at 0.05
+    longer.until_step = 80;
+    longer.seq_len = 2048;
+    longer.weights.resize(config.sources.size());
+    longer.weights[0] = Constant(0.05);
+    config.phases = {shorter, longer};  // then 512 again
+  }
+  ASSERT_TRUE(ValidateConfig(config).ok()) << ValidateConfig(config).ToString();
+  MemoryJob job(config, sources);
+  const auto plans = job.Plan(120);
+  ASSERT_EQ(plans.size(), 120u);
+  const double worst = CheckDrift(plans, config);
+  const DocLookup lookup = [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+    return job.Doc(s, f, r);
+  };
+  for (const auto& plan : plans) CheckStepShape(plan, config, lookup);
+  CheckCoverage(plans, config);
+  if (c.max_piece > 0) {
+    for (const auto& plan : plans) {
+      for (const auto& p : PieceSet(plan)) EXPECT_LE(std::get<5>(p), c.max_piece);
+    }
+  }
+  std::printf("[ drift ] %s: largest |drift| %.2f x the longest seq_len so far\n",
+              c.name.c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Mixes, PlannerDriftTest,
+    ::testing::Values(DriftCase{"constant"}, DriftCase{"schedules", 3, true},
+                      DriftCase{"phases", 3, false, true},
+                      DriftCase{"schedules_and_phases", 3, true, true},
+                      DriftCase{"forty_sources", 40},
+                      DriftCase{"forty_sources_schedules_phases", 40, true, true},
+                      DriftCase{"max_piece", 3, true, true, 200},
+                      DriftCase{"even", 3, true, true, 300, BalanceConfig::Split::kEven},
+                      DriftCase{"aligned", 3, true, true, 0,
+                                BalanceConfig::Split::kAligned}),
+    [](const auto& info) { return info.param.name; });
+
+// Per source: sum of the context figures of a run's pieces (ContextOf), and of what the
+// plans report.
+struct Context {
+  int64_t context = 0, bound = 0, reported_context = 0, reported_bound = 0;
+  double ratio() const { return double(context) / double(std::max<int64_t>(bound, 1)); }
+};
+std::vector<Context> ContextOfRun(const std::vector<StepPlan>& plans, size_t sources) {
+  std::vector<Context> out(sources);
+  for (const StepPlan& plan : plans) {
+    for (size_t s = 0; s < sources; ++s) {
+      out[s].reported_context += plan.source_context[s];
+      out[s].reported_bound += plan.source_bound[s];
+    }
+    for (const RankPlan& rank : plan.ranks) {
+      for (const MicroBatch& mb : rank.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          for (const DocPiece& d : seq.docs) {
+            const PieceContext c = ContextOf(d.start, d.len, plan.seq_len);
+            out[size_t(d.source)].context += c.context;
+            out[size_t(d.source)].bound += c.bound;
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// A source of 2% weight whose documents are longer than its share of a step (328 tokens):
+// per-step quotas cut each into pieces of about that share; shares exact over time keep
+// those that fit a sequence whole and cut the longer ones only every seq_len tokens.
+TEST(PlannerTimeTest, LowWeightLongDocumentSourceKeepsWholeDocuments) {
+  constexpr int64_t kSeqLen = 1024;
+  std::vector<MemorySource> sources{
+      Src("web", Constant(0.98), LongTailDocs(4000, 51, 200, 2048, 1.0)),
+      Src("books", Constant(0.02), LongTailDocs(300, 52, 900, 3 * kSeqLen, 0.6)),
+  };
+  Shape shape;
+  shape.seq_len = kSeqLen;
+  shape.sequences = 16;
+  shape.dp = 4;
+  double per_step_ratio = 0;
+  for (const auto mode : {MixConfig::Exact::kStep, MixConfig::Exact::kTime}) {
+    for (const auto split :
+         {BalanceConfig::Split::kBoundary, BalanceConfig::Split::kAligned}) {
+      Config config = MakeConfig(sources, shape);
+      config.mix.exact = mode;
+      config.balance.split = split;
+      MemoryJob job(config, sources);
+      const auto plans = job.Plan(300);
+      ASSERT_EQ(plans.size(), 300u);
+      CheckCoverage(plans, config);
+      // The books' documents planned in full, their pieces per document.
+      std::map<DocKey, std::vector<std::pair<int64_t, int64_t>>> books;
+      std::map<DocKey, int64_t> doc_tokens;
+      for (const StepPlan& plan : plans) {
+        for (const RankPlan& rank : plan.ranks) {
+          for (const MicroBatch& mb : rank.micro_batches) {
+            for (const Sequence& seq : mb.sequences) {
+              for (const DocPiece& d : seq.docs) {
+                if (d.source != 1) continue;
+                const DocKey key{d.source, d.file, d.row, d.epoch};
+                books[key].emplace_back(d.start, d.len);
+                doc_tokens[key] = d.doc_tokens;
+
+              }
+            }
+          }
+        }
+      }
+      int64_t fitting = 0, whole = 0, long_pieces = 0, aligned = 0;
+      for (auto& [key, pieces] : books) {
+        if (doc_tokens[key] <= kSeqLen) {
+          ++fitting;
+          whole += pieces.size() == 1;
+        } else {
+          for (const auto& [start, len] : pieces) {
+            ++long_pieces;
+            aligned += start % kSeqLen == 0;
+          }
+        }
+      }
+      const auto context = ContextOfRun(plans, 2);
+      for (const Context& c : context) {
+        EXPECT_EQ(c.reported_context, c.context);  // the plans report what they hold
+        EXPECT_EQ(c.reported_bound, c.bound);
+      }
+      const double ratio = context[1].ratio();
+      std::printf("[ books ] %s, split %s: %lld of %lld fitting documents whole, %lld of "
+                  "%lld pieces of longer ones at multiples of seq_len, context / bound "
+                  "%.3f (web %.3f)\n",
+                  mode == MixConfig::Exact::kStep ? "step" : "time",
+                  split == BalanceConfig::Split::kAligned ? "aligned" : "boundary",
+                  (long long)whole, (long long)fitting, (long long)aligned,
+                  (long long)long_pieces, ratio, context[0].ratio());
+      ASSERT_GT(fitting, 20);
+      if (mode == MixConfig::Exact::kStep) {
+        EXPECT_LT(whole, fitting / 4);
+        EXPECT_LT(ratio, 0.6);
+        per_step_ratio = ratio;
+        continue;
+      }
+      EXPECT_GE(double(whole), 0.95 * double(fitting));
+      EXPECT_GT(ratio, per_step_ratio + 0.5);
+      if (split == BalanceConfig::Split::kAligned) {  // the most context
+        EXPECT_GE(double(aligned), 0.9 * double(long_pieces));
+        EXPECT_GE(ratio, 0.97);
+      } else {  // longer documents cut every seq_len from a phase
+        EXPECT_GE(ratio, 0.9);
+      }
+    }
+  }
+}
+
+// Under the time accounting the levers choose the units a step takes: no piece above
+// the cap, `even` pieces at its near-equal points, every sequence full.
+TEST(PlannerTimeTest, LeversCapPiecesAndCutAtTheirPoints) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 512;
+  shape.sequences = 16;
+  shape.dp = 4;
+  for (const auto& [split, max_piece] :
+       std::vector<std::pair<BalanceConfig::Split, int64_t>>{
+           {BalanceConfig::Split::kEven, 0},
+           {BalanceConfig::Split::kEven, 200},
+           {BalanceConfig::Split::kBoundary, 256},
+           {BalanceConfig::Split::kAligned, 256}}) {
+    Config config = MakeConfig(sources, shape);
+    config.balance.split = split;
+    config.balance.max_piece = max_piece;
+    MemoryJob job(config, sources);
+    const auto plans = job.Plan(30);
+    ASSERT_EQ(plans.size(), 30u);
+    const int64_t cap = max_piece > 0 ? max_piece : shape.seq_len;
+    int64_t at_points = 0, cut_pieces = 0;
+    for (const auto& plan : plans) {
+      CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
+        return job.Doc(s, f, r);
+      });
+      for (const auto& rank : plan.ranks) {
+        for (const auto& mb : rank.micro_batches) {
+          for (const auto& seq : mb.sequences) {
+            for (const DocPiece& d : seq.docs) {
+              EXPECT_LE(d.len, cap);
+              if (d.doc_tokens <= cap) continue;
+              ++cut_pieces;
+              // A piece's start is one of the lever's cut points (or where a step or a
+              // sequence ended, the rare exception).
+              const int64_t n = (d.doc_tokens + cap - 1) / cap;
+              bool point = d.start == 0;
+              for (int64_t k = 1; k < n && !point; ++k) {
+                if (split == BalanceConfig::Split::kEven) {
+                  point = d.start == k * d.doc_tokens / n;
+                } else if (split == BalanceConfig::Split::kAligned) {
+                  point = d.start == k * cap;
+                } else {
+                  point = true;  // boundary: every cap tokens from a phase
+                }
+              }
+              at_points += point;
+            }
+          }
+        }
+      }
+    }
+    CheckCoverage(plans, config);
+    EXPECT_GT(cut_pieces, 50);
+    EXPECT_GE(double(at_points), 0.75 * double(cut_pieces));
+  }
+}
+
+// Resume anywhere inside a run with schedules, phases and long documents under the time
+// accounting: the resumed plans equal the uninterrupted run's, byte for byte at the same
+// dp, and with the same pieces at another dp.
+TEST(PlannerTimeTest, ResumeMidRunEqualsTheUninterruptedRun) {
+  auto sources = ThreeSources();
+  sources[0].weight = WeightSchedule{{{0, 0.7}, {30, 0.2}}};
+  WeightSchedule off{{{0, 0.1}, {10, 0.0}, {20, 0.4}}};
+  off.stepwise = true;
+  sources[2].weight = off;
+  for (Oversize oversize : {Oversize::kSplit, Oversize::kTruncate, Oversize::kSkip}) {
+    for (auto& s : sources) s.oversize = oversize;
+    Shape shape;
+    shape.seq_len = 512;
+    shape.sequences = 16;
+    shape.dp = 4;
+    Config config = MakeConfig(sources, shape);
+    PhaseConfig phase;
+    phase.until_step = 15;
+    phase.seq_len = 128;
+    phase.weights.resize(3);
+    config.phases = {phase};
+    ASSERT_TRUE(ValidateConfig(config).ok());
+    const auto full = MemoryJob(config, sources).Plan(40);
+    ASSERT_EQ(full.size(), 40u);
+    int inside = 0;
+    for (int64_t cut : {1, 9, 14, 15, 16, 27}) {
+      MemoryJob first(config, sources);
+      first.Plan(cut);
+      for (const auto& c : first.planner().state().sources) inside += c.head_start > 0;
+      const std::string saved = PlannerStateToJson(first.planner().state(), config);
+      for (int64_t dp : {4, 2}) {
+        Config other = config;
+        ASSERT_TRUE(SetDataParallel(&other, dp).ok());
+        auto state = PlannerStateFromJson(saved, other);
+        ASSERT_TRUE(state.ok()) << state.status().ToString();
+        const auto tail = MemoryJob(other, sources, *state).Plan(40 - cut);
+        ASSERT_EQ(tail.size(), size_t(40 - cut));
+        for (size_t i = 0; i < tail.size(); ++i) {
+          const StepPlan& want = full[size_t(cut) + i];
+          if (dp == 4) {
+            EXPECT_EQ(StepPlanToJson(tail[i], other), StepPlanToJson(want, config))
+                << ToString(oversize) << " cut " << cut << " step " << want.step;
+          } else {
+            EXPECT_EQ(PieceSet(tail[i]), PieceSet(want)) << "dp 2, step " << want.step;
+          }
+          EXPECT_EQ(tail[i].state_after, want.state_after);
+        }
+      }
+    }
+    if (oversize == Oversize::kSplit) {
+      EXPECT_GT(inside, 0);  // some states are inside a document
+    }
+  }
+}
+
+// A state saved before the time accounting (version 1) is refused under it, naming
+// state.version and what to do; under mix.exact: step it resumes as it was saved.
+TEST(PlannerTimeTest, AStateOfVersionOneIsRefusedUnlessPerStep) {
+  auto sources = ThreeSources();
+  const Config time = MakeConfig(sources, Shape{});
+  const Config step = PerStep(time);
+  MemoryJob first(step, sources);
+  first.Plan(6);
+  std::string v1 = PlannerStateToJson(first.planner().state(), step);
+  const std::string v2 = v1;
+  const std::string tag = "\"version\":" + std::to_string(kStateVersion);
+  ASSERT_NE(v1.find(tag), std::string::npos);
+  v1.replace(v1.find(tag), tag.size(), "\"version\":1");
+  auto refused = PlannerStateFromJson(v1, time);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), ::testing::StartsWith("state.version: 1: "));
+  EXPECT_THAT(refused.status().message(), HasSubstr("mix: {exact: step}"));
+  ASSERT_NE(GetErrorDetail(refused.status()), nullptr);
+  EXPECT_EQ(GetErrorDetail(refused.status())->kind(), ErrorKind::kConfig);
+  for (const std::string bad : {"3", "0", "\"2\""}) {
+    std::string other = v2;
+    other.replace(other.find(tag), tag.size(), "\"version\":" + bad);
+    auto st = PlannerStateFromJson(other, time).status();
+    EXPECT_THAT(st.message(), ::testing::StartsWith("state.version: must be 2")) << bad;
+  }
+  auto accepted = PlannerStateFromJson(v1, step);
+  ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
+  const auto full = MemoryJob(step, sources).PlanJson(12);
+  const auto tail = MemoryJob(step, sources, *accepted).PlanJson(6);
+  ASSERT_EQ(tail.size(), 6u);
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(tail[i], full[6 + i]) << i;
+}
+
+TEST(PlannerTimeTest, ParsesMixExactAndNamesBadValues) {
+  const std::string base = R"(
+batch: {global_tokens: 4096, seq_len: 1024}
+sources:
+  - {name: a, path: /x/a, tokens_column: t}
+)";
+  auto def = ParseConfig(base, "/");
+  ASSERT_TRUE(def.ok()) << def.status().ToString();
+  EXPECT_EQ(def->mix.exact, MixConfig::Exact::kTime);
+  auto step = ParseConfig(base + "mix: {exact: step}\nbalance: {split: aligned}\n", "/");
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_EQ(step->mix.exact, MixConfig::Exact::kStep);
+  EXPECT_EQ(step->balance.split, BalanceConfig::Split::kAligned);
+  EXPECT_EQ(step->Fingerprint(), def->Fingerprint());  // resumable under either
+  for (const auto& [bad, key] : std::vector<std::pair<std::string, std::string>>{
+           {"mix: {exact: always}\n", "mix.exact"},
+           {"mix: {exact: [time]}\n", "mix.exact"},
+           {"mix: {weights: 1}\n", "mix.weights"},
+           {"mix: time\n", "mix"}}) {
+    auto r = ParseConfig(base + bad, "/");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(r.status().message(), ::testing::StartsWith(key))
+        << r.status().ToString();
+  }
+}
+
+// Per-step quotas still resume exactly (the accounting kept behind mix.exact: step).
+TEST(PlannerTimeTest, PerStepAccountingResumesExactly) {
+  auto sources = ThreeSources();
+  Shape shape;
+  shape.seq_len = 256;
+  const Config config = PerStep(MakeConfig(sources, shape));
+  const auto full = MemoryJob(config, sources).PlanJson(20);
+  MemoryJob first(config, sources);
+  auto head = first.PlanJson(7);
+  auto state =
+      PlannerStateFromJson(PlannerStateToJson(first.planner().state(), config), config);
+  ASSERT_TRUE(state.ok());
+  auto tail = MemoryJob(config, sources, *state).PlanJson(13);
+  head.insert(head.end(), tail.begin(), tail.end());
+  EXPECT_EQ(head, full);
+}
 
 }  // namespace
 }  // namespace braid

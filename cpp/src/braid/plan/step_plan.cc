@@ -60,6 +60,22 @@ std::string StepPlanToJson(const StepPlan& plan, const Config& config) {
     tokens[config.sources[i].name] = plan.source_tokens[i];
   }
   out["source_tokens"] = std::move(tokens);
+  // Per source: this step's mean context / bound, and the share drift after it (tokens
+  // received less the share of the tokens planned), to the thousandth of a token.
+  Json context = Json::object(), drift = Json::object();
+  for (size_t i = 0; i < config.sources.size(); ++i) {
+    const bool has = i < plan.source_bound.size() && plan.source_bound[i] > 0;
+    context[config.sources[i].name] =
+        has ? std::round(1e4 * double(plan.source_context[i]) /
+                         double(plan.source_bound[i])) / 1e4
+            : 1.0;
+    const double d = i < plan.state_after.sources.size()
+                         ? std::round(-1e3 * plan.state_after.sources[i].carry) / 1e3
+                         : 0.0;
+    drift[config.sources[i].name] = d == 0 ? 0.0 : d;  // never -0
+  }
+  out["context"] = std::move(context);
+  out["drift"] = std::move(drift);
   const bool several = config.batch.micro_batch_size > 1;
   Json ranks = Json::array();
   for (const RankPlan& rank : plan.ranks) {
@@ -100,7 +116,7 @@ std::string StepPlanToJson(const StepPlan& plan, const Config& config) {
 std::string PlannerStateToJson(const PlannerState& state, const Config& config,
                                int64_t consumed_micro_batches) {
   Json out;
-  out["version"] = 1;
+  out["version"] = kStateVersion;
   out["fingerprint"] = config.Fingerprint();
   out["step"] = state.step;
   out["consumed_micro_batches"] = consumed_micro_batches;
@@ -223,9 +239,21 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
   try {
     if (!in.is_object()) return ConfigError("state", "must be a JSON object");
     const auto version = in.find("version");
-    if (version == in.end() || !version->is_number_integer() ||
-        version->get<int64_t>() != 1) {
-      return ConfigError("state.version", "must be 1");
+    if (version == in.end() || !version->is_number_integer()) {
+      return ConfigError("state.version", "must be " + std::to_string(kStateVersion));
+    }
+    // Version 1: shares exact per step (cursors and carries of the same meaning); it
+    // continues exactly only under that accounting.
+    if (version->get<int64_t>() == 1 && config.mix.exact != MixConfig::Exact::kStep) {
+      return ConfigError(
+          "state.version",
+          "1: the state was saved when every step's shares were exact (documents cut at "
+          "the quota); this config keeps shares exact over time. Resume it with "
+          "mix: {exact: step} to continue the same stream, or start afresh without it");
+    }
+    if (version->get<int64_t>() != kStateVersion && version->get<int64_t>() != 1) {
+      return ConfigError("state.version", "must be " + std::to_string(kStateVersion) +
+                                              ", got " + version->dump());
     }
     ARROW_ASSIGN_OR_RAISE(const std::string fp, StateString(in, "fingerprint", "state"));
     if (fp != config.Fingerprint()) {
@@ -254,9 +282,10 @@ Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config&
                                               std::to_string(config.sources.size()) +
                                               " sources");
     }
-    // The quota carry is a fraction of a token plus the tokens of deferred documents,
-    // which a source that deferred draws first next step (planner.h): a few steps' worth
-    // at most. Far more cannot come from a run (and would stall the quota loop).
+    // The carry is what a source is owed: within a sequence or two of tokens under
+    // mix.exact: time, a fraction of a token plus deferred documents under step (a
+    // source that deferred draws first next step). Far more cannot come from a run (and
+    // would stall the quota loop).
     const double max_carry = 8.0 * static_cast<double>(config.batch.global_tokens);
     for (size_t i = 0; i < sources->size(); ++i) {
       const Json& s = (*sources)[i];
@@ -312,6 +341,10 @@ PlanFigures FiguresOf(const StepPlan& plan, const Config& config) {
   f.padding_tokens = plan.seq_len * config.SequencesAt(plan.step) - filled;
   f.multimodal_cut = plan.multimodal_cut;
   f.multimodal_deferred = plan.multimodal_deferred;
+  f.seq_len = plan.seq_len;
+  f.source_context = plan.source_context;
+  f.source_bound = plan.source_bound;
+  for (const auto& c : plan.state_after.sources) f.source_drift.push_back(-c.carry);
   return f;
 }
 

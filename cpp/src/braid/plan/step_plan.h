@@ -4,7 +4,7 @@
 // of each micro-batch. Constructors execute it; `braid plan` prints it as one JSON line
 // (docs/plan-format.md). PlannerState is everything needed to continue the stream exactly:
 // the step, and per source its cursor, the consumed part of a split document, and the
-// rounding carry of its token quota. Thread-safe: immutable values once built.
+// tokens it is owed (its carry). Thread-safe: immutable values once built.
 //
 // Memory: the nested vectors of a plan the planner builds (every micro-batch's sequences,
 // every sequence's pieces) live in one arena the plan owns (StepPlan::arena), so building
@@ -144,7 +144,9 @@ class PlanArena {
 struct SourceCursor {
   StreamPos next;          ///< first sample not fully consumed
   int64_t head_start = 0;  ///< tokens already consumed of the sample at `next`
-  double carry = 0;        ///< quota rounding carried to the next step (tokens)
+  /// Tokens the source is owed: its share of the tokens planned so far less what it
+  /// received (negative when ahead). The share drift is -carry.
+  double carry = 0;
   int64_t skipped = 0;     ///< samples skipped so far (empty, null, oversize)
   bool operator==(const SourceCursor&) const = default;
 };
@@ -180,6 +182,10 @@ struct StepPlan {
   /// (docs/planner.md); for reports, not in the JSON.
   int64_t multimodal_deferred = 0;
   std::vector<int64_t> source_tokens;  ///< per source, tokens in this step
+  /// Per source, the context figures of this step's pieces summed (planner.h,
+  /// ContextOf): mean context / bound = source_context / source_bound.
+  std::vector<int64_t> source_context;
+  std::vector<int64_t> source_bound;
   std::vector<RankPlan> ranks;
   PlannerState state_before;
   PlannerState state_after;
@@ -199,6 +205,10 @@ struct PlanFigures {
   int64_t padding_tokens = 0;
   int64_t multimodal_cut = 0;
   int64_t multimodal_deferred = 0;
+  int64_t seq_len = 0;
+  std::vector<int64_t> source_context;  ///< per source, StepPlan::source_context
+  std::vector<int64_t> source_bound;    ///< per source, StepPlan::source_bound
+  std::vector<double> source_drift;     ///< per source, after the step (-carry)
 };
 PlanFigures FiguresOf(const StepPlan& plan, const Config& config);
 
@@ -217,8 +227,13 @@ std::string PlannerStateToJson(const PlannerState& state, const Config& config,
 std::string ClientStateJson(const PlannerState& before, const PlannerState& after,
                             int64_t consumed, int64_t per_step, const Config& config);
 
-/// Parses PlannerStateToJson's output and checks it against `config` (fingerprint,
-/// source names). Fails with a config error under the key "state".
+/// The version PlannerStateToJson writes. Version 1 (states saved before shares were
+/// kept exact over time) resumes only under mix.exact: step, the accounting it was
+/// saved with.
+inline constexpr int64_t kStateVersion = 2;
+
+/// Parses PlannerStateToJson's output and checks it against `config` (version,
+/// fingerprint, source names). Fails with a config error under the key "state".
 Result<PlannerState> PlannerStateFromJson(const std::string& text, const Config& config,
                                           int64_t* consumed_micro_batches = nullptr);
 
