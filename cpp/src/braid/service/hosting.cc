@@ -41,6 +41,7 @@ PlannerService::Options SharedPlannerOptions(const Config& config) {
 
 PlannerService::Options CoHostedPlannerOptions(const Config& config) {
   PlannerService::Options o = SharedPlannerOptions(config);
+  o.state.plan_ahead = 1;  // its constructor asks in process: no latency to hide
   o.keep_plan = true;
   o.state.keep_plan_steps = config.runtime.steps_in_flight + 2;
   o.reopen = PlannerService::MetadataOnly(config);

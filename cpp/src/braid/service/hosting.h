@@ -50,7 +50,8 @@ Placement PlaceSources(const Config& config);
 PlannerService::Options SharedPlannerOptions(const Config& config);
 
 /// The planner of the job's first node's host (Placement kNode): SharedPlannerOptions,
-/// planning from streams that read the payloads (`open`, SourceSet kPayloads) for the
+/// one step ahead of the newest asked for (its constructor asks in process), planning
+/// from streams that read the payloads (`open`, SourceSet kPayloads) for the
 /// constructor beside it, the plans themselves kept runtime.steps_in_flight + 2 steps
 /// (then only their wire messages), replays from metadata only.
 PlannerService::Options CoHostedPlannerOptions(const Config& config);

@@ -145,8 +145,7 @@ Result<std::shared_ptr<const PlannedStep>> PlannerService::Plan(int64_t step,
                        "before the job's first step " +
                            std::to_string(state_.first_step()));
   }
-  state_.Apply(PlannerServiceState::Asked{step});
-  cv_.notify_all();
+  ApplyAndCommit(PlannerServiceState::Asked{step}, &lock);
   if (!options_.background) {  // plan on this thread, one caller at a time
     lock.unlock();
     std::lock_guard<std::mutex> plan(plan_mu_);

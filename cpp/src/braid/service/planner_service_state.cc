@@ -69,13 +69,16 @@ bool PlannerServiceState::Apply(const Update& update) {
     while (static_cast<int64_t>(checkpoints_.size()) > options_.max_checkpoints + 1) {
       checkpoints_.erase(std::next(checkpoints_.begin()));  // the start stays
     }
-    return true;
+    return step <= journaled_through();
   }
   if (const auto* u = std::get_if<Asked>(&update)) {
     horizon_ = std::max(horizon_, u->step + options_.plan_ahead);
+    const int64_t before = journaled_through();
     newest_asked_ = std::max(newest_asked_, u->step);
     DropOld();
-    return false;
+    // Did a checkpoint come into the journal?
+    const auto reached = checkpoints_.upper_bound(std::max(before, first_step_));
+    return reached != checkpoints_.end() && reached->first <= journaled_through();
   }
   if (const auto* u = std::get_if<Attached>(&update)) {
     ended_ = false;
@@ -112,10 +115,14 @@ std::string PlannerServiceState::Journal() const {
   Json checkpoints = Json::array();
   // The start, then the newest `committed` others.
   checkpoints.push_back(PlannerStateToJson(checkpoints_.begin()->second, config_));
-  const int64_t others = static_cast<int64_t>(checkpoints_.size()) - 1;
+  // Of the others, the newest `committed` of steps a consumer asked for: one planned
+  // ahead of them all is not committed yet.
+  const auto reached =
+      checkpoints_.upper_bound(std::max(journaled_through(), first_step_));
+  const int64_t others = std::distance(std::next(checkpoints_.begin()), reached);
   auto it = std::next(checkpoints_.begin(),
                       1 + std::max<int64_t>(0, others - options_.committed));
-  for (; it != checkpoints_.end(); ++it) {
+  for (; it != reached && it != checkpoints_.end(); ++it) {
     checkpoints.push_back(PlannerStateToJson(it->second, config_));
   }
   Json clients = Json::array();

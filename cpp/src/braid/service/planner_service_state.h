@@ -8,11 +8,12 @@
 // attaching, replaying and restoring are one state machine, tested without a runtime.
 //
 // The journal is the part that must outlive the service's process: the job's start state,
-// the newest `committed` checkpoints and the attached ranks, as JSON. A runtime persists
-// it whenever Apply says it changed (the Ray runtime in its key-value store) and a
-// restarted service restores it (Restore), then resumes planning from the newest
-// checkpoint; the plans are a pure function of (config, state), so a step planned again
-// is the step planned before.
+// the newest `committed` checkpoints of steps a consumer has asked for (not those planned
+// ahead of every consumer: where a restart resumes follows the consumers, not how far
+// ahead the planner ran) and the attached ranks, as JSON. A runtime persists it whenever
+// Apply says it changed (the Ray runtime in its key-value store) and a restarted service
+// restores it (Restore), then resumes planning from the newest checkpoint; the plans are
+// a pure function of (config, state), so a step planned again is the step planned before.
 //
 // Thread-compatible: the PlannerService applies updates under its mutex.
 #pragma once
@@ -124,6 +125,8 @@ class PlannerServiceState {
  private:
   // Drops the held plans older than keep_steps behind the newest step asked for.
   void DropOld();
+  // Checkpoints up to this step go into the journal: those of steps a consumer asked for.
+  int64_t journaled_through() const { return newest_asked_; }
 
   const Config& config_;
   const Options options_;

@@ -185,13 +185,33 @@ TEST(PlannerServiceStateTest, CheckpointsAreTrimmedAndTheJournalHoldsTheNewest) 
   EXPECT_EQ(state.CheckpointBefore(5).step, 0);
   EXPECT_EQ(state.CheckpointBefore(7).step, 6);
   EXPECT_EQ(state.CheckpointBefore(11).step, 10);
+  // Planned ahead of every consumer: kept, but journaled only once a consumer asks.
+  auto ahead = std::make_shared<PlannedStep>();
+  ahead->step = 12;
+  ahead->state_before = Planner::InitialState(config);
+  ahead->state_before.step = 12;
+  EXPECT_FALSE(state.Apply(PlannerServiceState::Planned{ahead}));
+  EXPECT_EQ(state.CheckpointBefore(12).step, 12);
+  {
+    PlannerServiceState before_asked(config, Planner::InitialState(config), options);
+    ASSERT_TRUE(before_asked.Restore(state.Journal()).ok());
+    EXPECT_EQ(before_asked.restored_from(), 10);
+  }
+  EXPECT_TRUE(state.Apply(PlannerServiceState::Asked{12}));
+  EXPECT_FALSE(state.Apply(PlannerServiceState::Asked{13}));
+  {
+    PlannerServiceState after_asked(config, Planner::InitialState(config), options);
+    ASSERT_TRUE(after_asked.Restore(state.Journal()).ok());
+    EXPECT_EQ(after_asked.restored_from(), 12);
+  }
+  EXPECT_FALSE(state.Apply(PlannerServiceState::Asked{14}));
   PlannerServiceState restored(config, Planner::InitialState(config), options);
   ASSERT_TRUE(restored.Restore(state.Journal()).ok());
-  EXPECT_EQ(restored.restored_from(), 10);
-  EXPECT_EQ(restored.next_step(), 10);
-  // The journal commits the start and the newest two: 8 is there, 6 is not.
-  EXPECT_EQ(restored.CheckpointBefore(9).step, 8);
-  EXPECT_EQ(restored.CheckpointBefore(7).step, 0);
+  EXPECT_EQ(restored.restored_from(), 12);
+  EXPECT_EQ(restored.next_step(), 12);
+  // The journal commits the start and the newest two: 10 is there, 8 is not.
+  EXPECT_EQ(restored.CheckpointBefore(11).step, 10);
+  EXPECT_EQ(restored.CheckpointBefore(9).step, 0);
   EXPECT_TRUE(restored.Apply(PlannerServiceState::Attached{"r"}));
   EXPECT_FALSE(restored.Apply(PlannerServiceState::Attached{"r"}));
   EXPECT_NE(restored.Journal(), "");
