@@ -181,6 +181,15 @@ def test_each_role_killed_in_turn(ray_cluster, small_dataset):
     assert jobs.actor_names("roles", NAMESPACE) == []
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_restarted_planner_resumes_from_its_last_committed_state(ray_cluster,
                                                                     small_dataset):
     """Past a checkpoint (every 16th step), a killed planner restarts from the state
@@ -193,8 +202,14 @@ def test_a_restarted_planner_resumes_from_its_last_committed_state(ray_cluster,
 
     def kill_planner_at(i: int) -> None:
         if i == 38:  # step 38: the planner committed step 32's state
-            ray.kill(ray.get_actor("committed.planner", namespace=NAMESPACE),
-                     no_restart=False)
+            planner = ray.get_actor("committed.planner", namespace=NAMESPACE)
+            pid = ray.get(planner.status.remote())["roles"][0]["pid"]
+            ray.kill(planner, no_restart=False)
+            # ray.kill returns before the process dies: the trainer goes on only once it
+            # is gone, so the pipeline cannot run on past the next checkpoint meanwhile.
+            deadline = time.monotonic() + 30
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     got = take_batches([loader], 44, on_micro_batch=kill_planner_at)[0]
     assert_same_batches(got, embedded)

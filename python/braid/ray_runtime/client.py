@@ -328,16 +328,20 @@ class RayStream:
         return False
 
     def _receive(self, depth: int) -> None:
-        # Requests `depth` micro-batches ahead, in the cursor's order; fetches the oldest
-        # and hands it to next(). Any error is handed over in its place, and the thread
-        # ends.
+        # Keeps `depth` micro-batches requested or ready ahead of next(), in the cursor's
+        # order; fetches the oldest and hands it to next(). Any error is handed over in
+        # its place, and the thread ends.
         pending = []
         try:
             while not self._stopped.is_set():
-                while len(pending) < depth:
+                while len(pending) + self._ready.qsize() < depth:
                     step, _, micro_batch, index = self._cursor.next()
                     key = self._key(step, micro_batch)
                     pending.append((key, index, self._channel.request(key)))
+                if not pending:  # all `depth` of them ready: wait for next() to take some
+                    self._low.clear()
+                    self._low.wait(0.2)
+                    continue
                 key, index, handle = pending.pop(0)
                 arrays, before, after = self._channel.fetch(key, handle)
                 if not self._put((key[0], index, arrays, before, after)):
