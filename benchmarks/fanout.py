@@ -37,7 +37,7 @@ Data: --sources N:S pairs, N sources spread round-robin over S source actors (as
 runtime.source_actors does), generated with benchmarks/many_sources.py's writer (lognormal
 document lengths, a long tail past seq_len) under --dir and reused.
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/fanout.py \
+    .venv/bin/python benchmarks/fanout.py \
         [--ranks 64,1024,4096] [--sources 16:4,306:32] [--groups 8,32] [--steps 3] \
         [--seq-len 4096] [--ranks-per-node 8] [--tp 1] [--micro-batches 1] \
         [--tokens-per-file 1000000] [--distinct 16] [--dir out/fanout] [--json PATH] \

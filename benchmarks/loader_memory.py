@@ -30,7 +30,7 @@ benchmarks/setup-mosaic-env: --mosaic-python; without it the mode is skipped). A
 a `Mode` (harness/modes.py): what it changes in the config, how a trainer starts
 its loader, which extra PIDs count, which interpreter runs the trainers.
 
-    PYTHONPATH=build/dev/stage .venv/bin/python benchmarks/loader_memory.py \
+    .venv/bin/python benchmarks/loader_memory.py \
         [--ranks 8] [--sources 4] [--tokens-per-file 4500000] \
         [--loaders baseline,braid,braid-ray] [--micro-batches 40] [--interval-ms 100] \
         [--seq-len 2048] [--micro-batch-size 4] [--workers 2] [--dir out/loader_memory] \

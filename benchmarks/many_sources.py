@@ -18,7 +18,7 @@ files are generated, further sources hard-link them (their orders still differ: 
 is per source). Memory and thread figures are of the whole `braid` process (Python,
 Arrow, Braid).
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/many_sources.py \
+    .venv/bin/python benchmarks/many_sources.py \
         [--sources 16,64,306,1000] [--files 1] [--tokens-per-file 4500000] \
         [--layout large|small|both] [--steps 5] [--modes plan,run] [--dir out/many] \
         [--distinct 64] [--set runtime.threads=2 ...] [--timeout 600]

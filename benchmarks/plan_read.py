@@ -17,7 +17,7 @@ groups are read in blocks) and prints the seconds and the rate in M tokens/s of:
 Every figure is the best of --repeat runs. Run it against a build without the length path
 to see what planning read before (`plan (length)` then prints n/a: the key is unknown).
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/plan_read.py \
+    .venv/bin/python benchmarks/plan_read.py \
         [--files 4] [--tokens-per-file 4500000] [--small-rows 8] [--repeat 3] \
         [--dir out/plan_read]
 """

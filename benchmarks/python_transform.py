@@ -32,7 +32,7 @@ The texts (about 1.2 KB each) are multilingual (accented Latin, CJK) unless --as
 decoding them to Python strings costs several times what ASCII does, a cost the `memory`
 loop does not pay.
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/python_transform.py \\
+    .venv/bin/python benchmarks/python_transform.py \\
         [--rows 20000] [--workers 1 2] [--repeat 5] [--function words] [--ascii]
 """
 

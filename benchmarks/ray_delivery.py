@@ -8,7 +8,7 @@ latency of next(). The ratios ray / embedded of the mean latency are printed las
 node delivery, the default; `ray-store`: runtime.delivery object_store); all run in this
 one invocation on the same data (braid's demo dataset).
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/ray_delivery.py \
+    .venv/bin/python benchmarks/ray_delivery.py \
         [--ranks 2] [--steps 20] [--step-ms 200] [--seq-len 2048] [--micro-batches 4] \
         [--steps-in-flight 2] [--dir out/ray_delivery]
 

@@ -8,7 +8,7 @@ one host process (`JOB.planner`: planner, sources and constructor), with
 kill, and the median `next()` without kills, from one run. The stream itself is checked
 against the embedded runtime by the tests (tests/test_ray_faults.py).
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/ray_stall.py \
+    .venv/bin/python benchmarks/ray_stall.py \
         [--kills 3] [--step-ms 200] [--window 16] [--dir out/ray_stall] [--shadow] \
         [--source-actors 1]
 """

@@ -9,7 +9,7 @@
 
 Both sides use the same files and thread count; every rate is the best of --repeat runs.
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/source_read.py \
+    .venv/bin/python benchmarks/source_read.py \
         [--tokens 20000000] [--texts 200000] [--workers 1] [--repeat 3]
 """
 

@@ -14,7 +14,7 @@ that `workers` is the number of threads encoding on both sides; `--parallelism` 
 on for both. Every rate is the best of --repeat runs; the tokenizer is a byte-level BPE
 with a regex pre-tokenizer trained on the texts at start (no download).
 
-    PYTHONPATH=build/<dir>/stage .venv/bin/python benchmarks/tokenize_hf.py \\
+    .venv/bin/python benchmarks/tokenize_hf.py \\
         [--texts 20000] [--workers 1 2] [--repeat 3] [--parallelism]
 """
 
