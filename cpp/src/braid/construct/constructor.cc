@@ -71,7 +71,7 @@ Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>&
 }  // namespace
 
 Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch) {
-  const MicroBatch& mb = plan.ranks[size_t(dp)].micro_batches[size_t(micro_batch)];
+  const MicroBatch& mb = plan.buckets[size_t(dp)].micro_batches[size_t(micro_batch)];
   const int64_t rows = static_cast<int64_t>(mb.sequences.size());
   const int64_t seq_len = plan.seq_len;
   // Segments of cu_seqlens: every piece, and the padding of a row that is not full (its

@@ -54,10 +54,10 @@ TEST(ConstructorTest, HandBuiltPlanGivesExactTensors) {
   StepPlan plan;
   plan.step = 17;
   plan.seq_len = 6;
-  plan.ranks.resize(2);
-  plan.ranks[1].dp = 1;
-  plan.ranks[1].micro_batches.resize(2);
-  plan.ranks[1].micro_batches[1].sequences = {s0, s1};
+  plan.buckets.resize(2);
+  plan.buckets[1].bucket = 1;
+  plan.buckets[1].micro_batches.resize(2);
+  plan.buckets[1].micro_batches[1].sequences = {s0, s1};
 
   auto built = BuildMicroBatch(plan, /*dp=*/1, /*micro_batch=*/1);
   ASSERT_TRUE(built.ok()) << built.status().ToString();
@@ -103,9 +103,9 @@ TEST(ConstructorTest, PaddedRowsEndWithTheirOwnSegment) {
   s2.tokens = 2;
   StepPlan plan;
   plan.seq_len = 5;
-  plan.ranks.resize(1);
-  plan.ranks[0].micro_batches.resize(1);
-  plan.ranks[0].micro_batches[0].sequences = {s0, s1, s2};
+  plan.buckets.resize(1);
+  plan.buckets[0].micro_batches.resize(1);
+  plan.buckets[0].micro_batches[0].sequences = {s0, s1, s2};
   auto built = BuildMicroBatch(plan, 0, 0);
   ASSERT_TRUE(built.ok()) << built.status().ToString();
   EXPECT_THAT(Values<int32_t>(*built, "cu_seqlens", DType::kInt32),
@@ -119,7 +119,7 @@ TEST(ConstructorTest, PaddedRowsEndWithTheirOwnSegment) {
               ElementsAreArray({1, 1, 0, 0, 0, /**/ 1, 1, 1, 0, 0, /**/ 1, 0, 0, 0, 0}));
 
   // A sequence whose pieces overflow seq_len is refused, not written past its row.
-  plan.ranks[0].micro_batches[0].sequences[2].docs.push_back(Piece(1, b, 0, 4));
+  plan.buckets[0].micro_batches[0].sequences[2].docs.push_back(Piece(1, b, 0, 4));
   const Status overflow = BuildMicroBatch(plan, 0, 0).status();
   EXPECT_THAT(overflow.message(),
               ::testing::HasSubstr("sequence 2: its pieces hold 6 tokens, more than seq_len 5"));
@@ -138,9 +138,9 @@ TEST(ConstructorTest, PlanWithoutPayloadsIsInvalid) {
   s.tokens = 4;
   StepPlan plan;
   plan.seq_len = 4;
-  plan.ranks.resize(1);
-  plan.ranks[0].micro_batches.resize(1);
-  plan.ranks[0].micro_batches[0].sequences = {s};
+  plan.buckets.resize(1);
+  plan.buckets[0].micro_batches.resize(1);
+  plan.buckets[0].micro_batches[0].sequences = {s};
   auto built = BuildMicroBatch(plan, 0, 0);
   ASSERT_FALSE(built.ok());
   EXPECT_TRUE(built.status().IsInvalid());
@@ -156,9 +156,9 @@ TEST(ConstructorTest, TensorStorageOutlivesTheBatch) {
   s.tokens = 4;
   StepPlan plan;
   plan.seq_len = 4;
-  plan.ranks.resize(1);
-  plan.ranks[0].micro_batches.resize(1);
-  plan.ranks[0].micro_batches[0].sequences = {s};
+  plan.buckets.resize(1);
+  plan.buckets[0].micro_batches.resize(1);
+  plan.buckets[0].micro_batches[0].sequences = {s};
   std::shared_ptr<std::vector<uint8_t>> storage;
   {
     auto built = BuildMicroBatch(plan, 0, 0);
@@ -174,7 +174,7 @@ void CheckAgainstPlan(
     const StepPlan& plan, int64_t dp, int64_t mb_index, const Batch& batch,
     const std::function<const std::vector<int32_t>&(const DocPiece&)>& doc,
     int* continued_pieces) {
-  const MicroBatch& mb = plan.ranks[size_t(dp)].micro_batches[size_t(mb_index)];
+  const MicroBatch& mb = plan.buckets[size_t(dp)].micro_batches[size_t(mb_index)];
   const int64_t rows = int64_t(mb.sequences.size()), L = plan.seq_len;
   const auto ids = Values<int64_t>(batch, "input_ids", DType::kInt64);
   const auto labels = Values<int64_t>(batch, "labels", DType::kInt64);

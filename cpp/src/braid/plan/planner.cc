@@ -1136,15 +1136,15 @@ Result<StepPlan> Planner::PlanStep() {
   plan.imbalance = Imbalance(costs, rank_bins);
   const int64_t mbs = config_.batch.micro_batch_size;
   const int64_t n_micro = num_sequences / (dp * mbs);
-  plan.ranks.reserve(static_cast<size_t>(dp));
-  for (int64_t r = 0; r < dp; ++r) plan.ranks.emplace_back(alloc);
+  plan.buckets.reserve(static_cast<size_t>(dp));
+  for (int64_t r = 0; r < dp; ++r) plan.buckets.emplace_back(alloc);
   std::vector<int32_t> flat;  // reused by every rank
   std::vector<double> member_costs, mb_costs;
   std::vector<int32_t> order(static_cast<size_t>(n_micro));  // of the micro-batches
   std::iota(order.begin(), order.end(), 0);
   for (int64_t r = 0; r < dp; ++r) {
-    RankPlan& rank = plan.ranks[size_t(r)];
-    rank.dp = r;
+    BucketPlan& rank = plan.buckets[size_t(r)];
+    rank.bucket = r;
     const auto& members = rank_bins[size_t(r)];
     // Micro-batch k holds flat[k * mbs .. (k + 1) * mbs): the rank's sequences in order
     // (mbs 1), or partitioned over the micro-batches like the ranks.

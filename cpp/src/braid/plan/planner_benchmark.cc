@@ -117,13 +117,13 @@ void BM_PlanStep(benchmark::State& state) {
       return;
     }
     imbalance += plan->imbalance;
-    for (const auto& r : plan->ranks) {
+    for (const auto& r : plan->buckets) {
       for (const auto& mb : r.micro_batches) {
         for (const auto& seq : mb.sequences) pieces += int64_t(seq.docs.size());
       }
     }
     ++steps;
-    benchmark::DoNotOptimize(plan->ranks.data());
+    benchmark::DoNotOptimize(plan->buckets.data());
   }
   state.SetLabel(std::string(ToString(config.balance.algorithm)) +
                  (state.range(5) > 0 ? " + slack" : "") +

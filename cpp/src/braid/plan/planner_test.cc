@@ -180,12 +180,12 @@ using DocLookup = std::function<const std::vector<int32_t>&(int32_t, int32_t, in
 void CheckStepShape(const StepPlan& plan, const Config& config, const DocLookup& doc) {
   const int64_t L = config.SeqLenAt(plan.step);  // the phase's (batch.seq_len without)
   ASSERT_EQ(plan.seq_len, L);
-  ASSERT_EQ(plan.ranks.size(), size_t(config.topology.dp));
+  ASSERT_EQ(plan.buckets.size(), size_t(config.topology.dp));
   int64_t step_tokens = 0;
   std::vector<int64_t> by_source(config.sources.size(), 0);
-  for (size_t r = 0; r < plan.ranks.size(); ++r) {
-    const RankPlan& rank = plan.ranks[r];
-    EXPECT_EQ(rank.dp, int64_t(r));
+  for (size_t r = 0; r < plan.buckets.size(); ++r) {
+    const BucketPlan& rank = plan.buckets[r];
+    EXPECT_EQ(rank.bucket, int64_t(r));
     ASSERT_EQ(int64_t(rank.micro_batches.size()), config.MicroBatchesPerRankAt(plan.step));
     int64_t rank_tokens = 0;
     double rank_cost = 0;
@@ -249,7 +249,7 @@ std::vector<std::set<DocKey>> CheckCoverage(const std::vector<StepPlan>& plans,
   std::map<DocKey, std::vector<std::pair<int64_t, int64_t>>> pieces;  // start, len
   std::map<DocKey, int64_t> doc_tokens;
   for (const StepPlan& plan : plans) {
-    for (const RankPlan& rank : plan.ranks) {
+    for (const BucketPlan& rank : plan.buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           for (const DocPiece& d : seq.docs) {
@@ -320,7 +320,7 @@ std::set<DocKey> StreamPrefix(const MemoryStream& stream, int32_t source,
 std::multiset<std::tuple<int32_t, int32_t, int64_t, int64_t, int64_t, int64_t>> PieceSet(
     const StepPlan& plan) {
   std::multiset<std::tuple<int32_t, int32_t, int64_t, int64_t, int64_t, int64_t>> out;
-  for (const RankPlan& rank : plan.ranks) {
+  for (const BucketPlan& rank : plan.buckets) {
     for (const MicroBatch& mb : rank.micro_batches) {
       for (const Sequence& seq : mb.sequences) {
         for (const DocPiece& d : seq.docs) {
@@ -426,7 +426,7 @@ TEST(PlannerTest, PlansCopiesAndAssignmentsOutliveEachOtherAndThePlanner) {
     ASSERT_TRUE(p.arena);
     json.push_back(StepPlanToJson(p, config));
   }
-  MicroBatch part = plans[0].ranks[1].micro_batches[0];  // a copy, on the heap
+  MicroBatch part = plans[0].buckets[1].micro_batches[0];  // a copy, on the heap
   const MicroBatch expected_part = part;
   StepPlan copy = plans[0];
   EXPECT_FALSE(copy.arena);
@@ -596,7 +596,7 @@ TEST(PlannerTest, DocumentsOfEachStepDoNotDependOnDp) {
     const Config config = MakeConfig(sources, shape);
     runs.push_back(MemoryJob(config, sources).Plan(25));
     ASSERT_EQ(runs.back().size(), 25u);
-    for (const auto& p : runs.back()) ASSERT_EQ(p.ranks.size(), size_t(dp));
+    for (const auto& p : runs.back()) ASSERT_EQ(p.buckets.size(), size_t(dp));
   }
   for (size_t r = 1; r < runs.size(); ++r) {
     for (size_t step = 0; step < 25; ++step) {
@@ -787,7 +787,7 @@ TEST(PlannerOversizeTest, TruncateKeepsOnlyTheFirstSeqLenTokens) {
     CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
       return job.Doc(s, f, r);
     });
-    for (const auto& rank : plan.ranks) {
+    for (const auto& rank : plan.buckets) {
       for (const auto& mb : rank.micro_batches) {
         for (const auto& seq : mb.sequences) {
           for (const auto& d : seq.docs) {
@@ -888,7 +888,7 @@ TEST(PlannerTest, KarmarkarKarpBalancesBetterThanNoneAtDp8) {
     for (const auto& p : plans) {
       // The reported imbalance is max rank cost / mean rank cost.
       double max_cost = 0, sum = 0;
-      for (const auto& r : p.ranks) {
+      for (const auto& r : p.buckets) {
         max_cost = std::max(max_cost, r.cost);
         sum += r.cost;
       }
@@ -1017,7 +1017,7 @@ TEST_F(PlannerParquetTest, MetadataOnlyPlansEqualPayloadPlans) {
   for (size_t i = 0; i < with.size(); ++i) {
     EXPECT_EQ(StepPlanToJson(with[i], config_), StepPlanToJson(without[i], config_));
   }
-  EXPECT_EQ(without[0].ranks[0].micro_batches[0].sequences[0].docs[0].payload, nullptr);
+  EXPECT_EQ(without[0].buckets[0].micro_batches[0].sequences[0].docs[0].payload, nullptr);
   // A metadata-only plan is freed with its arena without visiting its pieces; one with
   // payloads releases each piece's payload.
   EXPECT_TRUE(without[0].arena.pieces_without_payloads());
@@ -1094,7 +1094,7 @@ TEST(PlannerPhaseTest, PhaseSetsSeqLenAndWeightsThenBatchShapeResumes) {
         return job.Doc(s, f, r);
       });
       EXPECT_EQ(plan.seq_len, 128);
-      for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 16u);
+      for (const auto& rank : plan.buckets) EXPECT_EQ(rank.micro_batches.size(), 16u);
       EXPECT_EQ(plan.source_tokens[0], 0);
       // code 0.5 vs math 0.1 (its own weight): 5/6 of the tokens, every step (step) or
       // within two sequences of it so far (time).
@@ -1113,7 +1113,7 @@ TEST(PlannerPhaseTest, PhaseSetsSeqLenAndWeightsThenBatchShapeResumes) {
         return job.Doc(s, f, r);
       });
       EXPECT_EQ(plan.seq_len, 256);
-      for (const auto& rank : plan.ranks) EXPECT_EQ(rank.micro_batches.size(), 8u);
+      for (const auto& rank : plan.buckets) EXPECT_EQ(rank.micro_batches.size(), 8u);
       web += double(plan.source_tokens[0]);
       if (per_step) {
         EXPECT_NEAR(double(plan.source_tokens[0]), 4096.0 * 0.6, 2.0);
@@ -1250,7 +1250,7 @@ TEST(PlannerOrderTest, HeaviestMicroBatchesSitInTheMiddle) {
   const Config config = MakeConfig(sources, shape);
   const auto plans = MemoryJob(config, sources).Plan(10);
   for (const auto& plan : plans) {
-    for (const auto& rank : plan.ranks) {
+    for (const auto& rank : plan.buckets) {
       const auto& mb = rank.micro_batches;
       const size_t peak = (mb.size() - 1) / 2;  // costs may tie: compare with <=
       for (size_t k = 0; k < peak; ++k) EXPECT_LE(mb[k].cost, mb[k + 1].cost);
@@ -1280,7 +1280,7 @@ TEST(PlannerElasticTest, StateSavedAtDp8ResumesAtDp4AndDp16WithTheSameDocuments)
     const auto tail = MemoryJob(other, sources, *state).Plan(12);
     ASSERT_EQ(tail.size(), 12u);
     for (size_t i = 0; i < tail.size(); ++i) {
-      EXPECT_EQ(tail[i].ranks.size(), size_t(dp));
+      EXPECT_EQ(tail[i].buckets.size(), size_t(dp));
       EXPECT_EQ(PieceSet(tail[i]), PieceSet(full[8 + i])) << "dp " << dp << " step " << i;
       EXPECT_EQ(tail[i].state_after, full[8 + i].state_after);
     }
@@ -1415,7 +1415,7 @@ TEST(PlannerBalanceTest, SwapsAfterThePartitionNeverRaiseTheImbalance) {
     int64_t lower = 0;
     for (const StepPlan& plan : job.Plan(20)) {
       std::vector<double> costs;
-      for (const RankPlan& rank : plan.ranks) {
+      for (const BucketPlan& rank : plan.buckets) {
         for (const MicroBatch& mb : rank.micro_batches) {
           for (const Sequence& seq : mb.sequences) costs.push_back(seq.cost);
         }
@@ -1474,7 +1474,7 @@ TEST(PlannerVisionTest, MultimodalDocumentsAreNeverCutInsideTheirImages) {
     for (const StepPlan& plan : plans) {
       int64_t step_tokens = 0;
       std::vector<int64_t> by_source(2, 0);
-      for (const RankPlan& rank : plan.ranks) {
+      for (const BucketPlan& rank : plan.buckets) {
         for (const MicroBatch& mb : rank.micro_batches) {
           for (const Sequence& seq : mb.sequences) {
             double cost = 0;
@@ -1554,7 +1554,7 @@ TEST(PlannerVisionTest, DocumentsWithNoRoomAreCutAfterTheirImagesAndCounted) {
   int64_t cut = 0;
   for (const StepPlan& plan : plans) {
     cut += plan.multimodal_cut;
-    for (const RankPlan& rank : plan.ranks) {
+    for (const BucketPlan& rank : plan.buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           EXPECT_LE(seq.tokens, kSeqLen);
@@ -1589,9 +1589,9 @@ TEST(PlannerVisionTest, HybridAddsTheVisionTermAndBackboneIgnoresIt) {
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(PieceSet(a[i]), PieceSet(b[i]));  // the same documents, the same pieces
     double ca = 0, cb = 0, extra = 0;
-    for (const RankPlan& r : a[i].ranks) ca += r.cost;
-    for (const RankPlan& r : b[i].ranks) cb += r.cost;
-    for (const RankPlan& r : a[i].ranks) {
+    for (const BucketPlan& r : a[i].buckets) ca += r.cost;
+    for (const BucketPlan& r : b[i].buckets) cb += r.cost;
+    for (const BucketPlan& r : a[i].buckets) {
       for (const MicroBatch& mb : r.micro_batches) {
         for (const Sequence& s : mb.sequences) {
           for (const DocPiece& d : s.docs) extra += 1e4 * double(d.image_tokens);
@@ -1677,7 +1677,7 @@ TEST(PlannerVisionTest, HybridModeBalancesTheVisionWork) {
     backbone.balance.cost_mode = BalanceConfig::CostMode::kBackbone;
     auto measured = [&](const StepPlan& plan) {
       double max_cost = 0, total = 0;
-      for (const RankPlan& r : plan.ranks) {
+      for (const BucketPlan& r : plan.buckets) {
         double c = 0;
         for (const MicroBatch& mb : r.micro_batches) {
           for (const Sequence& s : mb.sequences) {
@@ -1689,7 +1689,7 @@ TEST(PlannerVisionTest, HybridModeBalancesTheVisionWork) {
         max_cost = std::max(max_cost, c);
         total += c;
       }
-      return max_cost / (total / double(plan.ranks.size()));
+      return max_cost / (total / double(plan.buckets.size()));
     };
     double h = 0, b = 0;
     const auto hp = MemoryJob(hybrid, sources).Plan(20);
@@ -1739,7 +1739,7 @@ TEST(PlannerSlackTest, BudgetLeavesTheSlackAndNoSequenceExceedsCapacity) {
       int64_t step_tokens = 0;
       std::vector<int64_t> by_source(config.sources.size(), 0);
       std::vector<double> rank_costs;
-      for (const RankPlan& rank : plan.ranks) {
+      for (const BucketPlan& rank : plan.buckets) {
         ASSERT_EQ(rank.micro_batches.size(), 2u);
         double rank_cost = 0;
         for (const MicroBatch& mb : rank.micro_batches) {
@@ -1832,7 +1832,7 @@ TEST(PlannerSlackTest, MultimodalDocumentsStayWholeWithSlack) {
   ASSERT_EQ(plans.size(), 30u);
   int64_t multimodal = 0;
   for (const StepPlan& plan : plans) {
-    for (const RankPlan& rank : plan.ranks) {
+    for (const BucketPlan& rank : plan.buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           EXPECT_LE(seq.tokens, shape.seq_len);
@@ -1977,7 +1977,7 @@ TEST_P(MultimodalCutsTest, ImageTokensAreNeverCutAndDeferralsResumeExactly) {
   for (const StepPlan& plan : plans) {
     const int64_t L = config.SeqLenAt(plan.step);
     int64_t fitting_cut = 0;
-    for (const RankPlan& rank : plan.ranks) {
+    for (const BucketPlan& rank : plan.buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           EXPECT_LE(seq.tokens, L);
@@ -2252,7 +2252,7 @@ std::vector<Context> ContextOfRun(const std::vector<StepPlan>& plans, size_t sou
       out[s].reported_context += plan.source_context[s];
       out[s].reported_bound += plan.source_bound[s];
     }
-    for (const RankPlan& rank : plan.ranks) {
+    for (const BucketPlan& rank : plan.buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           for (const DocPiece& d : seq.docs) {
@@ -2295,7 +2295,7 @@ TEST(PlannerTimeTest, LowWeightLongDocumentSourceKeepsWholeDocuments) {
       std::map<DocKey, std::vector<std::pair<int64_t, int64_t>>> books;
       std::map<DocKey, int64_t> doc_tokens;
       for (const StepPlan& plan : plans) {
-        for (const RankPlan& rank : plan.ranks) {
+        for (const BucketPlan& rank : plan.buckets) {
           for (const MicroBatch& mb : rank.micro_batches) {
             for (const Sequence& seq : mb.sequences) {
               for (const DocPiece& d : seq.docs) {
@@ -2379,7 +2379,7 @@ TEST(PlannerTimeTest, LeversCapPiecesAndCutAtTheirPoints) {
       CheckStepShape(plan, config, [&](int32_t s, int32_t f, int64_t r) -> const auto& {
         return job.Doc(s, f, r);
       });
-      for (const auto& rank : plan.ranks) {
+      for (const auto& rank : plan.buckets) {
         for (const auto& mb : rank.micro_batches) {
           for (const auto& seq : mb.sequences) {
             for (const DocPiece& d : seq.docs) {

@@ -13,17 +13,17 @@ using Json = nlohmann::ordered_json;
 
 StepPlan::~StepPlan() {
   if (arena.pieces_without_payloads()) {
-    // Every vector below a rank that the arena holds owns nothing but arena memory (the
+    // Every vector below a bucket that the arena holds owns nothing but arena memory (the
     // arena's vectors allocate their elements' vectors there too, and no piece has a
     // payload): end those vectors' lives without their destructors, which would only
     // visit ~70k pieces to release nothing. The arena frees the memory after.
     const PlanAllocator alloc = arena.allocator();
-    for (RankPlan& rank : ranks) {
-      if (rank.micro_batches.get_allocator() == alloc) {
-        new (&rank.micro_batches) std::pmr::vector<MicroBatch>();
+    for (BucketPlan& bucket : buckets) {
+      if (bucket.micro_batches.get_allocator() == alloc) {
+        new (&bucket.micro_batches) std::pmr::vector<MicroBatch>();
       }
     }
-    ranks.clear();
+    buckets.clear();
     return;
   }
   // The pieces first, a few sequences ahead of their fetch: in a planner-built plan each
@@ -32,8 +32,8 @@ StepPlan::~StepPlan() {
   constexpr size_t kAhead = 32;
   std::array<Sequence*, kAhead> pending{};
   size_t n = 0;
-  for (RankPlan& rank : ranks) {
-    for (MicroBatch& mb : rank.micro_batches) {
+  for (BucketPlan& bucket : buckets) {
+    for (MicroBatch& mb : bucket.micro_batches) {
       for (Sequence& seq : mb.sequences) {
         const char* data = reinterpret_cast<const char*>(seq.docs.data());
         const size_t bytes = seq.docs.size() * sizeof(DocPiece);
@@ -47,7 +47,7 @@ StepPlan::~StepPlan() {
   for (Sequence* seq : pending) {
     if (seq != nullptr) seq->docs.clear();
   }
-  ranks.clear();
+  buckets.clear();
 }
 
 std::string StepPlanToJson(const StepPlan& plan, const Config& config) {
@@ -77,14 +77,16 @@ std::string StepPlanToJson(const StepPlan& plan, const Config& config) {
   out["context"] = std::move(context);
   out["drift"] = std::move(drift);
   const bool several = config.batch.micro_batch_size > 1;
-  Json ranks = Json::array();
-  for (const RankPlan& rank : plan.ranks) {
+  // The JSON keeps its names (docs/plan-format.md): "ranks" holds the buckets, "dp" is a
+  // bucket's index.
+  Json buckets = Json::array();
+  for (const BucketPlan& bucket : plan.buckets) {
     Json r;
-    r["dp"] = rank.dp;
-    r["cost"] = rank.cost;
-    r["tokens"] = rank.tokens;
+    r["dp"] = bucket.bucket;
+    r["cost"] = bucket.cost;
+    r["tokens"] = bucket.tokens;
     Json mbs = Json::array();
-    for (const MicroBatch& mb : rank.micro_batches) {
+    for (const MicroBatch& mb : bucket.micro_batches) {
       Json m;
       m["tokens"] = mb.tokens;
       m["cost"] = mb.cost;
@@ -107,9 +109,9 @@ std::string StepPlanToJson(const StepPlan& plan, const Config& config) {
       mbs.push_back(std::move(m));
     }
     r["micro_batches"] = std::move(mbs);
-    ranks.push_back(std::move(r));
+    buckets.push_back(std::move(r));
   }
-  out["ranks"] = std::move(ranks);
+  out["ranks"] = std::move(buckets);
   return out.dump();
 }
 

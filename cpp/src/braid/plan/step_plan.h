@@ -44,7 +44,7 @@ struct DocPiece {
 };
 
 /// The allocator of a plan's nested vectors: the plan's arena for a planner-built plan,
-/// the heap (the default) otherwise. Sequence, MicroBatch and RankPlan are allocator-aware:
+/// the heap (the default) otherwise. Sequence, MicroBatch and BucketPlan are allocator-aware:
 /// a vector of them built with an arena allocator puts their own vectors there too.
 using PlanAllocator = std::pmr::polymorphic_allocator<std::byte>;
 
@@ -86,29 +86,31 @@ struct MicroBatch {
   MicroBatch& operator=(MicroBatch&&) = default;
 };
 
-struct RankPlan {
+/// One bucket's part of a step (the part balanced for one group of ranks; bucket = DP
+/// rank by default, docs/architecture.md's glossary): its micro-batches.
+struct BucketPlan {
   using allocator_type = PlanAllocator;
-  int64_t dp = 0;
+  int64_t bucket = 0;  ///< index in topology.buckets(); the plan JSON's "dp"
   int64_t tokens = 0;
   double cost = 0;
   std::pmr::vector<MicroBatch> micro_batches;
 
-  RankPlan() = default;
-  explicit RankPlan(const allocator_type& alloc) : micro_batches(alloc) {}
-  RankPlan(const RankPlan& other, const allocator_type& alloc)
-      : dp(other.dp),
+  BucketPlan() = default;
+  explicit BucketPlan(const allocator_type& alloc) : micro_batches(alloc) {}
+  BucketPlan(const BucketPlan& other, const allocator_type& alloc)
+      : bucket(other.bucket),
         tokens(other.tokens),
         cost(other.cost),
         micro_batches(other.micro_batches, alloc) {}
-  RankPlan(RankPlan&& other, const allocator_type& alloc)
-      : dp(other.dp),
+  BucketPlan(BucketPlan&& other, const allocator_type& alloc)
+      : bucket(other.bucket),
         tokens(other.tokens),
         cost(other.cost),
         micro_batches(std::move(other.micro_batches), alloc) {}
-  RankPlan(const RankPlan&) = default;
-  RankPlan(RankPlan&&) noexcept = default;
-  RankPlan& operator=(const RankPlan&) = default;
-  RankPlan& operator=(RankPlan&&) = default;
+  BucketPlan(const BucketPlan&) = default;
+  BucketPlan(BucketPlan&&) noexcept = default;
+  BucketPlan& operator=(const BucketPlan&) = default;
+  BucketPlan& operator=(BucketPlan&&) = default;
 };
 
 /// The memory of a planner-built plan's nested vectors (a monotonic arena). It moves with
@@ -162,9 +164,9 @@ struct StepPlan {
   StepPlan(const StepPlan&) = default;  ///< the copy's nested vectors on the heap, no arena
   StepPlan(StepPlan&&) noexcept = default;
   StepPlan& operator=(const StepPlan& other) { return *this = StepPlan(other); }
-  /// `ranks` first (its old contents go while their arena lives), then `arena`.
+  /// `buckets` first (its old contents go while their arena lives), then `arena`.
   StepPlan& operator=(StepPlan&&) noexcept = default;
-  /// Destroys `ranks` before `arena`, which holds their vectors.
+  /// Destroys `buckets` before `arena`, which holds their vectors.
   ~StepPlan();
 
   int64_t step = 0;
@@ -186,11 +188,11 @@ struct StepPlan {
   /// ContextOf): mean context / bound = source_context / source_bound.
   std::vector<int64_t> source_context;
   std::vector<int64_t> source_bound;
-  std::vector<RankPlan> ranks;
+  std::vector<BucketPlan> buckets;  ///< one per bucket (topology.buckets()), in bucket order
   PlannerState state_before;
   PlannerState state_after;
-  /// Holds the nested vectors of `ranks` in a planner-built plan; empty when they are on
-  /// the heap. INVARIANT: declared after `ranks` and outlives their contents (see the
+  /// Holds the nested vectors of `buckets` in a planner-built plan; empty when they are on
+  /// the heap. INVARIANT: declared after `buckets` and outlives their contents (see the
   /// destructor and the move assignment).
   PlanArena arena;
 };

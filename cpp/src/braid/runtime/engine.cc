@@ -88,7 +88,7 @@ Status Engine::Impl::Start() {
 void Engine::Impl::WantOwnPayloads(const StepPlan& plan) const {
   if (plan.arena.pieces_without_payloads()) return;
   for (int64_t bucket : options_.buckets) {
-    for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+    for (const MicroBatch& mb : plan.buckets[size_t(bucket)].micro_batches) {
       for (const Sequence& seq : mb.sequences) {
         for (const DocPiece& piece : seq.docs) piece.payload.Want();
       }

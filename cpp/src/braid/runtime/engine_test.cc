@@ -173,7 +173,7 @@ TEST_F(EngineTest, EveryMicroBatchArrivesInOrderWithThePlannedTokens) {
     const auto* src = b.Find("source_ids")->data<int32_t>();
     int64_t t = 0;
     for (const Sequence& seq :
-         plan->ranks[size_t(b.dp)].micro_batches[size_t(b.micro_batch)].sequences) {
+         plan->buckets[size_t(b.dp)].micro_batches[size_t(b.micro_batch)].sequences) {
       for (const DocPiece& d : seq.docs) {
         const auto& doc = (*docs_)[size_t(d.source)][size_t(d.file)][size_t(d.row)];
         for (int64_t k = 0; k < d.len; ++k, ++t) {
@@ -816,10 +816,10 @@ TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
   options.buckets = {1};
   options.on_plan = [&](const StepPlan& plan) {
     std::lock_guard<std::mutex> lock(mu);
-    for (const RankPlan& rank : plan.ranks) {
+    for (const BucketPlan& rank : plan.buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
-          for (const DocPiece& d : seq.docs) planned.push_back({plan.step, rank.dp, d});
+          for (const DocPiece& d : seq.docs) planned.push_back({plan.step, rank.bucket, d});
         }
       }
     }

@@ -20,7 +20,7 @@ namespace {
 // Whether the pieces of `bucket` hold their payloads (a plan planned in this process
 // from streams that read them), or only their keys (from metadata, or across processes).
 bool CarriesPayloads(const StepPlan& plan, int64_t bucket) {
-  for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+  for (const MicroBatch& mb : plan.buckets[size_t(bucket)].micro_batches) {
     for (const Sequence& seq : mb.sequences) {
       for (const DocPiece& piece : seq.docs) return static_cast<bool>(piece.payload);
     }
@@ -313,7 +313,7 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
   if (planned->plan != nullptr && CarriesPayloads(*planned->plan, bucket)) {
     // In process, the pieces' payloads attached: their decodes start now, on the pool.
     const StepPlan& plan = *planned->plan;
-    for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+    for (const MicroBatch& mb : plan.buckets[size_t(bucket)].micro_batches) {
       for (const Sequence& seq : mb.sequences) {
         for (const DocPiece& piece : seq.docs) piece.payload.Want();
       }
@@ -325,7 +325,7 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
     states->state_after = planned->state_after;
     states->figures = planned->figures;
     out->step = std::move(states);
-    const size_t n = plan.ranks[size_t(bucket)].micro_batches.size();
+    const size_t n = plan.buckets[size_t(bucket)].micro_batches.size();
     for (size_t mb = 0; mb < n; ++mb) {
       ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(plan, bucket, int64_t(mb)));
       out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));
@@ -384,7 +384,7 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
       for (const std::string& why : blanked) LogBlank(source, why);
     }
   }
-  const size_t n = part.ranks[size_t(bucket)].micro_batches.size();
+  const size_t n = part.buckets[size_t(bucket)].micro_batches.size();
   for (size_t mb = 0; mb < n; ++mb) {
     ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(part, bucket, int64_t(mb)));
     out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));

@@ -133,7 +133,7 @@ class ServicesTest : public ::testing::Test {
                            counts != nullptr ? &counts->blanked : nullptr);
           EXPECT_TRUE(st.ok()) << st.ToString();
         }
-        for (size_t mb = 0; mb < part->ranks[size_t(b)].micro_batches.size(); ++mb) {
+        for (size_t mb = 0; mb < part->buckets[size_t(b)].micro_batches.size(); ++mb) {
           auto batch = BuildMicroBatch(*part, b, int64_t(mb));
           EXPECT_TRUE(batch.ok()) << batch.status().ToString();
           if (!batch.ok()) return out;
@@ -222,12 +222,12 @@ TEST_F(ServicesTest, EncodedPlansRoundTripEveryBucket) {
   auto header = EncodedStepAndBuckets(message.data(), message.size());
   ASSERT_TRUE(header.ok());
   EXPECT_EQ(header->first, plan->step);
-  EXPECT_EQ(header->second, int64_t(plan->ranks.size()));
-  for (size_t b = 0; b < plan->ranks.size(); ++b) {
+  EXPECT_EQ(header->second, int64_t(plan->buckets.size()));
+  for (size_t b = 0; b < plan->buckets.size(); ++b) {
     auto part = DecodeBucket(message.data(), message.size(), int64_t(b));
     ASSERT_TRUE(part.ok()) << part.status().ToString();
-    const RankPlan& want = plan->ranks[b];
-    const RankPlan& got = part->ranks[b];
+    const BucketPlan& want = plan->buckets[b];
+    const BucketPlan& got = part->buckets[b];
     ASSERT_EQ(got.micro_batches.size(), want.micro_batches.size());
     for (size_t m = 0; m < want.micro_batches.size(); ++m) {
       ASSERT_EQ(got.micro_batches[m].sequences.size(),
@@ -292,7 +292,7 @@ TEST_F(ServicesTest, MalformedMessagesAndRepliesFailWithADataError) {
   auto message = EncodeStepPlan(*plan);
   // Cut short, every length from 0 up: an error, never a crash or a partial plan.
   for (size_t cut = 0; cut < message.size(); cut += 7) {
-    auto part = DecodeBucket(message.data(), cut, int64_t(plan->ranks.size()) - 1);
+    auto part = DecodeBucket(message.data(), cut, int64_t(plan->buckets.size()) - 1);
     EXPECT_FALSE(part.ok()) << "cut at " << cut;
   }
   auto no_bucket = DecodeBucket(message.data(), message.size(), 1000);
@@ -405,7 +405,7 @@ TEST_F(ServicesTest, UnderSkipEveryPieceOfARowThatDoesNotDecodeIsBlankAsEmbedded
   for (int64_t step = 0; step < steps && tail_row < 0; ++step) {
     auto planned = (*planner)->Next();
     ASSERT_TRUE(planned.ok()) << planned.status().ToString();
-    for (const RankPlan& rank : (*planned)->plan->ranks) {
+    for (const BucketPlan& rank : (*planned)->plan->buckets) {
       for (const MicroBatch& mb : rank.micro_batches) {
         for (const Sequence& seq : mb.sequences) {
           for (const DocPiece& d : seq.docs) {

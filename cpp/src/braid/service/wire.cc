@@ -38,14 +38,14 @@ class Reader {
 }  // namespace
 
 std::vector<int64_t> EncodeStepPlan(const StepPlan& plan) {
-  const int64_t buckets = static_cast<int64_t>(plan.ranks.size());
+  const int64_t buckets = static_cast<int64_t>(plan.buckets.size());
   std::vector<int64_t> out = {plan.step, plan.seq_len, buckets, buckets};
   for (int64_t b = 0; b < buckets; ++b) out.push_back(b);
   const size_t offsets_at = out.size();
   out.resize(out.size() + size_t(buckets) + 1);
   for (int64_t b = 0; b < buckets; ++b) {
     out[offsets_at + size_t(b)] = static_cast<int64_t>(out.size());
-    const RankPlan& rank = plan.ranks[size_t(b)];
+    const BucketPlan& rank = plan.buckets[size_t(b)];
     out.push_back(static_cast<int64_t>(rank.micro_batches.size()));
     for (const MicroBatch& mb : rank.micro_batches) {
       out.push_back(static_cast<int64_t>(mb.sequences.size()));
@@ -153,9 +153,9 @@ Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket) 
   StepPlan plan;
   plan.step = data[0];
   plan.seq_len = data[1];
-  plan.ranks.resize(size_t(bucket) + 1);
-  RankPlan& rank = plan.ranks[size_t(bucket)];
-  rank.dp = bucket;
+  plan.buckets.resize(size_t(bucket) + 1);
+  BucketPlan& rank = plan.buckets[size_t(bucket)];
+  rank.bucket = bucket;
   Reader in(data, size, size_t(at));
   ARROW_ASSIGN_OR_RAISE(int64_t micro_batches, in.Count("micro-batches"));
   rank.micro_batches.resize(size_t(micro_batches));
@@ -193,7 +193,7 @@ Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket) 
 std::vector<std::vector<int64_t>> PieceRequests(const StepPlan& plan, int64_t bucket,
                                                 int32_t num_sources) {
   std::vector<std::vector<int64_t>> out(static_cast<size_t>(num_sources));
-  for (const MicroBatch& mb : plan.ranks[size_t(bucket)].micro_batches) {
+  for (const MicroBatch& mb : plan.buckets[size_t(bucket)].micro_batches) {
     for (const Sequence& seq : mb.sequences) {
       for (const DocPiece& d : seq.docs) {
         if (d.source < 0 || d.source >= num_sources) continue;
@@ -240,7 +240,7 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
   size_t next_image = 0;  // in reply->images, by piece order
   int64_t next_byte = 0;
   size_t k = 0;
-  for (MicroBatch& mb : plan->ranks[size_t(bucket)].micro_batches) {
+  for (MicroBatch& mb : plan->buckets[size_t(bucket)].micro_batches) {
     for (Sequence& seq : mb.sequences) {
       for (DocPiece& d : seq.docs) {
         if (d.source != source) continue;

@@ -58,7 +58,7 @@ Result<std::vector<int64_t>> SliceStepPlan(const int64_t* data, size_t size,
 /// malformed message or a bucket it does not hold.
 Result<StepPlan> DecodeBucket(const int64_t* data, size_t size, int64_t bucket);
 
-/// Per source (`num_sources` of them), the pieces of `plan.ranks[bucket]` from that source
+/// Per source (`num_sources` of them), the pieces of `plan.buckets[bucket]` from that source
 /// in plan order (micro-batch, sequence, piece), kRequestFields int64 each.
 std::vector<std::vector<int64_t>> PieceRequests(const StepPlan& plan, int64_t bucket,
                                                 int32_t num_sources);
@@ -85,7 +85,7 @@ struct PieceReply {
   std::vector<uint8_t> paths;
 };
 
-/// Attaches a source's reply to the pieces of `plan->ranks[bucket]` from `source`, in
+/// Attaches a source's reply to the pieces of `plan->buckets[bucket]` from `source`, in
 /// PieceRequests order (see the header: each piece becomes a document of its own), and
 /// decodes its images with `source_config`'s image options. The payloads view `reply`'s
 /// tokens (kept alive by them, no copy). An image that does not decode follows

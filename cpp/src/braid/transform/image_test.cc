@@ -532,11 +532,11 @@ PayloadRef ImagePayload(int32_t grid_h, int32_t grid_w, float value, int64_t cap
 StepPlan OneSequencePlan(std::vector<DocPiece> docs, int64_t seq_len) {
   StepPlan plan;
   plan.seq_len = seq_len;
-  plan.ranks.resize(1);
-  plan.ranks[0].micro_batches.resize(1);
+  plan.buckets.resize(1);
+  plan.buckets[0].micro_batches.resize(1);
   Sequence seq;
   seq.docs.assign(docs.begin(), docs.end());
-  plan.ranks[0].micro_batches[0].sequences.push_back(seq);
+  plan.buckets[0].micro_batches[0].sequences.push_back(seq);
   return plan;
 }
 
