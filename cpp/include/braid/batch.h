@@ -1,4 +1,4 @@
-// braid/batch.h: a built micro-batch, what the runtimes hand a trainer.
+// braid/batch.h: a built micro-batch, the value Loader::Next() returns.
 //
 // A Batch is a few named dense tensors in host memory: input_ids, labels, loss_mask,
 // position_ids, source_ids, cu_seqlens, and pixel_values, image_grid for image sources
