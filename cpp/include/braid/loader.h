@@ -68,8 +68,9 @@ class Loader {
   Result<std::shared_ptr<const Batch>> Next();
 
   /// The state (JSON) right after the last micro-batch Next() returned, or the start
-  /// state before the first. Options::state_json of a new Loader for the same rank (or
-  /// for any rank of the same job at the same point) continues from there. Cheap.
+  /// state before the first. Options::state_json of a new Loader for the same rank
+  /// continues the stream exactly there (the state also holds the planner's position,
+  /// checked against the config's fingerprint). Cheap.
   std::string StateJson() const;
 
   /// Stops the background work and joins its threads (what the destructor does). Later
