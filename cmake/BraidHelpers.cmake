@@ -20,7 +20,7 @@ endmacro()
 # braid_cc_test(NAME SRC): one GoogleTest executable, tests discovered when ctest runs.
 function(braid_cc_test NAME SRC)
   add_executable(${NAME} ${SRC})
-  target_link_libraries(${NAME} PRIVATE braid_core GTest::gtest_main GTest::gmock)
+  target_link_libraries(${NAME} PRIVATE braid_internal GTest::gtest_main GTest::gmock)
   # BRAID_PYTHON: the build's interpreter, which tests run for servers (moto's S3).
   target_compile_definitions(${NAME} PRIVATE BRAID_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                              BRAID_PYTHON="${Python3_EXECUTABLE}")
@@ -34,7 +34,7 @@ endfunction()
 # main() unless the source has BENCHMARK_MAIN() (both work).
 function(braid_cc_benchmark NAME SRC)
   add_executable(${NAME} ${SRC})
-  target_link_libraries(${NAME} PRIVATE braid_core benchmark::benchmark)
+  target_link_libraries(${NAME} PRIVATE braid_internal benchmark::benchmark)
   if(TARGET benchmark::benchmark_main)
     target_link_libraries(${NAME} PRIVATE benchmark::benchmark_main)
   endif()
@@ -65,7 +65,7 @@ endfunction()
 # already adds them to every target).
 function(braid_cc_fuzzer NAME SRC)
   add_executable(${NAME} ${SRC})
-  target_link_libraries(${NAME} PRIVATE braid_core)
+  target_link_libraries(${NAME} PRIVATE braid_internal)
   set(_flags -fsanitize=fuzzer)
   if(NOT BRAID_SANITIZE)
     list(APPEND _flags -fsanitize=address,undefined -fno-omit-frame-pointer)

@@ -8,7 +8,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
-#include "braid/construct/batch.h"
+#include "braid/batch.h"
 
 namespace braid::python {
 

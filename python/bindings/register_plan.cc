@@ -1,4 +1,4 @@
-// The data plane builder (plan/dataplane.h): braid._core.DataPlane. The builder state lives
+// The data plane builder (braid/dataplane.h): braid._core.DataPlane. The builder state lives
 // in C++; this file converts Python values and raises the first error at the call that
 // made it (braid.ConfigError naming the primitive).
 #include <nanobind/nanobind.h>
@@ -10,7 +10,8 @@
 #include <optional>
 
 #include "braid/config/config.h"
-#include "braid/plan/dataplane.h"
+#include "braid/config/job_config_internal.h"
+#include "braid/dataplane.h"
 #include "status_caster.h"
 
 namespace nb = nanobind;
@@ -87,7 +88,12 @@ void RegisterPlan(nb::module_& m) {
       "The declarative data plane over a base Config: mix, distribute, cost, balance, "
       "broadcast_at, then plan() -> Config (docs/dataplane.md). Each method returns the "
       "same DataPlane; a bad argument raises braid.ConfigError naming the primitive.")
-      .def(nb::init<Config>(), nb::arg("base"))
+      .def(
+          "__init__",
+          [](DataPlane* p, const Config& base) {
+            new (p) DataPlane(JobConfigInternal::Wrap(base));
+          },
+          nb::arg("base"))
       .def(
           "mix",
           [](DataPlane& p, nb::dict weights) -> DataPlane& {
@@ -161,7 +167,10 @@ void RegisterPlan(nb::module_& m) {
           nb::arg("dim"), nb::rv_policy::reference,
           "A dimension whose ranks receive the same micro-batches: 'tp' or 'pp'.")
       .def(
-          "plan", [](const DataPlane& p) { return ValueOrThrow(p.Plan()); },
+          "plan",
+          [](const DataPlane& p) -> Config {
+            return JobConfigInternal::Get(ValueOrThrow(p.Plan()));
+          },
           "The compiled, validated Config.")
       .def_prop_ro("distribute_axis", &DataPlane::distribute_axis)
       .def_prop_ro("broadcast_dims", &DataPlane::broadcast_dims);

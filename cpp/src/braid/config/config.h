@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "braid/config.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -31,17 +32,7 @@ const char* ToString(Oversize v);
 const char* ToString(OnError v);
 const char* ToString(BalanceAlgorithm v);
 
-/// A source weight as a function of the global step: piecewise linear between points,
-/// constant before the first and after the last. A constant weight is one point.
-struct WeightSchedule {
-  // INVARIANT: non-empty, steps strictly increasing, weights >= 0.
-  std::vector<std::pair<int64_t, double>> points{{0, 1.0}};
-  /// Planner (docs/planner.md): true for `{steps: ...}`, piecewise constant (each point's
-  /// weight holds until the next point); false for `{schedule: ...}`, piecewise linear.
-  bool stepwise = false;
-
-  double At(int64_t step) const;
-};
+// WeightSchedule (a weight as a function of the step) is public: braid/config.h.
 
 /// Chat or instruction data: prompt/response string columns, or one messages column
 /// (list<struct<role: string, content: string>>). Empty: the source is not a chat source.

@@ -1,4 +1,4 @@
-#include "braid/construct/batch.h"
+#include "braid/batch.h"
 
 namespace braid {
 

@@ -14,7 +14,7 @@
 // Thread-safe: a pure function of the plan; payloads are shared, immutable.
 #pragma once
 
-#include "braid/construct/batch.h"
+#include "braid/batch.h"
 #include "braid/plan/step_plan.h"
 #include "braid/status.h"
 

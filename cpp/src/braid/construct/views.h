@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "braid/batch.h"
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
-#include "braid/construct/batch.h"
 #include "braid/status.h"
 
 namespace braid {

@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "braid/batch.h"
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
-#include "braid/construct/batch.h"
 #include "braid/plan/step_plan.h"
 #include "braid/status.h"
 

@@ -36,8 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "braid/batch.h"
 #include "braid/config/config.h"
-#include "braid/construct/batch.h"
 #include "braid/service/planner_service_state.h"
 #include "braid/service/wire.h"
 #include "braid/status.h"
