@@ -282,6 +282,39 @@ def digests(batches: List[Dict]) -> List[str]:
     return out
 
 
+SEQUENTIAL = textwrap.dedent("""
+    import hashlib, json, sys
+    import braid
+    config = json.loads(sys.argv[1])
+    digests = []
+    for rank in [0, 1, 0, 1, 0, 1]:  # each close ends the job; the next starts it again
+        loader = braid.Loader(config, rank, 2)
+        for i, batch in zip(range(4), loader):
+            h = hashlib.sha256()
+            for name in sorted(batch):
+                h.update(name.encode()); h.update(batch[name].numpy().tobytes())
+            digests.append(h.hexdigest())
+        loader.close()
+    print("DIGESTS " + json.dumps(digests))
+""")
+
+
+def test_a_job_ended_by_its_last_rank_starts_again_for_the_next(ray_cluster,
+                                                                small_dataset, tmp_path):
+    """In a fresh process, loaders opened one after the other: each close detaches the
+    job's last rank (the job ends) and the next loader attaches while it may still be
+    ending; it starts the job again and gets the embedded runtime's batches."""
+    config = small_dataset["config"]
+    embedded = [digests(take_batches([braid.Loader(config, r, 2)], 4)[0]) for r in (0, 1)]
+    cfg = json.dumps(ray_config(config, address=ray_cluster, job="again"))
+    run = subprocess.run([sys.executable, "-c", SEQUENTIAL, cfg], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.split("DIGESTS ", 1)[1])
+    assert got == (embedded[0] + embedded[1]) * 3
+    assert jobs.actor_names("again", NAMESPACE) == []
+
+
 def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, tmp_path):
     """Two fresh processes that import only braid, RANK/WORLD_SIZE from the environment,
     join the running cluster by address and get the embedded runtime's batches."""

@@ -181,8 +181,11 @@ class NodeChannel:
         except OSError:
             return None
         with sock:
-            node_delivery.send(sock, {"op": "attach", "client": self._client})
-            reply, _ = node_delivery.receive(sock)
+            try:
+                node_delivery.send(sock, {"op": "attach", "client": self._client})
+                reply, _ = node_delivery.receive(sock)
+            except OSError:  # a job ending as its last rank left: start it again
+                reply = None
         if reply is None:
             return None  # the constructor died meanwhile
         if "error" in reply:
