@@ -232,9 +232,9 @@ def _start_mosaic(config_path, rank, world_size, args):
 
 def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dict:
     """Starts a Ray head of its own (`ray start --head`, its own temp dir, no dashboard,
-    a small object store, token authentication off on loopback; unless
-    `--ray-defaults`, no prestarted workers and no log monitor) and points the config
-    at it. With `delivery` node the trainers attach through a short-lived helper process
+    a small object store, token authentication off on loopback; unless `--ray-defaults`,
+    no prestarted workers, no log monitor and no autoscaler monitor) and points the
+    config at it. With `delivery` node the trainers attach through a short-lived helper process
     (counted while it lives: it is a trainer's child) and receive through the node's
     constructor; with object_store each trainer is a Ray driver."""
     import tempfile
@@ -247,8 +247,9 @@ def _prepare_ray(config: dict, args, state: dict, delivery: str = "node") -> dic
     if not getattr(args, "ray_defaults", False):
         # What docs/distributed.md suggests for nodes that run only Braid's actors: no
         # prestarted task workers (Braid runs no Ray tasks), no log monitor (the
-        # trainers are no Ray drivers, nobody reads streamed worker logs).
-        lean = ["--include-log-monitor=false"]
+        # trainers are no Ray drivers, nobody reads streamed worker logs), no autoscaler
+        # monitor (a fixed cluster).
+        lean = ["--include-log-monitor=false", "--no-monitor"]
         env["RAY_prestart_worker_first_driver"] = "0"
     subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp}",
                     "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
