@@ -134,20 +134,23 @@ def _write_at(fd: int, data: memoryview, offset: int) -> None:
 
 
 def read_view(fd: int, size: int) -> Tuple[Dict[str, np.ndarray], str, str]:
-    """The arrays (writable copies) and the states of a view file; closes ``fd``."""
+    """The arrays and the states of a view file; closes ``fd``. The arrays lie in a
+    private (copy-on-write) mapping of the file: writable, yet no copy is made until a
+    page is written, and a write stays in this process (the file is never changed
+    after ``write_view``). The mapping goes with the last array that refers to it."""
     try:
-        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm:
-            length = int.from_bytes(mm[:8], "little")
-            header = json.loads(mm[8:8 + length])
-            base = -(-(8 + length) // _ALIGN) * _ALIGN
-            out = {}
-            for name, dtype, shape, at, nbytes in header["arrays"]:
-                if not nbytes:
-                    out[name] = np.empty(shape, dtype=np.dtype(dtype))
-                    continue
-                raw = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=base + at)
-                out[name] = raw.view(np.dtype(dtype)).reshape(shape).copy()
-                del raw  # the map closes only when no array refers to it
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
+    length = int.from_bytes(mm[:8], "little")
+    header = json.loads(mm[8:8 + length])
+    base = -(-(8 + length) // _ALIGN) * _ALIGN
+    out = {}
+    for name, dtype, shape, at, nbytes in header["arrays"]:
+        if not nbytes:
+            out[name] = np.empty(shape, dtype=np.dtype(dtype))
+            continue
+        raw = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=base + at)
+        out[name] = raw.view(np.dtype(dtype)).reshape(shape)
     return out, header["before"], header["after"]

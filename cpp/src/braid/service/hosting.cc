@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "braid/exec/budget.h"
+
 namespace braid {
 
 Placement PlaceSources(const Config& config) {
@@ -52,7 +54,10 @@ ConstructorService::Options NodeConstructorOptions(const Config& config) {
   ConstructorService::Options o;
   o.steps_in_flight = config.runtime.steps_in_flight;
   o.keep_steps = config.runtime.steps_in_flight + 2;
-  o.build_threads = 4;
+  // A node's constructor decodes the images of every rank on the node (their pieces
+  // arrive encoded): as many builds at once as the node's read threads, at least 4 so
+  // that builds waiting on other roles overlap.
+  o.build_threads = std::max<int64_t>(4, ReadThreads(config));
   o.timeout_s = config.runtime.timeout_s;
   o.host_of_source = PlaceSources(config).host_of_source;
   o.standby = config.runtime.shadow;
