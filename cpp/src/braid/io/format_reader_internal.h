@@ -60,4 +60,14 @@ Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                      const std::string& key_path,
                                      const std::vector<ColumnSpec>& columns);
 
+/// Opens the JSON Lines files `paths` of `fs` (.jsonl / .json, plain, .gz or .zst; one
+/// unit per file, io/jsonl_files.cc): reads each once to count its records. A column
+/// whose spec accepts none of string, list<int32>, chat messages or int64 is a config
+/// error naming its key; with on_error: skip a file that does not decompress is kept as
+/// unreadable, else that is an error naming it.
+Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                  const std::vector<std::string>& paths,
+                                  const SourceConfig& source, const std::string& key_path,
+                                  const std::vector<ColumnSpec>& columns);
+
 }  // namespace braid::internal

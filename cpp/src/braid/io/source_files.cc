@@ -91,6 +91,17 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                                                                 key_path, columns_));
       break;
     }
+    case SourceFormat::kJsonl: {
+      if (source.user_transform.enabled() || !source.image_column.empty()) {
+        return ConfigError(key_path + (source.user_transform.enabled() ? ".transform"
+                                                                      : ".image_column"),
+                           "is not supported on JSON Lines sources yet (text_column, "
+                           "chat and tokens_column are)");
+      }
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, paths, source,
+                                                             key_path, columns_));
+      break;
+    }
     default:
       return ConfigError(key_path + ".format",
                          std::string("the ") + ToString(format_) +
