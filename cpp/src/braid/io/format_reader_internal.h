@@ -70,4 +70,14 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const SourceConfig& source, const std::string& key_path,
                                   const std::vector<ColumnSpec>& columns);
 
+/// Opens the Arrow IPC stream files `paths` of `fs` (Hugging Face save_to_disk's
+/// .arrow; io/hf_arrow_files.cc): one unit per record batch; walks each file's messages
+/// once. A missing or mistyped column is a data error naming the file whatever on_error
+/// says; with on_error: skip a file that is not an IPC stream is kept as unreadable.
+Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                    const std::vector<std::string>& paths,
+                                    const SourceConfig& source,
+                                    const std::string& key_path,
+                                    const std::vector<ColumnSpec>& columns);
+
 }  // namespace braid::internal

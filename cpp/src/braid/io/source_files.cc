@@ -102,6 +102,11 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                                                              key_path, columns_));
       break;
     }
+    case SourceFormat::kHfArrow: {
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenHfArrowFiles(fs_, paths, source,
+                                                               key_path, columns_));
+      break;
+    }
     default:
       return ConfigError(key_path + ".format",
                          std::string("the ") + ToString(format_) +

@@ -250,8 +250,10 @@ Status ResolveFormatFiles(const std::string& path, const std::string& key_path,
                            [&](const std::string& n) { return HasFormatSuffix(n, f); });
       };
       if (!any(SourceFormat::kParquet)) {
-        for (SourceFormat f : {SourceFormat::kMegatron, SourceFormat::kJsonl,
-                               SourceFormat::kHfArrow}) {
+        // (A save_to_disk folder holds state.json and dataset_info.json beside its
+        // .arrow files: Arrow before JSON Lines.)
+        for (SourceFormat f : {SourceFormat::kMegatron, SourceFormat::kHfArrow,
+                               SourceFormat::kJsonl}) {
           if (any(f)) {
             *format = f;
             break;
