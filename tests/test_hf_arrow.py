@@ -119,3 +119,13 @@ def test_a_missing_column_or_a_broken_shard_names_the_file(saved, tmp_path):
     result = braid_cli("plan", skipping, "--steps", 4)
     assert result.returncode == 0, result.stderr
 
+
+def test_inspect_lists_the_shards_and_their_lengths(saved):
+    result = braid_cli("inspect", saved, "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    loaded = datasets.load_from_disk(str(saved))
+    assert info["rows"] == len(loaded) and len(info["files"]) == 3
+    assert info["column"] == "input_ids"
+    assert info["tokens"] == sum(len(r) for r in loaded["input_ids"])
+    assert "input_ids" in info["schema"]

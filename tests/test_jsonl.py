@@ -208,3 +208,14 @@ def test_s3_files_stream_like_the_local_copy(corpus, tmp_path):
         b = take(braid.Loader(config_for(folder), rank=1, world_size=2), 6)
         for x, y in zip(a, b):
             assert torch.equal(x["input_ids"], y["input_ids"])
+
+
+def test_inspect_counts_records_and_a_fields_lengths(corpus):
+    folder, files = corpus
+    result = braid_cli("inspect", folder, "--json", "--column", "input_ids")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["rows"] == sum(len(recs) for _, recs in files.values())
+    assert info["tokens"] == sum(len(r["input_ids"]) for _, recs in files.values()
+                                 for r in recs)
+    assert len(info["files"]) == 4
