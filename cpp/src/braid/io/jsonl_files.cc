@@ -13,14 +13,22 @@
 // reader that stays open, so a file's blocks read in order decode it once, and a block
 // behind it (a resume) reopens the file and skips the records before.
 //
+// With runtime.length_cache, the counts of each file are kept there (keyed by its path,
+// size and modification time), and a later open of an unchanged file reads them instead.
+//
 // Errors. A failed read of the underlying file is a storage error (retried by
 // SourceFiles); a stream that does not decompress or a line that does not parse is a
 // data error naming the file and its records.
 //
 // Thread-compatible (format_reader_internal.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include <arrow/api.h>
 #include <arrow/io/api.h>
@@ -290,19 +298,75 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
     const int64_t n = (*chunk)->size();
     if (n == 0) break;
     *bytes += n;
+    // Per line: skip leading whitespace (a blank line is no record), then the line's
+    // end by memchr.
     const uint8_t* p = (*chunk)->data();
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t c = p[i];
-      if (c == '\n') {
-        *records += content ? 1 : 0;
-        content = false;
-      } else if (c != ' ' && c != '\t' && c != '\r') {
+    const uint8_t* end = p + n;
+    while (p < end) {
+      if (!content) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) ++p;
+        if (p == end) break;
+        if (*p == '\n') {
+          ++p;
+          continue;
+        }
         content = true;
       }
+      const void* nl = std::memchr(p, '\n', size_t(end - p));
+      if (nl == nullptr) break;  // the line goes on in the next chunk
+      ++*records;
+      content = false;
+      p = static_cast<const uint8_t*>(nl) + 1;
     }
   }
   *records += content ? 1 : 0;
   return Status::OK();
+}
+
+// Record counts kept in runtime.length_cache: one small file per JSON Lines file, named
+// by the hash of its key (the path, size and modification time, so a rewritten file is a
+// miss), holding the key itself (compared on read) and the counts. A damaged or foreign
+// entry is a miss; writes go to a temporary name first.
+std::string CountKey(const std::string& path, const arrow::fs::FileInfo& info) {
+  return "jsonl-count 1|" + std::to_string(path.size()) + ':' + path + '|' +
+         std::to_string(info.size()) + '|' +
+         std::to_string(int64_t(info.mtime().time_since_epoch().count()));
+}
+
+std::string CountFile(const std::string& dir, const std::string& key) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%016llx.records",
+                static_cast<unsigned long long>(Fnv1a(key)));
+  return (std::filesystem::path(dir) / name).string();
+}
+
+bool ReadCount(const std::string& dir, const std::string& key, int64_t* records,
+               int64_t* bytes) {
+  std::ifstream in(CountFile(dir, key), std::ios::binary);
+  std::string line;
+  if (!in || !std::getline(in, line) || line != key) return false;
+  return static_cast<bool>(in >> *records >> *bytes) && *records >= 0 && *bytes >= 0;
+}
+
+void WriteCount(const std::string& dir, const std::string& key, int64_t records,
+                int64_t bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  static std::atomic<uint64_t> counter{0};
+  const std::string target = CountFile(dir, key);
+  const std::string partial = target + ".partial-" + std::to_string(::getpid()) + "-" +
+                              std::to_string(counter.fetch_add(1));
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << key << '\n' << records << ' ' << bytes << '\n';
+    if (!out) {
+      out.close();
+      std::filesystem::remove(partial, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(partial, target, ec);
+  if (ec) std::filesystem::remove(partial, ec);
 }
 
 }  // namespace
@@ -334,8 +398,20 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     file.path = path;
     int64_t records = 0, bytes = 0;
     int tries = 0;
-    Status st = RetryStorage([&] { return CountRecords(fs.get(), f, &records, &bytes); },
-                             kStorageRetryDelaysMs, &tries);
+    // With runtime.length_cache, the counts of an unchanged file are kept there.
+    std::string key;
+    if (!source.length_cache_dir.empty()) {
+      auto info = fs->GetFileInfo(path);
+      if (info.ok() && info->IsFile()) key = CountKey(path, *info);
+    }
+    Status st;
+    if (key.empty() || !ReadCount(source.length_cache_dir, key, &records, &bytes)) {
+      st = RetryStorage([&] { return CountRecords(fs.get(), f, &records, &bytes); },
+                        kStorageRetryDelaysMs, &tries);
+      if (st.ok() && !key.empty()) {
+        WriteCount(source.length_cache_dir, key, records, bytes);
+      }
+    }
     if (!st.ok()) {
       if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
       if (!skip) {

@@ -203,5 +203,27 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
   EXPECT_FALSE((*typed)->ReadColumns(0, 0).ok());
 }
 
+TEST(JsonlFilesTest, TheLengthCacheKeepsTheRecordCountsOfUnchangedFiles) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const std::string path = dir.Sub("a.jsonl.gz");
+  ASSERT_TRUE(Write(path, Lines(MakeDocs(60, 7)), arrow::Compression::GZIP).ok());
+  SourceConfig s = Jsonl(path);
+  s.length_cache_dir = dir.Sub("cache");
+  auto first = SourceFiles::Open(s, "sources[0]");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ((*first)->total_rows(), 60);
+  // The same size and time, other bytes: the counts come from the cache, unread.
+  const auto size = std::filesystem::file_size(path);
+  const auto mtime = std::filesystem::last_write_time(path);
+  ASSERT_TRUE(Write(path, std::string(size, 'x')).ok());
+  std::filesystem::last_write_time(path, mtime);
+  auto kept = SourceFiles::Open(s, "sources[0]");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ((*kept)->total_rows(), 60);
+  // A new time is a miss: the file is counted again (and is no gzip now).
+  std::filesystem::last_write_time(path, mtime + std::chrono::seconds(5));
+  EXPECT_FALSE(SourceFiles::Open(s, "sources[0]").ok());
+}
+
 }  // namespace
 }  // namespace braid
