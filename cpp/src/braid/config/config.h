@@ -27,8 +27,12 @@ enum class Oversize { kSplit, kTruncate, kSkip };
 enum class OnError { kFail, kSkip };
 /// How sequences are assigned to DP ranks.
 enum class BalanceAlgorithm { kKarmarkarKarp, kGreedy, kNone };
+/// The layout of a source's files (`sources[].format`, docs/sources.md "Formats"):
+/// kAuto detects it from the names (io/formats.h).
+enum class SourceFormat { kAuto, kParquet, kMegatron, kJsonl, kHfArrow };
 
 const char* ToString(Oversize v);
+const char* ToString(SourceFormat v);
 const char* ToString(OnError v);
 const char* ToString(BalanceAlgorithm v);
 
@@ -73,7 +77,13 @@ inline constexpr int64_t kDefaultShuffleWindowBytes = int64_t{4} << 20;
 struct SourceConfig {
   std::string name;
   std::string path;           ///< as written: a file, a directory or a glob
-  std::string tokens_column;  ///< list<int32|int64> column of token ids
+  /// `sources[].format`: how the files are laid out; kAuto: from the names (Parquet,
+  /// Megatron .idx/.bin, JSONL, Hugging Face save_to_disk .arrow). Not part of the
+  /// fingerprint: a given format either is the detected one or the source fails.
+  SourceFormat format = SourceFormat::kAuto;
+  /// list<int32|int64> column of token ids; a Megatron dataset has none (its documents
+  /// are the tokens), so it may be empty there.
+  std::string tokens_column;
   /// `sources[].length_column`: an integer column holding each row's token count (the
   /// length of its token list); planning reads it alone, a run checks it against the
   /// token lists (docs/sources.md). Only with tokens_column; "" none. Not part of the

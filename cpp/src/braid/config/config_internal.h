@@ -30,6 +30,11 @@ std::string Index(const std::string& parent, size_t i);
 /// " at line L, column C" of a mark; "" for a null mark.
 std::string Position(const YAML::Mark& mark);
 
+/// Whether a source is a Megatron indexed dataset as far as its config tells: `format:
+/// megatron`, or format auto and a path naming an .idx / .bin file or (local paths) a
+/// prefix P with a file P.idx. Such a source needs no transform key.
+bool LooksLikeMegatron(const SourceConfig& src);
+
 /// `path` made absolute against `base_dir` and lexically normalized; a URI as it is.
 std::string ResolvePath(const std::string& path, const std::string& base_dir);
 

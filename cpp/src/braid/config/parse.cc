@@ -351,6 +351,17 @@ const char* ToString(Oversize v) {
 
 const char* ToString(OnError v) { return v == OnError::kFail ? "fail" : "skip"; }
 
+const char* ToString(SourceFormat v) {
+  switch (v) {
+    case SourceFormat::kAuto: return "auto";
+    case SourceFormat::kParquet: return "parquet";
+    case SourceFormat::kMegatron: return "megatron";
+    case SourceFormat::kJsonl: return "jsonl";
+    case SourceFormat::kHfArrow: return "hf_arrow";
+  }
+  return "auto";
+}
+
 const char* ToString(Dim d) {
   switch (d) {
     case Dim::kDp: return "dp";

@@ -10,6 +10,7 @@
 #include "braid/config/config.h"
 #include "braid/config/config_internal.h"
 #include "braid/config/limits_internal.h"
+#include "braid/io/formats.h"
 
 namespace braid::internal {
 namespace {
@@ -69,14 +70,34 @@ Status ParseUserTransform(const YAML::Node& t, const std::string& key,
   return Status::OK();
 }
 
-// Exactly one of tokens_column, text_column, chat and transform; workers; loaders.
+// Exactly one of tokens_column, text_column, chat and transform (a Megatron dataset
+// needs none: it is a token source); workers; loaders.
 Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
                             SourceConfig* src) {
   const int given = (node["tokens_column"] ? 1 : 0) + (node["text_column"] ? 1 : 0) +
                     (node["chat"] ? 1 : 0) + (node["transform"] ? 1 : 0);
-  if (given == 0) {
+  const bool megatron = LooksLikeMegatron(*src);
+  if (megatron) {
+    for (const char* k : {"text_column", "chat", "transform", "image_column",
+                          "length_column"}) {
+      if (node[k]) {
+        return ConfigError(Join(path, k),
+                           "does not apply to a Megatron dataset (.idx / .bin): its "
+                           "documents are token ids");
+      }
+    }
+  }
+  // A directory (local and there, or a URI) or a glob whose names say no format may
+  // hold Megatron datasets: the files tell when the source opens (io/source_files.h; a
+  // config error naming tokens_column there if they are not).
+  const bool may_be_megatron =
+      megatron || (src->format == SourceFormat::kAuto &&
+                   DetectFormatFromName(src->path) == SourceFormat::kAuto &&
+                   MayListDatasets(src->path));
+  if (given == 0 && !may_be_megatron) {
     return ConfigError(Join(path, "tokens_column"),
-                       "is required (or give text_column, chat or transform)");
+                       "is required (or give text_column, chat or transform; a Megatron "
+                       "dataset, .idx / .bin or format: megatron, needs none)");
   }
   if (given > 1) {
     return ConfigError(path,
@@ -197,6 +218,13 @@ Status ParseSourceStorage(const YAML::Node& storage, const std::string& key,
 
 }  // namespace
 
+bool LooksLikeMegatron(const SourceConfig& src) {
+  if (src.format == SourceFormat::kMegatron) return true;
+  if (src.format != SourceFormat::kAuto) return false;
+  return DetectFormatFromName(src.path) == SourceFormat::kMegatron ||
+         IsLocalMegatronPrefix(src.path);
+}
+
 Result<TokenizerConfig> ParseTokenizer(const YAML::Node& node, const std::string& key,
                                        const std::string& base_dir) {
   TokenizerConfig t;
@@ -261,7 +289,7 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                 "image_column", "weight", "oversize", "on_error",
                                 "storage", "image", "shuffle_window",
                                 "shuffle_window_bytes", "chat", "workers", "transform",
-                                "loaders", "tokenizer", "length_column"}));
+                                "loaders", "tokenizer", "length_column", "format"}));
   SourceConfig src;
   for (const char* required : {"name", "path"}) {
     if (!node[required]) return ConfigError(Join(path, required), "is required");
@@ -273,6 +301,15 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                         Scalar<std::string>(node["path"], Join(path, "path"), "a string"));
   if (p.empty()) return ConfigError(Join(path, "path"), "must not be empty");
   src.path = ResolvePath(p, base_dir);
+  if (node["format"]) {
+    ARROW_ASSIGN_OR_RAISE(
+        src.format, Enum<SourceFormat>(node["format"], Join(path, "format"),
+                                       {{"auto", SourceFormat::kAuto},
+                                        {"parquet", SourceFormat::kParquet},
+                                        {"megatron", SourceFormat::kMegatron},
+                                        {"jsonl", SourceFormat::kJsonl},
+                                        {"hf_arrow", SourceFormat::kHfArrow}}));
+  }
   if (node["image_column"] && !node["text_column"]) {
     return ConfigError(Join(path, "image_column"), "needs text_column (the caption)");
   }

@@ -4,9 +4,11 @@
 
 #include <arrow/api.h>
 #include <arrow/filesystem/api.h>
+#include <arrow/ipc/api.h>
 #include <parquet/arrow/reader.h>
 #include <parquet/file_reader.h>
 
+#include "braid/io/megatron_index.h"
 #include "braid/io/source_files.h"
 
 namespace braid {
@@ -18,12 +20,122 @@ int64_t Percentile(std::vector<int64_t>* sorted_lengths, double q) {
   return (*sorted_lengths)[k];
 }
 
+// The histogram and percentiles of `lengths` into `out`.
+void Summarize(std::vector<int64_t> lengths, Inspection* out);
+
+// A Megatron dataset (or several): documents from the index alone, no token read.
+Result<Inspection> InspectMegatron(const std::string& path,
+                                   std::shared_ptr<arrow::fs::FileSystem> fs,
+                                   const std::vector<std::string>& prefixes) {
+  Inspection out;
+  out.column = "tokens";
+  SourceConfig source;
+  source.name = "inspect";
+  source.path = path;
+  source.format = SourceFormat::kMegatron;
+  ARROW_ASSIGN_OR_RAISE(auto files, SourceFiles::Open(source, "inspect"));
+  std::vector<int64_t> lengths;
+  for (size_t i = 0; i < files->files().size(); ++i) {
+    const auto& f = files->files()[i];
+    InspectedFile inspected;
+    inspected.path = f.path;
+    inspected.rows = f.num_rows;
+    inspected.row_groups = int64_t(f.row_group_rows.size());
+    for (const char* ext : {".idx", ".bin"}) {
+      auto info = fs->GetFileInfo(prefixes[i] + ext);
+      if (info.ok() && info->size() > 0) inspected.bytes += info->size();
+    }
+    if (out.files.empty()) {
+      ARROW_ASSIGN_OR_RAISE(auto idx, fs->OpenInputFile(prefixes[i] + ".idx"));
+      ARROW_ASSIGN_OR_RAISE(auto index, MegatronIndex::Open(idx, prefixes[i] + ".idx"));
+      out.schema = std::string("tokens: list<") + index->dtype_name() +
+                   "> (Megatron indexed dataset, " + std::to_string(index->sequences()) +
+                   " sequences, " + std::to_string(index->documents()) + " documents)";
+    }
+    out.rows += f.num_rows;
+    out.files.push_back(inspected);
+    for (size_t u = 0; u < f.row_group_rows.size(); ++u) {
+      ARROW_ASSIGN_OR_RAISE(auto counts, files->ReadLengths(int(i), int(u)));
+      for (const auto& c : *counts) lengths.push_back(c.tokens);
+    }
+  }
+  Summarize(std::move(lengths), &out);
+  return out;
+}
+
+// JSON Lines files or a save_to_disk folder, through SourceFiles: records (rows) and
+// units per file, and with a token column its lengths.
+Result<Inspection> InspectOther(const std::string& path, SourceFormat format,
+                                std::shared_ptr<arrow::fs::FileSystem> fs,
+                                const std::vector<std::string>& paths,
+                                const std::string& column) {
+  Inspection out;
+  out.column = column;
+  if (format == SourceFormat::kHfArrow) {
+    ARROW_ASSIGN_OR_RAISE(auto input, fs->OpenInputFile(paths.front()));
+    auto reader = arrow::ipc::RecordBatchStreamReader::Open(input);
+    if (!reader.ok()) {
+      return DataError(paths.front(), "not an Arrow IPC stream: " +
+                                          reader.status().message());
+    }
+    const auto schema = (*reader)->schema();
+    out.schema = schema->ToString(/*show_metadata=*/false);
+    if (out.column.empty()) {
+      for (const auto& field : schema->fields()) {
+        if (IsTokenListType(*field->type())) {
+          out.column = field->name();
+          break;
+        }
+      }
+    }
+  } else {
+    out.schema = "JSON Lines: one object per line; fields are read by name";
+  }
+  SourceConfig source;
+  source.name = "inspect";
+  source.path = path;
+  source.format = format;
+  std::vector<ColumnSpec> columns;
+  if (!out.column.empty()) columns.push_back(TokenColumnSpec(out.column, "--column"));
+  ARROW_ASSIGN_OR_RAISE(auto files, SourceFiles::Open(source, "inspect", columns));
+  std::vector<int64_t> lengths;
+  for (size_t i = 0; i < files->files().size(); ++i) {
+    const auto& f = files->files()[i];
+    InspectedFile inspected;
+    inspected.path = f.path;
+    inspected.rows = f.num_rows;
+    inspected.row_groups = int64_t(f.row_group_rows.size());
+    auto info = fs->GetFileInfo(f.path);
+    inspected.bytes = info.ok() ? info->size() : 0;
+    out.rows += f.num_rows;
+    out.files.push_back(inspected);
+    if (out.column.empty()) continue;
+    for (size_t u = 0; u < f.row_group_rows.size(); ++u) {
+      ARROW_ASSIGN_OR_RAISE(auto counts, files->ReadLengths(int(i), int(u)));
+      for (const auto& c : *counts) {
+        if (c.null) {
+          ++out.nulls;
+        } else {
+          lengths.push_back(c.tokens);
+        }
+      }
+    }
+  }
+  Summarize(std::move(lengths), &out);
+  return out;
+}
+
 }  // namespace
 
 Result<Inspection> Inspect(const std::string& path, const std::string& column) {
   std::shared_ptr<arrow::fs::FileSystem> fs;
   std::vector<std::string> paths;
-  ARROW_RETURN_NOT_OK(ResolveFiles(path, "inspect", &fs, &paths));
+  SourceFormat format = SourceFormat::kAuto;
+  ARROW_RETURN_NOT_OK(ResolveFormatFiles(path, "inspect", &fs, &paths, &format));
+  if (format == SourceFormat::kMegatron) return InspectMegatron(path, fs, paths);
+  if (format != SourceFormat::kParquet) {
+    return InspectOther(path, format, fs, paths, column);
+  }
   Inspection out;
   out.column = column;
   std::vector<int64_t> lengths;
@@ -88,6 +200,14 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
       }
     }
   }
+  Summarize(std::move(lengths), &out);
+  return out;
+}
+
+namespace {
+
+void Summarize(std::vector<int64_t> lengths, Inspection* out_ptr) {
+  Inspection& out = *out_ptr;
   for (int64_t n : lengths) {
     if (n == 0) {
       ++out.empty;
@@ -106,7 +226,7 @@ Result<Inspection> Inspect(const std::string& path, const std::string& column) {
     out.p50_tokens = Percentile(&lengths, 0.5);
     out.p99_tokens = Percentile(&lengths, 0.99);
   }
-  return out;
 }
 
+}  // namespace
 }  // namespace braid

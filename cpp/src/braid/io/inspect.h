@@ -2,7 +2,9 @@
 //
 // Resolves a path as a source would (file, directory, glob, URI), reads the footers, and,
 // for a list<int> token column, every row group's list lengths (the offsets only; token
-// values are not copied). Thread-compatible: each call owns its readers.
+// values are not copied). Other formats (docs/sources.md, "Formats") go through
+// SourceFiles: a Megatron dataset's index alone; JSON Lines files' records and, with
+// `column`, the lengths of that field's lists; a save_to_disk folder's batches. Thread-compatible: each call owns its readers.
 #pragma once
 
 #include <cstdint>

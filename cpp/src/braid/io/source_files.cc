@@ -17,6 +17,7 @@
 #include <parquet/metadata.h>
 #include <parquet/statistics.h>
 
+#include "braid/io/format_reader_internal.h"
 #include "braid/io/retry_internal.h"
 #include "braid/io/source_files_internal.h"
 #include "braid/util/hash_internal.h"
@@ -74,6 +75,62 @@ bool IsTokenListType(const arrow::DataType& type) {
 }
 
 SourceFiles::~SourceFiles() = default;
+
+Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& key_path,
+                               const std::vector<std::string>& paths) {
+  internal::FormatOpen opened;
+  switch (format_) {
+    case SourceFormat::kMegatron: {
+      // A token source: one column, the documents' ids.
+      if (columns_.size() != 1 || !columns_[0].check(*arrow::list(arrow::int32())).empty()) {
+        return ConfigError(key_path, "a Megatron dataset (" + source.path +
+                                         ") is a token source: give no text_column, "
+                                         "chat, transform or length_column");
+      }
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenMegatronFiles(fs_, paths, source,
+                                                                key_path, columns_));
+      break;
+    }
+    case SourceFormat::kJsonl: {
+      if (source.user_transform.enabled() || !source.image_column.empty()) {
+        return ConfigError(key_path + (source.user_transform.enabled() ? ".transform"
+                                                                      : ".image_column"),
+                           "is not supported on JSON Lines sources yet (text_column, "
+                           "chat and tokens_column are)");
+      }
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, paths, source,
+                                                             key_path, columns_));
+      break;
+    }
+    case SourceFormat::kHfArrow: {
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenHfArrowFiles(fs_, paths, source,
+                                                               key_path, columns_));
+      break;
+    }
+    default:
+      return ConfigError(key_path + ".format",
+                         std::string("the ") + ToString(format_) +
+                             " format is not supported yet");
+  }
+  format_reader_ = std::move(opened.reader);
+  files_ = std::move(opened.files);
+  unreadable_files_ = opened.unreadable;
+  column_index_.assign(files_.size(), {});
+  leaf_index_.assign(files_.size(), {});
+  total_rows_ = 0;
+  for (const auto& f : files_) total_rows_ += f.num_rows;
+  if (unreadable_files_ == static_cast<int64_t>(files_.size())) {
+    return DataError(source.path, key_path + " (source '" + source.name +
+                                      "'): no readable file left: the " +
+                                      std::to_string(files_.size()) +
+                                      " file(s) it names are all unreadable and were "
+                                      "skipped (on_error: skip); the first: " +
+                                      opened.first_unreadable);
+  }
+  if (total_rows_ == 0) return DataError(source.path, key_path + ": the source has no rows");
+  lost_.assign(files_.size(), Status::OK());
+  return Status::OK();
+}
 
 ColumnSpec TokenColumnSpec(const std::string& name, const std::string& key) {
   return ColumnSpec{name, key, [](const arrow::DataType& type) {
@@ -142,8 +199,24 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     if (out->columns_[c].length) out->length_spec_ = static_cast<int>(c);
   }
   std::vector<std::string> paths;
-  ARROW_RETURN_NOT_OK(ResolveFiles(StorageUri(source), key_path, &out->fs_, &paths,
-                                   source.storage_anonymous));
+  SourceFormat format = source.format;
+  ARROW_RETURN_NOT_OK(ResolveFormatFiles(StorageUri(source), key_path, &out->fs_, &paths,
+                                         &format, source.storage_anonymous));
+  out->format_ = format;
+  if (format != SourceFormat::kMegatron) {
+    for (const auto& c : out->columns_) {
+      if (c.name.empty()) {
+        return ConfigError(key_path + ".tokens_column",
+                           "is required (or give text_column, chat or transform): the "
+                           "source's files are " +
+                               std::string(ToString(format)) + ", not a Megatron dataset");
+      }
+    }
+  }
+  if (format != SourceFormat::kParquet) {
+    ARROW_RETURN_NOT_OK(out->OpenFormat(source, key_path, paths));
+    return out;
+  }
   if (!source.cache_dir.empty() && out->fs_->type_name() != "local") {
     out->cache_ = FileCache::Make(source.cache_dir, source.cache_max_bytes);
   }

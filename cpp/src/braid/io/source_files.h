@@ -48,12 +48,28 @@ class FileReader;
 
 namespace braid {
 
+namespace internal {
+class FormatReader;
+}
+
 /// Resolves `path` to a filesystem and the sorted list of file paths it names. With
 /// `anonymous`, a gs:// filesystem uses no credentials (storage.anonymous).
 /// Fails (data error naming `key_path` and the path) when nothing matches.
 Status ResolveFiles(const std::string& path, const std::string& key_path,
                     std::shared_ptr<arrow::fs::FileSystem>* fs,
                     std::vector<std::string>* files, bool anonymous = false);
+
+/// Resolves `path` for a source of `*format`; kAuto is detected (io/formats.h) and set:
+/// from the name, else, for a directory or a glob, from the names found (Parquet first).
+/// A directory lists the files of the format below it; a file or a glob is taken as
+/// named. A Megatron dataset is named by its prefix P (P.idx + P.bin): `path` is P, P.idx,
+/// P.bin, a directory (every .idx below it) or a glob (its .idx / .bin matches), and
+/// `files` holds the sorted prefixes. Fails (data error naming `key_path` and the path)
+/// when nothing matches.
+Status ResolveFormatFiles(const std::string& path, const std::string& key_path,
+                          std::shared_ptr<arrow::fs::FileSystem>* fs,
+                          std::vector<std::string>* files, SourceFormat* format,
+                          bool anonymous = false);
 
 /// Opens a Parquet file's reader; a missing file, or a read of it that fails, is a
 /// storage error (IOError), a file that is not Parquet (bad magic, truncated footer) a
@@ -132,6 +148,10 @@ class SourceFiles {
   ~SourceFiles();
 
   const std::vector<File>& files() const { return files_; }
+  /// The format of the files (never kAuto): Parquet, or the one the source's path or
+  /// `format` named; for another format than Parquet a file's row groups are that
+  /// format's units (a Megatron dataset's runs of documents, ...; docs/sources.md).
+  SourceFormat format() const { return format_; }
   int64_t total_rows() const { return total_rows_; }
   /// Files whose footer could not be read (File::unreadable set).
   int64_t unreadable_files() const { return unreadable_files_; }
@@ -194,6 +214,13 @@ class SourceFiles {
   template <typename T>
   Result<T> Retried(int file, int row_group, const std::function<Result<T>()>& read);
 
+  // Opens the files of a format other than Parquet (format_reader_).
+  Status OpenFormat(const SourceConfig& source, const std::string& key_path,
+                    const std::vector<std::string>& paths);
+
+  SourceFormat format_ = SourceFormat::kParquet;
+  // The reader of a format other than Parquet; null for Parquet.
+  std::unique_ptr<internal::FormatReader> format_reader_;
   std::shared_ptr<arrow::fs::FileSystem> fs_;
   std::shared_ptr<FileCache> cache_;         // set when remote files are cached
   std::vector<arrow::fs::FileInfo> infos_;  // per file, when cached: size and mtime

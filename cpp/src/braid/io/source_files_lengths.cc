@@ -21,6 +21,7 @@
 #include <parquet/metadata.h>
 #include <parquet/properties.h>
 
+#include "braid/io/format_reader_internal.h"
 #include "braid/io/read_memory.h"
 #include "braid/io/source_files.h"
 #include "braid/io/source_files_internal.h"
@@ -45,6 +46,13 @@ Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengthsOn
   const File& f = files_[static_cast<size_t>(file)];
   const std::string where = DataLocation(f.path, row_group, -1);
   lengths_cached_.reset();
+  if (format_reader_) {
+    ARROW_ASSIGN_OR_RAISE(auto counts, format_reader_->ReadLengths(file, row_group));
+    lengths_cached_ = std::make_shared<const std::vector<RowLength>>(std::move(counts));
+    lengths_cached_file_ = file;
+    lengths_cached_row_group_ = row_group;
+    return lengths_cached_;
+  }
   if (lengths_file_ != file) {
     lengths_reader_.reset();
     lengths_file_ = -1;

@@ -17,6 +17,7 @@
 #include <parquet/arrow/reader.h>
 #include <parquet/properties.h>
 
+#include "braid/io/format_reader_internal.h"
 #include "braid/io/read_memory.h"
 #include "braid/io/source_files.h"
 #include "braid/io/source_files_internal.h"
@@ -34,6 +35,7 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(
 
 Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumnsOnce(
     int file, int row_group) {
+  if (format_reader_) return format_reader_->ReadColumns(file, row_group);
   const File& f = files_[static_cast<size_t>(file)];
   const std::string where = DataLocation(f.path, row_group, -1);
   if (open_file_ != file) {
@@ -93,6 +95,11 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
   const int64_t rg_rows = f.row_group_rows[size_t(row_group)];
   const int64_t first = block * block_rows;
   const int64_t end = std::min(rg_rows, first + block_rows);
+  if (format_reader_) {
+    return Retried<std::vector<Chunk>>(file, row_group, [&] {
+      return format_reader_->ReadRows(file, row_group, first, end - first);
+    });
+  }
   const std::string where = DataLocation(f.path, row_group, -1);
   auto fail = [&](const std::string& what) {
     block_reader_.reset();

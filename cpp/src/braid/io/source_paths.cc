@@ -1,6 +1,7 @@
 // A source's path to its files (source_files.h: ResolveFiles, StorageUri): the
 // filesystem of a local path or URI (S3 set up and torn down once per process, anonymous
-// GCS), and the sorted list of the Parquet files a file, a directory or a glob names.
+// GCS), and the sorted list of the files a file, a directory or a glob names: Parquet
+// files, or those of another format (io/formats.h), Megatron datasets by their prefix.
 //
 // Thread-safe.
 #include <fnmatch.h>
@@ -12,6 +13,7 @@
 #include <arrow/filesystem/api.h>
 #include <arrow/filesystem/s3fs.h>
 
+#include "braid/io/formats.h"
 #include "braid/io/source_files.h"
 
 namespace braid {
@@ -22,10 +24,6 @@ bool HasGlob(const std::string& s) {
   const size_t scheme = s.find("://");
   const size_t end = scheme == std::string::npos ? std::string::npos : s.find('?');
   return s.substr(0, end).find_first_of("*?[") != std::string::npos;
-}
-
-bool IsParquetName(const std::string& p) {
-  return p.size() > 8 && p.compare(p.size() - 8, 8, ".parquet") == 0;
 }
 
 // Arrow ships S3 in a library of its own (libarrow_s3, linked by braid_core); loading it
@@ -82,10 +80,15 @@ std::string FileSystemError(const std::string& path, const Status& st) {
 
 }  // namespace
 
-Status ResolveFiles(const std::string& path, const std::string& key_path,
-                    std::shared_ptr<arrow::fs::FileSystem>* fs,
-                    std::vector<std::string>* files, bool anonymous) {
-  const std::string where = key_path + ".path";
+namespace {
+
+// What a path lists: one file, the files below a directory, or a glob's matches (all of
+// them, sorted, whatever their names). `kind` says which.
+enum class Listed { kFile, kDirectory, kGlob };
+
+Status ListPath(const std::string& path, const std::string& where, bool anonymous,
+                std::shared_ptr<arrow::fs::FileSystem>* fs, std::vector<std::string>* files,
+                Listed* kind) {
   files->clear();
   if (!HasGlob(path)) {
     std::string internal;
@@ -100,9 +103,11 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
       return DataError(path, where + ": no such file or directory");
     }
     if (info->type() == arrow::fs::FileType::File) {
+      *kind = Listed::kFile;
       files->push_back(internal);
       return Status::OK();
     }
+    *kind = Listed::kDirectory;
     arrow::fs::FileSelector sel;
     sel.base_dir = internal;
     sel.recursive = true;
@@ -111,17 +116,15 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
       return StorageError(path, where + ": " + listing.status().message());
     }
     for (const auto& f : *listing) {
-      if (f.IsFile() && IsParquetName(f.path())) files->push_back(f.path());
+      if (f.IsFile()) files->push_back(f.path());
     }
     std::sort(files->begin(), files->end());
-    if (files->empty()) {
-      return DataError(path, where + ": directory holds no .parquet files");
-    }
     return Status::OK();
   }
   // A glob: list below the longest folder prefix without glob characters. A URI's query
   // (s3://b/x/*.parquet?endpoint_override=...) belongs to the filesystem, not the
   // pattern.
+  *kind = Listed::kGlob;
   const size_t scheme = path.find("://");
   const size_t query = scheme == std::string::npos ? std::string::npos : path.find('?');
   const std::string location = path.substr(0, query);
@@ -155,6 +158,135 @@ Status ResolveFiles(const std::string& path, const std::string& key_path,
   }
   std::sort(files->begin(), files->end());
   if (files->empty()) return DataError(path, where + ": the pattern matches no files");
+  return Status::OK();
+}
+
+std::string StripMegatronSuffix(const std::string& p) {
+  for (const char* s : {".idx", ".bin"}) {
+    const size_t n = std::char_traits<char>::length(s);
+    if (p.size() > n && p.compare(p.size() - n, n, s) == 0) return p.substr(0, p.size() - n);
+  }
+  return p;
+}
+
+// The prefixes of the Megatron datasets among `files` (an .idx or a .bin names its
+// dataset), sorted and each once.
+std::vector<std::string> MegatronPrefixes(const std::vector<std::string>& files,
+                                          bool idx_only) {
+  std::vector<std::string> out;
+  for (const auto& f : files) {
+    const bool idx = f.size() > 4 && f.compare(f.size() - 4, 4, ".idx") == 0;
+    const bool bin = f.size() > 4 && f.compare(f.size() - 4, 4, ".bin") == 0;
+    if (idx || (bin && !idx_only)) out.push_back(f.substr(0, f.size() - 4));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+Status ResolveFiles(const std::string& path, const std::string& key_path,
+                    std::shared_ptr<arrow::fs::FileSystem>* fs,
+                    std::vector<std::string>* files, bool anonymous) {
+  SourceFormat format = SourceFormat::kParquet;
+  return ResolveFormatFiles(path, key_path, fs, files, &format, anonymous);
+}
+
+Status ResolveFormatFiles(const std::string& path, const std::string& key_path,
+                          std::shared_ptr<arrow::fs::FileSystem>* fs,
+                          std::vector<std::string>* files, SourceFormat* format,
+                          bool anonymous) {
+  const std::string where = key_path + ".path";
+  if (*format == SourceFormat::kAuto) *format = DetectFormatFromName(path);
+  std::vector<std::string> listed;
+  Listed kind = Listed::kFile;
+  if ((*format == SourceFormat::kMegatron || *format == SourceFormat::kAuto) &&
+      !HasGlob(path)) {
+    // A prefix, or either file of the pair: the dataset's prefix, if its .idx exists.
+    // (A URI's query, the storage options, follows the name.)
+    const size_t query =
+        path.find("://") == std::string::npos ? std::string::npos : path.find('?');
+    const std::string prefix = StripMegatronSuffix(path.substr(0, query));
+    const std::string options = query == std::string::npos ? "" : path.substr(query);
+    std::string internal;
+    auto fs_result = FileSystemFor(prefix + ".idx" + options, anonymous, &internal);
+    if (!fs_result.ok()) {
+      return DataError(path, where + ": " + FileSystemError(path, fs_result.status()));
+    }
+    auto info = (*fs_result)->GetFileInfo(internal);
+    if (!info.ok()) return StorageError(path, where + ": " + info.status().message());
+    bool dataset = info->type() == arrow::fs::FileType::File;
+    if (dataset && *format == SourceFormat::kAuto) {
+      // Detected only where the path itself is no file or directory (a prefix).
+      const std::string self = internal.substr(0, internal.size() - 4);
+      auto own = (*fs_result)->GetFileInfo(self);
+      dataset = own.ok() && own->type() == arrow::fs::FileType::NotFound;
+    }
+    if (dataset) {
+      *fs = *fs_result;
+      *format = SourceFormat::kMegatron;
+      files->assign(1, internal.substr(0, internal.size() - 4));
+      return Status::OK();
+    }
+    // Not a dataset's prefix: a directory of datasets.
+  }
+  Status st = ListPath(path, where, anonymous, fs, &listed, &kind);
+  if (!st.ok()) {
+    if (*format == SourceFormat::kMegatron && st.message().find("no such file") !=
+                                                  std::string::npos) {
+      return DataError(path, where + ": no Megatron dataset there (no .idx file of "
+                                     "that prefix, nor a directory of .idx files)");
+    }
+    return st;
+  }
+  if (*format == SourceFormat::kAuto) {
+    // A directory or a glob: the format of the names found, Parquet first (a directory
+    // of Parquet files may hold other files beside them).
+    *format = SourceFormat::kParquet;
+    if (kind != Listed::kFile) {
+      auto any = [&](SourceFormat f) {
+        return std::any_of(listed.begin(), listed.end(),
+                           [&](const std::string& n) { return HasFormatSuffix(n, f); });
+      };
+      if (!any(SourceFormat::kParquet)) {
+        // (A save_to_disk folder holds state.json and dataset_info.json beside its
+        // .arrow files: Arrow before JSON Lines.)
+        for (SourceFormat f : {SourceFormat::kMegatron, SourceFormat::kHfArrow,
+                               SourceFormat::kJsonl}) {
+          if (any(f)) {
+            *format = f;
+            break;
+          }
+        }
+      }
+    }
+  }
+  files->clear();
+  if (*format == SourceFormat::kMegatron) {
+    *files = MegatronPrefixes(listed, /*idx_only=*/kind == Listed::kDirectory);
+    if (files->empty()) {
+      return DataError(path, where + ": holds no Megatron dataset (.idx and .bin)");
+    }
+    return Status::OK();
+  }
+  if (kind != Listed::kDirectory) {  // a file, or a glob's matches: as named
+    *files = std::move(listed);
+    return Status::OK();
+  }
+  for (auto& f : listed) {
+    if (HasFormatSuffix(f, *format)) files->push_back(std::move(f));
+  }
+  if (files->empty()) {
+    if (*format == SourceFormat::kParquet) {
+      return DataError(path, where + ": directory holds no .parquet files (nor " +
+                                 FormatSuffixList(SourceFormat::kMegatron) + ", " +
+                                 FormatSuffixList(SourceFormat::kJsonl) + " or " +
+                                 FormatSuffixList(SourceFormat::kHfArrow) + " files)");
+    }
+    return DataError(path, where + ": directory holds no " +
+                               FormatSuffixList(*format) + " files");
+  }
   return Status::OK();
 }
 

@@ -1,0 +1,119 @@
+"""JSON Lines sources through Braid against pyarrow.json (Arrow's JSON reader from
+Python) on the same files, one thread each.
+
+Files of records {"id", "input_ids": [token ids], "text", "metadata": {...}} written with
+Python's json, gzip and zstandard (a dev dependency); Braid reads the token lists through
+its source loader (one worker, the files' records in its seeded order, the source's
+opening pass that counts every file's records included, or, with runtime.length_cache
+holding the counts of an earlier open, without it); pyarrow.json reads every file
+with the same explicit schema (`input_ids` only, other fields ignored) and
+use_threads=False and takes the token column's values. Target >= 1.0 per compression.
+
+    .venv/bin/python benchmarks/formats_jsonl.py [--records 60000] [--files 4]
+        [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+
+from braid import _core
+
+
+def write_files(root: str, suffix: str, records: int, files: int, seed: int) -> int:
+    import zstandard
+
+    rng = np.random.default_rng(seed)
+    tokens = 0
+    per = records // files
+    for f in range(files):
+        lines = []
+        for r in range(per):
+            n = int(np.clip(rng.lognormal(np.log(300), 0.8), 1, 4096))
+            ids = rng.integers(0, 50000, size=n).tolist()
+            tokens += n
+            lines.append(json.dumps({"id": f"{f}-{r}", "input_ids": ids,
+                                     "text": "lorem ipsum " * 8,
+                                     "metadata": {"url": f"https://e.x/{r}", "score": 0.5}}))
+        body = ("\n".join(lines) + "\n").encode()
+        if suffix == ".gz":
+            body = gzip.compress(body, compresslevel=6)
+        elif suffix == ".zst":
+            body = zstandard.ZstdCompressor(level=3).compress(body)
+        with open(os.path.join(root, f"part-{f:03d}.jsonl{suffix}"), "wb") as out:
+            out.write(body)
+    return tokens
+
+
+def reference(paths) -> tuple:
+    opts = pj.ParseOptions(explicit_schema=pa.schema([("input_ids", pa.list_(pa.int32()))]),
+                           unexpected_field_behavior="ignore")
+    read = pj.ReadOptions(use_threads=False, block_size=4 << 20)
+    start = time.perf_counter()
+    tokens = 0
+    for p in paths:
+        table = pj.read_json(pa.input_stream(p, compression="detect"), read_options=read,
+                             parse_options=opts)
+        tokens += len(table.column(0).combine_chunks().values)
+    return tokens, time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=60_000)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    for suffix in ("", ".gz", ".zst"):
+        with tempfile.TemporaryDirectory(prefix="braid-jsonl-") as top:
+            root = os.path.join(top, "data")
+            os.makedirs(root)
+            tokens = write_files(root, suffix, args.records, args.files, seed=4)
+            paths = sorted(os.path.join(root, p) for p in os.listdir(root))
+            rows = args.records // args.files * args.files
+            def config(**runtime):
+                return _core.parse_config(json.dumps({
+                    "seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
+                    "runtime": runtime,
+                    "sources": [{"name": "j", "path": root, "tokens_column": "input_ids",
+                                 "workers": 1}]}), "/")
+
+            def braid_read(cfg):
+                r = _core.read_source(cfg, 0, rows)
+                assert r["samples"] == rows and r["payload_tokens"] == tokens
+                return r["payload_tokens"], r["seconds"]
+
+            counted = config()
+            kept = config(length_cache=os.path.join(top, "counts"))
+            braid_read(kept)  # keeps the record counts
+            # The three readers take turns, so a change in the machine's load falls on
+            # all of them; each keeps its best run.
+            runs = {"ref": [], "counted": [], "kept": []}
+            for _ in range(args.repeat):
+                runs["ref"].append(reference(paths))
+                runs["counted"].append(braid_read(counted))
+                runs["kept"].append(braid_read(kept))
+            ref_tok, ref_s = min(runs["ref"], key=lambda r: r[1])
+            mb = sum(os.path.getsize(p) for p in paths) / 1e6
+            print(f"jsonl{suffix or ' (plain)'}: {rows:,} records, {tokens / 1e6:.1f}M "
+                  f"tokens, {mb:.0f} MB on disk, one thread")
+            print(f"    {'pyarrow.json':<36}{ref_tok / ref_s / 1e6:8.2f} M tokens/s")
+            for name, key in (("Braid, counting the records", "counted"),
+                              ("Braid, counts in runtime.length_cache", "kept")):
+                br_tok, br_s = min(runs[key], key=lambda r: r[1])
+                assert ref_tok == br_tok == tokens
+                print(f"    {name:<36}{br_tok / br_s / 1e6:8.2f} M tokens/s   ratio "
+                      f"{(br_tok / br_s) / (ref_tok / ref_s):6.3f}   (target >= 1.0)")
+
+
+if __name__ == "__main__":
+    main()

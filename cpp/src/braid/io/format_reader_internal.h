@@ -1,0 +1,83 @@
+// The reader of one non-Parquet format behind SourceFiles (source_files.h). SourceFiles
+// owns the source's file list, retries, lost files and the last counts read; a
+// FormatReader owns the format's open files and turns one unit of a file (what a row
+// group is to Parquet: a run of documents, records or rows that the order permutes) into
+// the columns a transform reads, in ColumnSpec order, or into token counts.
+//
+// Errors: a storage failure (a read of the underlying file failed) is an IOError, which
+// SourceFiles retries; bad bytes are a data error naming the file, the record and the key.
+//
+// Thread-compatible: SourceFiles calls one reader from one thread at a time.
+#pragma once
+
+#include <arrow/filesystem/filesystem.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "braid/config/config.h"
+#include "braid/io/source_files.h"
+#include "braid/status.h"
+
+namespace braid::internal {
+
+class FormatReader {
+ public:
+  using Columns = std::vector<std::shared_ptr<arrow::Array>>;
+  virtual ~FormatReader() = default;
+
+  /// The columns of unit `unit` of file `file`, one array each.
+  virtual Result<Columns> ReadColumns(int file, int unit) = 0;
+
+  /// Rows [first, first + rows) of one unit, as consecutive chunks of columns (a unit
+  /// larger than the source's shuffle_window_bytes is read in such blocks). The default
+  /// reads the unit and slices it.
+  virtual Result<std::vector<Columns>> ReadRows(int file, int unit, int64_t first,
+                                                int64_t rows);
+
+  /// Each row's token count in one unit without its tokens, for token sources; formats
+  /// without counts return NotImplemented (their sources are not token sources).
+  virtual Result<std::vector<RowLength>> ReadLengths(int file, int unit);
+};
+
+/// What opening a format's files gives SourceFiles.
+struct FormatOpen {
+  std::unique_ptr<FormatReader> reader;
+  std::vector<SourceFiles::File> files;
+  int64_t unreadable = 0;        ///< files kept with File::unreadable set (on_error: skip)
+  std::string first_unreadable;  ///< the error of the first of them
+};
+
+/// Opens the Megatron indexed datasets `prefixes` of `fs` (io/megatron_index.h): each is
+/// one file of the source; its units are runs of documents. Reads each index's header
+/// and the .bin's size, nothing more. With on_error: skip a dataset whose header is bad
+/// is kept as unreadable; else that is an error naming the .idx.
+Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                     const std::vector<std::string>& prefixes,
+                                     const SourceConfig& source,
+                                     const std::string& key_path,
+                                     const std::vector<ColumnSpec>& columns);
+
+/// Opens the JSON Lines files `paths` of `fs` (.jsonl / .json, plain, .gz or .zst; one
+/// unit per file, io/jsonl_files.cc): reads each once to count its records. A column
+/// whose spec accepts none of string, list<int32>, chat messages or int64 is a config
+/// error naming its key; with on_error: skip a file that does not decompress is kept as
+/// unreadable, else that is an error naming it.
+Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                  const std::vector<std::string>& paths,
+                                  const SourceConfig& source, const std::string& key_path,
+                                  const std::vector<ColumnSpec>& columns);
+
+/// Opens the Arrow IPC stream files `paths` of `fs` (Hugging Face save_to_disk's
+/// .arrow; io/hf_arrow_files.cc): one unit per record batch; walks each file's messages
+/// once. A missing or mistyped column is a data error naming the file whatever on_error
+/// says; with on_error: skip a file that is not an IPC stream is kept as unreadable.
+Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                    const std::vector<std::string>& paths,
+                                    const SourceConfig& source,
+                                    const std::string& key_path,
+                                    const std::vector<ColumnSpec>& columns);
+
+}  // namespace braid::internal

@@ -1,0 +1,234 @@
+// A source's Hugging Face `datasets` save_to_disk folders behind SourceFiles
+// (format_reader_internal.h: OpenHfArrowFiles): Arrow IPC *stream* files
+// (data-0000k-of-0000n.arrow, beside state.json and dataset_info.json), read with Arrow's
+// IPC reader. Each .arrow file is a file of the source and each record batch in it a
+// unit (what a row group is to Parquet; `datasets` writes batches of writer_batch_size,
+// 1000 rows by default). A stream has no footer, so opening walks each file's messages
+// once for the schema, every batch's rows and the byte offset of its message; a unit is
+// then read alone at its offset (arrow::ipc::ReadRecordBatch on a stream over that range
+// of the file). Local files are memory-mapped, as `datasets` does, so walking them reads
+// only the messages' metadata and a batch's columns are views of the mapping.
+//
+// Errors: a failed read of the underlying file is a storage error; bytes that are not an
+// IPC stream, a column missing or of another type than the transform reads are data
+// errors naming the file (and, for a read, the batch).
+//
+// Thread-compatible (format_reader_internal.h).
+#include <algorithm>
+
+#include <arrow/api.h>
+#include <arrow/io/api.h>
+#include <arrow/ipc/api.h>
+
+#include "braid/io/format_reader_internal.h"
+#include "braid/io/read_memory.h"
+#include "braid/io/retry_internal.h"
+#include "braid/io/source_files_internal.h"
+#include "braid/util/hash_internal.h"
+
+namespace braid::internal {
+namespace {
+
+struct ArrowFile {
+  std::string path;
+  std::shared_ptr<arrow::io::RandomAccessFile> input;
+  std::shared_ptr<arrow::Schema> schema;
+  std::vector<int> columns;       // per ColumnSpec, its field index
+  std::vector<int64_t> offsets;   // per batch, its message's offset; then the stream's end
+};
+
+Result<std::shared_ptr<arrow::io::RandomAccessFile>> OpenInput(arrow::fs::FileSystem* fs,
+                                                               const std::string& path) {
+  if (fs->type_name() == "local") {
+    auto mapped = arrow::io::MemoryMappedFile::Open(path, arrow::io::FileMode::READ);
+    if (!mapped.ok()) return StorageError(path, mapped.status().message());
+    return std::static_pointer_cast<arrow::io::RandomAccessFile>(*mapped);
+  }
+  auto input = fs->OpenInputFile(path);
+  if (!input.ok()) return StorageError(path, input.status().message());
+  return *input;
+}
+
+// Walks one file's stream: the schema, each batch's rows and offset.
+Status Walk(arrow::fs::FileSystem* fs, const std::vector<ColumnSpec>& specs, ArrowFile* f,
+            std::vector<int64_t>* rows) {
+  rows->clear();
+  f->offsets.clear();
+  ARROW_ASSIGN_OR_RAISE(f->input, OpenInput(fs, f->path));
+  const bool local = fs->type_name() == "local";
+  auto what = [&](const Status& st) {
+    // A failed read of a remote file is the storage's (a mapped local file's bytes are
+    // there); anything else is the bytes'.
+    return st.IsIOError() && !local
+               ? StorageError(f->path, OneLine(st.message()))
+               : DataError(f->path, "not an Arrow IPC stream (save_to_disk's .arrow): " +
+                                        OneLine(st.message()));
+  };
+  ARROW_RETURN_NOT_OK(f->input->Seek(0));
+  auto options = arrow::ipc::IpcReadOptions::Defaults();
+  options.memory_pool = ReadMemoryPool();
+  auto reader = arrow::ipc::RecordBatchStreamReader::Open(f->input, options);
+  if (!reader.ok()) return what(reader.status());
+  f->schema = (*reader)->schema();
+  for (const auto& field : f->schema->fields()) {
+    if (field->type()->id() == arrow::Type::DICTIONARY) {
+      return DataError(f->path, "column '" + field->name() +
+                                    "' is dictionary-encoded, which Braid does not read");
+    }
+  }
+  f->columns.clear();
+  for (const auto& c : specs) {
+    const int index = f->schema->GetFieldIndex(c.name);
+    if (index < 0) {
+      std::string names;
+      for (const auto& field : f->schema->fields()) {
+        names += (names.empty() ? "" : ", ") + field->name();
+      }
+      return DataError(f->path, "no column '" + c.name + "' (" + c.key + "); columns: " +
+                                    names);
+    }
+    const auto& type = *f->schema->field(index)->type();
+    const std::string expected = c.check(type);
+    if (!expected.empty()) {
+      return DataError(f->path, "column '" + c.name + "' (" + c.key + ") has type " +
+                                    type.ToString() + ", expected " + expected);
+    }
+    f->columns.push_back(index);
+  }
+  while (true) {
+    ARROW_ASSIGN_OR_RAISE(const int64_t at, f->input->Tell());
+    std::shared_ptr<arrow::RecordBatch> batch;
+    Status st = (*reader)->ReadNext(&batch);
+    if (!st.ok()) return what(st);
+    if (batch == nullptr) {
+      f->offsets.push_back(at);
+      break;
+    }
+    f->offsets.push_back(at);
+    rows->push_back(batch->num_rows());
+  }
+  return Status::OK();
+}
+
+class HfArrowReader : public FormatReader {
+ public:
+  HfArrowReader(std::vector<ArrowFile> files, std::vector<ColumnSpec> columns)
+      : files_(std::move(files)), columns_(std::move(columns)) {}
+
+  Result<Columns> ReadColumns(int file, int unit) override {
+    const ArrowFile& f = files_[size_t(file)];
+    const std::string where = DataLocation(f.path, unit, -1);
+    const int64_t at = f.offsets[size_t(unit)];
+    auto stream = arrow::io::RandomAccessFile::GetStream(
+        f.input, at, f.offsets[size_t(unit) + 1] - at);
+    if (!stream.ok()) return StorageError(where, stream.status().message());
+    auto options = arrow::ipc::IpcReadOptions::Defaults();
+    options.memory_pool = ReadMemoryPool();
+    options.included_fields = f.columns;
+    auto batch = arrow::ipc::ReadRecordBatch(f.schema, nullptr, options, stream->get());
+    if (!batch.ok()) {
+      return DataError(where, "cannot read the record batch: " +
+                                  OneLine(batch.status().message()));
+    }
+    Columns out;
+    for (const auto& c : columns_) {
+      auto column = (*batch)->GetColumnByName(c.name);
+      if (column == nullptr) return DataError(where, "no column '" + c.name + "'");
+      out.push_back(std::move(column));
+    }
+    return out;
+  }
+
+  // A token source's counts: the lists' lengths (a batch read, no copy when mapped).
+  Result<std::vector<RowLength>> ReadLengths(int file, int unit) override {
+    ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, unit));
+    const arrow::Array& a = *cols.front();
+    std::vector<RowLength> out(static_cast<size_t>(a.length()));
+    const bool large = a.type_id() == arrow::Type::LARGE_LIST;
+    const auto& values = large ? static_cast<const arrow::LargeListArray&>(a).values()
+                               : static_cast<const arrow::ListArray&>(a).values();
+    for (int64_t i = 0; i < a.length(); ++i) {
+      RowLength& r = out[size_t(i)];
+      r.null = a.IsNull(i);
+      if (r.null) continue;
+      const int64_t begin = large ? static_cast<const arrow::LargeListArray&>(a).value_offset(i)
+                                  : static_cast<const arrow::ListArray&>(a).value_offset(i);
+      const int64_t end =
+          large ? static_cast<const arrow::LargeListArray&>(a).value_offset(i + 1)
+                : static_cast<const arrow::ListArray&>(a).value_offset(i + 1);
+      r.tokens = end - begin;
+      if (values->null_count() > 0) {
+        for (int64_t k = begin; k < end; ++k) r.null_values |= values->IsNull(k);
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::vector<ArrowFile> files_;
+  std::vector<ColumnSpec> columns_;
+};
+
+}  // namespace
+
+Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                    const std::vector<std::string>& paths,
+                                    const SourceConfig& source,
+                                    const std::string& /*key_path*/,
+                                    const std::vector<ColumnSpec>& columns) {
+  FormatOpen out;
+  std::vector<ArrowFile> files;
+  const bool skip = source.on_error == OnError::kSkip;
+  for (const auto& path : paths) {
+    ArrowFile f;
+    f.path = path;
+    SourceFiles::File file;
+    file.path = path;
+    std::vector<int64_t> rows;
+    int tries = 0;
+    Status st = RetryStorage([&] { return Walk(fs.get(), columns, &f, &rows); },
+                             kStorageRetryDelaysMs, &tries);
+    if (st.ok()) {
+      // A missing or mistyped column is the files' promise broken: an error whatever
+      // on_error says (as for Parquet). Only unreadable bytes are skipped.
+    } else if (!skip || st.message().find("no column") != std::string::npos ||
+               st.message().find(" has type ") != std::string::npos) {
+      if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
+      return skip ? st
+                  : st.WithMessage(st.message(),
+                                   " (set on_error: skip to skip unreadable files)");
+    } else {
+      const std::string prefix = path + ": ";
+      file.unreadable = st.message();
+      if (file.unreadable.compare(0, prefix.size(), prefix) == 0) {
+        file.unreadable.erase(0, prefix.size());
+      }
+      if (out.first_unreadable.empty()) out.first_unreadable = st.message();
+      ++out.unreadable;
+      out.files.push_back(std::move(file));
+      files.push_back(std::move(f));
+      continue;
+    }
+    int64_t first = 0;
+    for (size_t b = 0; b < rows.size(); ++b) {
+      file.row_group_rows.push_back(rows[b]);
+      file.row_group_first_row.push_back(first);
+      // What the unit decodes to, about: its message's bytes.
+      file.row_group_bytes.push_back(f.offsets[b + 1] - f.offsets[b]);
+      if (!source.length_cache_dir.empty()) {
+        file.row_group_digest.push_back(
+            Fnv1a(path + '|' + std::to_string(f.offsets[b]) + '|' +
+                  std::to_string(f.offsets[b + 1]) + '|' + std::to_string(rows[b])));
+      }
+      first += rows[b];
+    }
+    file.column = f.columns.empty() ? -1 : f.columns.front();
+    file.num_rows = first;
+    out.files.push_back(std::move(file));
+    files.push_back(std::move(f));
+  }
+  out.reader = std::make_unique<HfArrowReader>(std::move(files), columns);
+  return out;
+}
+
+}  // namespace braid::internal

@@ -1,0 +1,455 @@
+// A source's JSON Lines files behind SourceFiles (format_reader_internal.h:
+// OpenJsonlFiles): `.jsonl` / `.json`, plain or compressed (`.gz`, `.zst`), one JSON
+// object per line, read with Arrow's JSON reader (arrow::json::StreamingReader) under an
+// explicit schema of the columns the transform reads (unexpected fields ignored, a
+// missing field null) through Arrow's compressed input streams.
+//
+// Units. A compressed stream has no seek, so a file is one unit of all its records (the
+// shuffle unit: files are permuted, and a file larger than the source's
+// shuffle_window_bytes is read in consecutive blocks of records, each a shuffle window
+// or part of one); a position inside it is (file, record). Opening a source so reads
+// every file once, to count its records (its lines holding anything but whitespace, as
+// Arrow's reader skips blank ones) and its decoded bytes; a block is read by a streaming
+// reader that stays open, so a file's blocks read in order decode it once, and a block
+// behind it (a resume) reopens the file and skips the records before.
+//
+// With runtime.length_cache, the counts of each file are kept there (keyed by its path,
+// size and modification time), and a later open of an unchanged file reads them instead.
+//
+// Errors. A failed read of the underlying file is a storage error (retried by
+// SourceFiles); a stream that does not decompress or a line that does not parse is a
+// data error naming the file and its records.
+//
+// Thread-compatible (format_reader_internal.h).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <arrow/api.h>
+#include <arrow/io/api.h>
+#include <arrow/io/compressed.h>
+#include <arrow/json/api.h>
+#include <arrow/util/compression.h>
+
+#include "braid/io/format_reader_internal.h"
+#include "braid/io/read_memory.h"
+#include "braid/io/retry_internal.h"
+#include "braid/io/source_files_internal.h"
+#include "braid/util/hash_internal.h"
+
+namespace braid::internal {
+namespace {
+
+constexpr int64_t kCountChunkBytes = int64_t{1} << 20;
+constexpr int32_t kFirstBlockBytes = int32_t{1} << 22;   // Arrow's JSON block
+constexpr int32_t kMaxBlockBytes = int32_t{1} << 30;     // a record may be this long
+
+// A stream that notes in `failed` whether a read of the underlying stream failed, so a
+// failure above it (decompression, parsing) is blamed on the bytes, not the storage.
+class WatchedStream : public arrow::io::InputStream {
+ public:
+  WatchedStream(std::shared_ptr<arrow::io::InputStream> inner,
+                std::shared_ptr<std::atomic<bool>> failed)
+      : inner_(std::move(inner)), failed_(std::move(failed)) {}
+  arrow::Status Close() override { return inner_->Close(); }
+  bool closed() const override { return inner_->closed(); }
+  arrow::Result<int64_t> Tell() const override { return inner_->Tell(); }
+  arrow::Result<int64_t> Read(int64_t nbytes, void* out) override {
+    auto r = inner_->Read(nbytes, out);
+    if (!r.ok()) failed_->store(true);
+    return r;
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> Read(int64_t nbytes) override {
+    auto r = inner_->Read(nbytes);
+    if (!r.ok()) failed_->store(true);
+    return r;
+  }
+
+ private:
+  std::shared_ptr<arrow::io::InputStream> inner_;
+  std::shared_ptr<std::atomic<bool>> failed_;
+};
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// The Arrow type a column is read as: the first of these its spec accepts.
+std::shared_ptr<arrow::DataType> ColumnType(const ColumnSpec& spec) {
+  const std::shared_ptr<arrow::DataType> candidates[] = {
+      arrow::utf8(),
+      arrow::list(arrow::int32()),
+      arrow::list(arrow::struct_({arrow::field("role", arrow::utf8()),
+                                  arrow::field("content", arrow::utf8())})),
+      arrow::int64(),
+  };
+  for (const auto& t : candidates) {
+    if (spec.check(*t).empty()) return t;
+  }
+  return nullptr;
+}
+
+struct JsonlFile {
+  std::string path;
+  arrow::Compression::type compression = arrow::Compression::UNCOMPRESSED;
+  int64_t records = 0;
+};
+
+class JsonlReader : public FormatReader {
+ public:
+  JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::vector<JsonlFile> files,
+              std::vector<ColumnSpec> columns, std::shared_ptr<arrow::Schema> schema)
+      : fs_(std::move(fs)),
+        files_(std::move(files)),
+        columns_(std::move(columns)),
+        schema_(std::move(schema)) {}
+
+  Result<Columns> ReadColumns(int file, int unit) override {
+    ARROW_ASSIGN_OR_RAISE(auto chunks,
+                          ReadRows(file, unit, 0, files_[size_t(file)].records));
+    Columns out;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      arrow::ArrayVector parts;
+      for (const auto& chunk : chunks) parts.push_back(chunk[c]);
+      if (parts.empty()) {
+        ARROW_ASSIGN_OR_RAISE(auto empty, arrow::MakeEmptyArray(schema_->field(int(c))->type()));
+        out.push_back(std::move(empty));
+      } else if (parts.size() == 1) {
+        out.push_back(parts.front());
+      } else {
+        ARROW_ASSIGN_OR_RAISE(auto whole, arrow::Concatenate(parts, ReadMemoryPool()));
+        out.push_back(std::move(whole));
+      }
+    }
+    return out;
+  }
+
+  // A token source's counts: its lists' lengths (the file is read whole; JSON has no
+  // way to skip a list's values).
+  Result<std::vector<RowLength>> ReadLengths(int file, int unit) override {
+    ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, unit));
+    const auto& list = static_cast<const arrow::ListArray&>(*cols.front());
+    std::vector<RowLength> out(static_cast<size_t>(list.length()));
+    for (int64_t i = 0; i < list.length(); ++i) {
+      RowLength& r = out[size_t(i)];
+      r.null = list.IsNull(i);
+      r.tokens = r.null ? 0 : list.value_length(i);
+      if (!r.null && list.values()->null_count() > 0) {
+        for (int64_t k = list.value_offset(i); k < list.value_offset(i + 1); ++k) {
+          if (list.values()->IsNull(k)) r.null_values = true;
+        }
+      }
+    }
+    return out;
+  }
+
+  Result<std::vector<Columns>> ReadRows(int file, int /*unit*/, int64_t first,
+                                        int64_t rows) override {
+    auto out = ReadRowsOnce(file, first, rows);
+    // A record longer than Arrow's block: again with larger blocks.
+    while (!out.ok() && out.status().message().find("straddl") != std::string::npos &&
+           block_bytes_ < kMaxBlockBytes) {
+      block_bytes_ *= 4;
+      Reset();
+      out = ReadRowsOnce(file, first, rows);
+    }
+    return out;
+  }
+
+ private:
+  void Reset() {
+    reader_.reset();
+    file_ = -1;
+    next_ = 0;
+    rest_.clear();
+  }
+
+  Status Fail(const JsonlFile& f, int64_t first, int64_t end, const Status& st) {
+    const bool storage = failed_ != nullptr && failed_->load();
+    Reset();
+    const std::string what = "records " + std::to_string(first) + ".." +
+                             std::to_string(end) + ": " + OneLine(st.message());
+    return storage ? StorageError(f.path, what) : DataError(f.path, what);
+  }
+
+  Status Open(int file) {
+    Reset();
+    const JsonlFile& f = files_[size_t(file)];
+    failed_ = std::make_shared<std::atomic<bool>>(false);
+    auto raw = fs_->OpenInputStream(f.path);
+    if (!raw.ok()) return StorageError(f.path, raw.status().message());
+    std::shared_ptr<arrow::io::InputStream> in =
+        std::make_shared<WatchedStream>(std::move(*raw), failed_);
+    if (f.compression != arrow::Compression::UNCOMPRESSED) {
+      ARROW_ASSIGN_OR_RAISE(codec_, arrow::util::Codec::Create(f.compression));
+      ARROW_ASSIGN_OR_RAISE(in, arrow::io::CompressedInputStream::Make(codec_.get(), in,
+                                                                       ReadMemoryPool()));
+    }
+    auto read_options = arrow::json::ReadOptions::Defaults();
+    read_options.use_threads = false;
+    read_options.block_size = block_bytes_;
+    auto parse_options = arrow::json::ParseOptions::Defaults();
+    parse_options.explicit_schema = schema_;
+    parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::Ignore;
+    arrow::io::IOContext io(ReadMemoryPool());
+    auto reader =
+        arrow::json::StreamingReader::Make(std::move(in), read_options, parse_options, io);
+    if (!reader.ok()) return Fail(f, 0, f.records, reader.status());
+    reader_ = std::move(*reader);
+    file_ = file;
+    return Status::OK();
+  }
+
+  Result<std::vector<Columns>> ReadRowsOnce(int file, int64_t first, int64_t rows) {
+    const JsonlFile& f = files_[size_t(file)];
+    const int64_t end = first + rows;
+    const int64_t behind = rest_.empty() ? next_ : rest_first_;
+    if (file_ != file || reader_ == nullptr || behind > first) {
+      ARROW_RETURN_NOT_OK(Open(file));
+    }
+    std::vector<Columns> out;
+    int64_t covered = first;
+    while (covered < end) {
+      Columns piece;
+      int64_t at = 0;
+      if (!rest_.empty()) {
+        piece = std::move(rest_);
+        rest_.clear();
+        at = rest_first_;
+      } else {
+        std::shared_ptr<arrow::RecordBatch> batch;
+        Status st = reader_->ReadNext(&batch);
+        if (!st.ok()) return Fail(f, next_, end, st);
+        if (batch == nullptr) {
+          Reset();
+          return DataError(f.path, "has " + std::to_string(next_) +
+                                       " records where opening counted " +
+                                       std::to_string(f.records) + " (changed?)");
+        }
+        for (int c = 0; c < batch->num_columns(); ++c) piece.push_back(batch->column(c));
+        at = next_;
+        next_ += batch->num_rows();
+      }
+      if (piece.empty() || piece.front()->length() == 0) continue;
+      const int64_t piece_end = at + piece.front()->length();
+      if (piece_end <= first) continue;  // before the rows asked for: skipped
+      const int64_t take_end = std::min(piece_end, end);
+      Columns take;
+      for (const auto& a : piece) take.push_back(a->Slice(covered - at, take_end - covered));
+      out.push_back(std::move(take));
+      if (piece_end > end) {
+        for (const auto& a : piece) rest_.push_back(a->Slice(end - at));
+        rest_first_ = end;
+      }
+      covered = take_end;
+    }
+    return out;
+  }
+
+  std::shared_ptr<arrow::fs::FileSystem> fs_;
+  std::vector<JsonlFile> files_;
+  std::vector<ColumnSpec> columns_;
+  std::shared_ptr<arrow::Schema> schema_;
+  int32_t block_bytes_ = kFirstBlockBytes;
+  // The open reader: file file_, records [0, next_) read; rest_ (records from
+  // rest_first_ on) is the part of the last batch past the rows returned.
+  int file_ = -1;
+  int64_t next_ = 0;
+  Columns rest_;
+  int64_t rest_first_ = 0;
+  std::unique_ptr<arrow::util::Codec> codec_;
+  std::shared_ptr<std::atomic<bool>> failed_;
+  std::shared_ptr<arrow::json::StreamingReader> reader_;
+};
+
+// The records (lines holding anything but whitespace) and decoded bytes of one file.
+Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* records,
+                    int64_t* bytes) {
+  *records = 0;
+  *bytes = 0;
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  auto raw = fs->OpenInputStream(f.path);
+  if (!raw.ok()) return StorageError(f.path, raw.status().message());
+  std::shared_ptr<arrow::io::InputStream> in =
+      std::make_shared<WatchedStream>(std::move(*raw), failed);
+  std::unique_ptr<arrow::util::Codec> codec;
+  if (f.compression != arrow::Compression::UNCOMPRESSED) {
+    ARROW_ASSIGN_OR_RAISE(codec, arrow::util::Codec::Create(f.compression));
+    ARROW_ASSIGN_OR_RAISE(
+        in, arrow::io::CompressedInputStream::Make(codec.get(), in, ReadMemoryPool()));
+  }
+  bool content = false;  // the current line holds a non-whitespace character
+  while (true) {
+    auto chunk = in->Read(kCountChunkBytes);
+    if (!chunk.ok()) {
+      const std::string what = "cannot read: " + OneLine(chunk.status().message());
+      return failed->load() ? StorageError(f.path, what)
+                            : DataError(f.path, what + " (not " +
+                                                    arrow::util::Codec::GetCodecAsString(
+                                                        f.compression) +
+                                                    "?)");
+    }
+    const int64_t n = (*chunk)->size();
+    if (n == 0) break;
+    *bytes += n;
+    // Per line: skip leading whitespace (a blank line is no record), then the line's
+    // end by memchr.
+    const uint8_t* p = (*chunk)->data();
+    const uint8_t* end = p + n;
+    while (p < end) {
+      if (!content) {
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) ++p;
+        if (p == end) break;
+        if (*p == '\n') {
+          ++p;
+          continue;
+        }
+        content = true;
+      }
+      const void* nl = std::memchr(p, '\n', size_t(end - p));
+      if (nl == nullptr) break;  // the line goes on in the next chunk
+      ++*records;
+      content = false;
+      p = static_cast<const uint8_t*>(nl) + 1;
+    }
+  }
+  *records += content ? 1 : 0;
+  return Status::OK();
+}
+
+// Record counts kept in runtime.length_cache: one small file per JSON Lines file, named
+// by the hash of its key (the path, size and modification time, so a rewritten file is a
+// miss), holding the key itself (compared on read) and the counts. A damaged or foreign
+// entry is a miss; writes go to a temporary name first.
+std::string CountKey(const std::string& path, const arrow::fs::FileInfo& info) {
+  return "jsonl-count 1|" + std::to_string(path.size()) + ':' + path + '|' +
+         std::to_string(info.size()) + '|' +
+         std::to_string(int64_t(info.mtime().time_since_epoch().count()));
+}
+
+std::string CountFile(const std::string& dir, const std::string& key) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%016llx.records",
+                static_cast<unsigned long long>(Fnv1a(key)));
+  return (std::filesystem::path(dir) / name).string();
+}
+
+bool ReadCount(const std::string& dir, const std::string& key, int64_t* records,
+               int64_t* bytes) {
+  std::ifstream in(CountFile(dir, key), std::ios::binary);
+  std::string line;
+  if (!in || !std::getline(in, line) || line != key) return false;
+  return static_cast<bool>(in >> *records >> *bytes) && *records >= 0 && *bytes >= 0;
+}
+
+void WriteCount(const std::string& dir, const std::string& key, int64_t records,
+                int64_t bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  static std::atomic<uint64_t> counter{0};
+  const std::string target = CountFile(dir, key);
+  const std::string partial = target + ".partial-" + std::to_string(::getpid()) + "-" +
+                              std::to_string(counter.fetch_add(1));
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << key << '\n' << records << ' ' << bytes << '\n';
+    if (!out) {
+      out.close();
+      std::filesystem::remove(partial, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(partial, target, ec);
+  if (ec) std::filesystem::remove(partial, ec);
+}
+
+}  // namespace
+
+Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                  const std::vector<std::string>& paths,
+                                  const SourceConfig& source, const std::string& key_path,
+                                  const std::vector<ColumnSpec>& columns) {
+  arrow::FieldVector fields;
+  for (const auto& c : columns) {
+    auto type = ColumnType(c);
+    if (type == nullptr) {
+      return ConfigError(c.key, "cannot be read from JSON Lines (a string, a list of "
+                                "token ids, chat messages or an integer field)");
+    }
+    fields.push_back(arrow::field(c.name, type));
+  }
+  (void)key_path;
+  auto schema = arrow::schema(fields);
+  FormatOpen out;
+  std::vector<JsonlFile> files;
+  const bool skip = source.on_error == OnError::kSkip;
+  for (const auto& path : paths) {
+    JsonlFile f;
+    f.path = path;
+    if (EndsWith(path, ".gz")) f.compression = arrow::Compression::GZIP;
+    if (EndsWith(path, ".zst")) f.compression = arrow::Compression::ZSTD;
+    SourceFiles::File file;
+    file.path = path;
+    int64_t records = 0, bytes = 0;
+    int tries = 0;
+    // With runtime.length_cache, the counts of an unchanged file are kept there.
+    std::string key;
+    if (!source.length_cache_dir.empty()) {
+      auto info = fs->GetFileInfo(path);
+      if (info.ok() && info->IsFile()) key = CountKey(path, *info);
+    }
+    Status st;
+    if (key.empty() || !ReadCount(source.length_cache_dir, key, &records, &bytes)) {
+      st = RetryStorage([&] { return CountRecords(fs.get(), f, &records, &bytes); },
+                        kStorageRetryDelaysMs, &tries);
+      if (st.ok() && !key.empty()) {
+        WriteCount(source.length_cache_dir, key, records, bytes);
+      }
+    }
+    if (!st.ok()) {
+      if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
+      if (!skip) {
+        return st.WithMessage(st.message(), " (set on_error: skip to skip unreadable files)");
+      }
+      const std::string prefix = path + ": ";
+      file.unreadable = st.message();
+      if (file.unreadable.compare(0, prefix.size(), prefix) == 0) {
+        file.unreadable.erase(0, prefix.size());
+      }
+      if (out.first_unreadable.empty()) out.first_unreadable = st.message();
+      ++out.unreadable;
+      out.files.push_back(std::move(file));
+      files.push_back(std::move(f));
+      continue;
+    }
+    f.records = records;
+    file.row_group_rows = {records};
+    file.row_group_first_row = {0};
+    file.row_group_bytes = {bytes};
+    if (!source.length_cache_dir.empty()) {
+      auto info = fs->GetFileInfo(path);
+      const int64_t size = info.ok() ? info->size() : -1;
+      const int64_t mtime =
+          info.ok() ? int64_t(info->mtime().time_since_epoch().count()) : -1;
+      file.row_group_digest = {Fnv1a(path + '|' + std::to_string(size) + '|' +
+                                     std::to_string(mtime) + '|' +
+                                     std::to_string(records) + '|' +
+                                     std::to_string(bytes))};
+    }
+    file.column = 0;
+    file.num_rows = records;
+    out.files.push_back(std::move(file));
+    files.push_back(std::move(f));
+  }
+  out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(files), columns,
+                                             std::move(schema));
+  return out;
+}
+
+}  // namespace braid::internal

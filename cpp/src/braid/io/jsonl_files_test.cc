@@ -1,0 +1,229 @@
+// JSON Lines files as a source: record counts, whole files and blocks against what was
+// written (plain, gzip, zstd through Arrow's compressed streams), fields, and errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <arrow/api.h>
+#include <arrow/io/compressed.h>
+#include <arrow/io/file.h>
+#include <arrow/util/compression.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "braid/io/source_files.h"
+#include "braid/source/source_loader.h"
+#include "braid/testing/memory_stream.h"
+#include "braid/testing/temp_dir.h"
+
+namespace braid {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using Docs = std::vector<std::vector<int32_t>>;
+
+Docs MakeDocs(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Docs docs(static_cast<size_t>(n));
+  for (auto& d : docs) {
+    d.resize(1 + rng() % 50);
+    for (auto& t : d) t = int32_t(rng() % 30000);
+  }
+  return docs;
+}
+
+// Records with the ids, an unexpected nested field, blank lines between some.
+std::string Lines(const Docs& docs) {
+  std::string out;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    out += "{\"meta\": {\"k\": [1, {\"x\": null}]}, \"input_ids\": [";
+    for (size_t k = 0; k < docs[i].size(); ++k) {
+      if (k > 0) out += ',';
+      out += std::to_string(docs[i][k]);
+    }
+    out += "], \"text\": \"doc " + std::to_string(i) + "\"}\n";
+    if (i % 7 == 3) out += "\n  \n";
+  }
+  return out;
+}
+
+Status Write(const std::string& path, const std::string& body,
+             arrow::Compression::type compression = arrow::Compression::UNCOMPRESSED) {
+  ARROW_ASSIGN_OR_RAISE(auto file, arrow::io::FileOutputStream::Open(path));
+  std::shared_ptr<arrow::io::OutputStream> out = file;
+  std::unique_ptr<arrow::util::Codec> codec;
+  if (compression != arrow::Compression::UNCOMPRESSED) {
+    ARROW_ASSIGN_OR_RAISE(codec, arrow::util::Codec::Create(compression));
+    ARROW_ASSIGN_OR_RAISE(out, arrow::io::CompressedOutputStream::Make(codec.get(), file));
+  }
+  ARROW_RETURN_NOT_OK(out->Write(body.data(), int64_t(body.size())));
+  return out->Close();
+}
+
+SourceConfig Jsonl(const std::string& path, OnError on_error = OnError::kFail) {
+  SourceConfig s;
+  s.name = "j";
+  s.path = path;
+  s.tokens_column = "input_ids";
+  s.on_error = on_error;
+  s.shuffle_window_rows = 32;
+  return s;
+}
+
+std::vector<int32_t> Row(const arrow::Array& a, int64_t i) {
+  const auto& list = static_cast<const arrow::ListArray&>(a);
+  const auto& v = static_cast<const arrow::Int32Array&>(*list.values());
+  std::vector<int32_t> out;
+  for (int64_t k = list.value_offset(i); k < list.value_offset(i + 1); ++k) {
+    out.push_back(v.Value(k));
+  }
+  return out;
+}
+
+TEST(JsonlFilesTest, EveryCompressionReadsWholeAndInBlocks) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const Docs docs = MakeDocs(150, 1);
+  const std::vector<std::pair<std::string, arrow::Compression::type>> kinds = {
+      {"a.jsonl", arrow::Compression::UNCOMPRESSED},
+      {"b.jsonl.gz", arrow::Compression::GZIP},
+      {"c.json.zst", arrow::Compression::ZSTD}};
+  for (const auto& [name, compression] : kinds) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(Write(dir.Sub(name), Lines(docs), compression).ok());
+    auto files = SourceFiles::Open(Jsonl(dir.Sub(name)), "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    EXPECT_EQ((*files)->format(), SourceFormat::kJsonl);
+    const auto& f = (*files)->files()[0];
+    EXPECT_EQ(f.num_rows, 150);  // blank lines are no records
+    ASSERT_EQ(f.row_group_rows, std::vector<int64_t>{150});
+    auto whole = (*files)->ReadColumns(0, 0);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    ASSERT_EQ(whole->front()->length(), 150);
+    for (int64_t i = 0; i < 150; ++i) EXPECT_EQ(Row(*whole->front(), i), docs[size_t(i)]);
+    auto lengths = (*files)->ReadLengths(0, 0);
+    ASSERT_TRUE(lengths.ok());
+    EXPECT_EQ((**lengths)[17].tokens, int64_t(docs[17].size()));
+    // Blocks in order, then one behind the reader (a resume inside the file).
+    for (int64_t b : {0, 1, 2, 3, 1, 3}) {
+      auto block = (*files)->ReadBlock(0, 0, 40, b);
+      ASSERT_TRUE(block.ok()) << block.status().ToString();
+      int64_t at = b * 40;
+      for (const auto& chunk : *block) {
+        for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
+          EXPECT_EQ(Row(*chunk.front(), i), docs[size_t(at)]) << at;
+        }
+      }
+      EXPECT_EQ(at, std::min<int64_t>(150, b * 40 + 40));
+    }
+  }
+  // A directory of them is detected as JSON Lines, files in sorted order.
+  auto all = SourceFiles::Open(Jsonl(dir.path().string()), "sources[0]");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ((*all)->files().size(), 3u);
+  EXPECT_EQ((*all)->total_rows(), 450);
+}
+
+TEST(JsonlFilesTest, TheStreamHasEveryRecordOncePerEpochAcrossWindowBlocks) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  std::vector<Docs> docs = {MakeDocs(120, 2), MakeDocs(80, 3)};
+  ASSERT_TRUE(Write(dir.Sub("x0.jsonl.gz"), Lines(docs[0]), arrow::Compression::GZIP).ok());
+  ASSERT_TRUE(Write(dir.Sub("x1.jsonl"), Lines(docs[1])).ok());
+  Config config;
+  config.seed = 4;
+  config.batch.seq_len = 64;
+  config.batch.global_tokens = 64;
+  config.sources.push_back(Jsonl(dir.Sub("x*")));
+  config.sources[0].shuffle_window_bytes = 1024;  // files cut into blocks of records
+  auto loader = SourceLoader::Make(config, 0, {}, {});
+  ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  Status st;
+  const auto reads = testing::ReadSamples(loader->get(), 400, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::map<int64_t, std::set<std::pair<int32_t, int64_t>>> seen;
+  for (const auto& r : reads) {
+    EXPECT_TRUE(seen[r.meta.epoch].emplace(r.meta.file, r.meta.row).second);
+    ASSERT_NE(r.payload, nullptr);
+    EXPECT_EQ(r.payload->tokens, docs[size_t(r.meta.file)][size_t(r.meta.row)]);
+  }
+  EXPECT_EQ(seen[0].size(), 200u);
+  EXPECT_EQ(seen[1].size(), 200u);
+  // Resumed inside a file: the same records from there on.
+  const StreamPos at = reads[133].meta.pos;
+  auto resumed = SourceLoader::Make(config, 0, at, {});
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  const auto rest = testing::ReadSamples(resumed->get(), 100, &st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (size_t i = 0; i < rest.size(); ++i) {
+    EXPECT_EQ(rest[i].meta.file, reads[133 + i].meta.file);
+    EXPECT_EQ(rest[i].meta.row, reads[133 + i].meta.row);
+  }
+}
+
+TEST(JsonlFilesTest, ARecordLongerThanArrowsBlockIsRead) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  Docs docs = MakeDocs(5, 4);
+  docs[2].assign(1'200'000, 12345);  // about 7 MB of JSON on one line
+  ASSERT_TRUE(Write(dir.Sub("long.jsonl"), Lines(docs)).ok());
+  auto files = SourceFiles::Open(Jsonl(dir.Sub("long.jsonl")), "sources[0]");
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  auto cols = (*files)->ReadColumns(0, 0);
+  ASSERT_TRUE(cols.ok()) << cols.status().ToString();
+  EXPECT_EQ(Row(*cols->front(), 2).size(), 1'200'000u);
+  EXPECT_EQ(Row(*cols->front(), 4), docs[4]);
+}
+
+TEST(JsonlFilesTest, BadBytesNameTheFile) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  ASSERT_TRUE(Write(dir.Sub("a.jsonl"), Lines(MakeDocs(20, 5))).ok());
+  ASSERT_TRUE(Write(dir.Sub("b.jsonl.gz"), "not gzip").ok());
+  auto files = SourceFiles::Open(Jsonl(dir.path().string()), "sources[0]");
+  ASSERT_FALSE(files.ok());
+  EXPECT_TRUE(files.status().IsInvalid()) << files.status().ToString();  // not retried
+  EXPECT_THAT(files.status().message(),
+              AllOf(HasSubstr(dir.Sub("b.jsonl.gz")), HasSubstr("on_error: skip")));
+  files = SourceFiles::Open(Jsonl(dir.path().string(), OnError::kSkip), "sources[0]");
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  EXPECT_EQ((*files)->unreadable_files(), 1);
+  EXPECT_EQ((*files)->total_rows(), 20);
+  // A line that is not JSON: a data error naming the file and the records.
+  ASSERT_TRUE(Write(dir.Sub("c.jsonl"), Lines(MakeDocs(10, 6)) + "{broken\n").ok());
+  auto broken = SourceFiles::Open(Jsonl(dir.Sub("c.jsonl")), "sources[0]");
+  ASSERT_TRUE(broken.ok()) << broken.status().ToString();
+  auto cols = (*broken)->ReadColumns(0, 0);
+  ASSERT_FALSE(cols.ok());
+  EXPECT_TRUE(cols.status().IsInvalid()) << cols.status().ToString();
+  EXPECT_THAT(cols.status().message(),
+              AllOf(HasSubstr(dir.Sub("c.jsonl")), HasSubstr("records ")));
+  // A field of another type than the transform reads.
+  ASSERT_TRUE(Write(dir.Sub("d.jsonl"), "{\"input_ids\": \"text\"}\n").ok());
+  auto typed = SourceFiles::Open(Jsonl(dir.Sub("d.jsonl")), "sources[0]");
+  ASSERT_TRUE(typed.ok());
+  EXPECT_FALSE((*typed)->ReadColumns(0, 0).ok());
+}
+
+TEST(JsonlFilesTest, TheLengthCacheKeepsTheRecordCountsOfUnchangedFiles) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const std::string path = dir.Sub("a.jsonl.gz");
+  ASSERT_TRUE(Write(path, Lines(MakeDocs(60, 7)), arrow::Compression::GZIP).ok());
+  SourceConfig s = Jsonl(path);
+  s.length_cache_dir = dir.Sub("cache");
+  auto first = SourceFiles::Open(s, "sources[0]");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ((*first)->total_rows(), 60);
+  // The same size and time, other bytes: the counts come from the cache, unread.
+  const auto size = std::filesystem::file_size(path);
+  const auto mtime = std::filesystem::last_write_time(path);
+  ASSERT_TRUE(Write(path, std::string(size, 'x')).ok());
+  std::filesystem::last_write_time(path, mtime);
+  auto kept = SourceFiles::Open(s, "sources[0]");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ((*kept)->total_rows(), 60);
+  // A new time is a miss: the file is counted again (and is no gzip now).
+  std::filesystem::last_write_time(path, mtime + std::chrono::seconds(5));
+  EXPECT_FALSE(SourceFiles::Open(s, "sources[0]").ok());
+}
+
+}  // namespace
+}  // namespace braid

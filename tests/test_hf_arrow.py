@@ -1,0 +1,134 @@
+"""Hugging Face `datasets` save_to_disk folders (Arrow IPC stream files with state.json
+and dataset_info.json) as sources: folders written by the `datasets` library itself (a
+dev dependency) and checked against its load_from_disk: the rows each delivers, text
+columns, resume, and errors naming the file."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+import braid
+from conftest import braid_cli, write_config
+
+try:
+    import datasets
+except ImportError:  # a declared dev dependency: its absence fails the tests
+    pytest.fail("datasets is not installed (requirements-dev.txt)", pytrace=False)
+
+SPAN = 1000
+
+
+@pytest.fixture
+def saved(tmp_path):
+    rng = np.random.default_rng(12)
+    n = 300
+    lengths = [int(x) for x in rng.integers(1, 60, size=n)]
+    ds = datasets.Dataset.from_dict({
+        "input_ids": [list(range(r * SPAN, r * SPAN + k)) for r, k in enumerate(lengths)],
+        "text": [f"row {r}" for r in range(n)],
+        "meta": [{"score": float(x)} for x in rng.random(n)],
+    })
+    # Small batches and three shards: several files of several units each.
+    folder = tmp_path / "saved"
+    ds.save_to_disk(str(folder), num_shards=3)
+    return folder
+
+
+def config_for(path, **extra) -> dict:
+    return {
+        "seed": 9,
+        "topology": {"dp": 2},
+        "batch": {"global_tokens": 2 * 2 * 64, "seq_len": 64},
+        "sources": [{"name": "hf", "path": str(path), "tokens_column": "input_ids",
+                     "shuffle_window": 32, **extra}],
+    }
+
+
+def take(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def test_every_row_arrives_once_as_load_from_disk_reads_it(saved):
+    ref = {row[0] // SPAN: row for row in datasets.load_from_disk(str(saved))["input_ids"]}
+    total = sum(len(r) for r in ref.values())
+    config = config_for(saved)
+    steps = total // 256 - 1
+    seen = defaultdict(int)
+    for rank in (0, 1):
+        loader = braid.Loader(config, rank=rank, world_size=2)
+        for batch in take(loader, steps * loader.micro_batches_per_step):
+            ids = batch["input_ids"][0].tolist()
+            cu = batch["cu_seqlens"].tolist()
+            for a, b in zip(cu, cu[1:]):
+                row, first = divmod(ids[a], SPAN)
+                assert ids[a:b] == ref[row][first:first + b - a]
+            for t in ids:
+                seen[t] += 1
+    assert sum(seen.values()) == steps * 256 and set(seen.values()) == {1}
+
+
+def test_resume_and_loaders_keep_the_plan(saved, tmp_path):
+    path = write_config(tmp_path / "c.json", config_for(saved))
+    whole = braid_cli("plan", path, "--steps", 20)
+    assert whole.returncode == 0, whole.stderr
+    state = tmp_path / "s.json"
+    first = braid_cli("plan", path, "--steps", 13, "--state-out", state)
+    rest = braid_cli("plan", path, "--steps", 7, "--state-in", state)
+    assert first.stdout + rest.stdout == whole.stdout
+    sharded = write_config(tmp_path / "l.json", config_for(saved, loaders=2))
+    assert braid_cli("plan", sharded, "--steps", 20).stdout == whole.stdout
+    config = config_for(saved)
+    reference = take(braid.Loader(config, rank=1, world_size=2), 8)
+    loader = braid.Loader(config, rank=1, world_size=2)
+    take(loader, 3)
+    resumed = braid.Loader(config, rank=1, world_size=2)
+    resumed.load_state_dict(loader.state_dict())
+    for a, b in zip(take(resumed, 5), reference[3:]):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+
+
+def test_a_text_column_is_tokenized(saved, tmp_path):
+    from braid import _core
+
+    model = _core.train_tiny_sentencepiece([f"row {r}" for r in range(300)] * 10,
+                                           str(tmp_path / "spm"), 40)
+    config = config_for(saved)
+    del config["sources"][0]["tokens_column"]
+    config["sources"][0]["text_column"] = "text"
+    config["tokenizer"] = {"type": "sentencepiece", "model": model}
+    r = _core.read_source(_core.parse_config(json.dumps(config), "/"), 0, 300)
+    assert r["samples"] == 300 and r["skipped"] == 0
+
+
+def test_a_missing_column_or_a_broken_shard_names_the_file(saved, tmp_path):
+    config = config_for(saved)
+    config["sources"][0]["tokens_column"] = "ids"
+    result = braid_cli("plan", write_config(tmp_path / "m.json", config), "--steps", 1)
+    assert result.returncode == 3, result.stderr
+    assert "no column 'ids'" in result.stderr and "data-00000-of-00003.arrow" in result.stderr
+    shard = saved / "data-00001-of-00003.arrow"
+    shard.write_bytes(shard.read_bytes()[:100])
+    result = braid_cli("plan", write_config(tmp_path / "c.json", config_for(saved)),
+                       "--steps", 1)
+    assert result.returncode == 3, result.stderr
+    assert str(shard) in result.stderr
+    skipping = write_config(tmp_path / "s.json", config_for(saved, on_error="skip"))
+    result = braid_cli("plan", skipping, "--steps", 4)
+    assert result.returncode == 0, result.stderr
+
+
+def test_inspect_lists_the_shards_and_their_lengths(saved):
+    result = braid_cli("inspect", saved, "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    loaded = datasets.load_from_disk(str(saved))
+    assert info["rows"] == len(loaded) and len(info["files"]) == 3
+    assert info["column"] == "input_ids"
+    assert info["tokens"] == sum(len(r) for r in loaded["input_ids"])
+    assert "input_ids" in info["schema"]

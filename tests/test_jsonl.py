@@ -1,0 +1,224 @@
+"""JSON Lines sources (.jsonl / .json, plain, gzip or zstd): files written with Python's
+json and gzip and the zstandard package, read through Braid and checked against
+pyarrow.json on the same files: the records each delivers, unexpected fields ignored,
+resume at (file, record), loaders, and errors naming the file and record."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+import pytest
+import torch
+
+import braid
+from conftest import braid_cli, write_config
+
+try:
+    import zstandard
+except ImportError:  # a declared dev dependency: its absence fails the tests
+    pytest.fail("zstandard is not installed (requirements-dev.txt)", pytrace=False)
+
+SPAN = 1000
+
+
+def records(file: int, n: int, rng) -> list:
+    """Records whose token lists say where they came from, beside free-form fields."""
+    out = []
+    for r in range(n):
+        length = int(rng.integers(1, 60))
+        base = (file * 1000 + r) * SPAN
+        out.append({"id": f"{file}-{r}", "input_ids": list(range(base, base + length)),
+                    "metadata": {"source": "web", "score": float(rng.random())},
+                    "text": f"record {r} of file {file}"})
+    return out
+
+
+def write(path: Path, recs: list) -> Path:
+    body = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    if path.suffix == ".gz":
+        body = gzip.compress(body)
+    elif path.suffix == ".zst":
+        body = zstandard.ZstdCompressor().compress(body)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body)
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    rng = np.random.default_rng(6)
+    names = ["a.jsonl", "b.jsonl.gz", "c.jsonl.zst", "d.json"]
+    files = {}
+    for f, name in enumerate(names):
+        recs = records(f, int(rng.integers(20, 60)), rng)
+        files[f] = (write(tmp_path / "data" / name, recs), recs)
+    return tmp_path / "data", files
+
+
+def config_for(path, **extra) -> dict:
+    return {
+        "seed": 5,
+        "topology": {"dp": 2},
+        "batch": {"global_tokens": 2 * 2 * 64, "seq_len": 64},
+        "sources": [{"name": "j", "path": str(path), "tokens_column": "input_ids",
+                     "shuffle_window": 16, **extra}],
+    }
+
+
+def take(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def reference(path: Path) -> list:
+    """The token lists pyarrow.json reads from one file."""
+    opts = pj.ParseOptions(explicit_schema=pa.schema([("input_ids", pa.list_(pa.int32()))]),
+                           unexpected_field_behavior="ignore")
+    stream = pa.input_stream(str(path), compression="detect")
+    return pj.read_json(stream, parse_options=opts).column("input_ids").to_pylist()
+
+
+def test_every_record_arrives_once_as_pyarrow_json_reads_it(corpus):
+    folder, files = corpus
+    ref = {}
+    for f, (path, recs) in files.items():
+        lists = reference(path)
+        assert lists == [r["input_ids"] for r in recs]
+        for lst in lists:
+            ref[lst[0] // SPAN] = lst
+    total = sum(len(x) for x in ref.values())
+    config = config_for(folder)
+    steps = total // 256 - 1
+    seen = defaultdict(int)
+    for rank in (0, 1):
+        loader = braid.Loader(config, rank=rank, world_size=2)
+        for batch in take(loader, steps * loader.micro_batches_per_step):
+            ids = batch["input_ids"][0].tolist()
+            cu = batch["cu_seqlens"].tolist()
+            for a, b in zip(cu, cu[1:]):
+                rec, first = divmod(ids[a], SPAN)
+                assert ids[a:b] == ref[rec][first - ref[rec][0] % SPAN:][:b - a]
+            for t in ids:
+                seen[t] += 1
+    assert sum(seen.values()) == steps * 256 and set(seen.values()) == {1}
+
+
+def test_resume_loaders_and_a_glob_keep_the_plan(corpus, tmp_path):
+    folder, _ = corpus
+    path = write_config(tmp_path / "c.json", config_for(folder))
+    whole = braid_cli("plan", path, "--steps", 20)
+    assert whole.returncode == 0, whole.stderr
+    state = tmp_path / "s.json"
+    first = braid_cli("plan", path, "--steps", 12, "--state-out", state)
+    rest = braid_cli("plan", path, "--steps", 8, "--state-in", state)
+    assert first.stdout + rest.stdout == whole.stdout
+    sharded = write_config(tmp_path / "l.json", config_for(folder, loaders=2))
+    assert braid_cli("plan", sharded, "--steps", 20).stdout == whole.stdout
+    glob = write_config(tmp_path / "g.json", config_for(str(folder / "*.json*")))
+    assert braid_cli("plan", glob, "--steps", 20).stdout == whole.stdout
+    # Small shuffle windows in bytes cut files into blocks of records; resuming inside a
+    # file reopens it at (file, record).
+    small = config_for(folder, shuffle_window_bytes=2048)
+    path = write_config(tmp_path / "b.json", small)
+    whole = braid_cli("plan", path, "--steps", 20)
+    assert whole.returncode == 0, whole.stderr
+    first = braid_cli("plan", path, "--steps", 9, "--state-out", state)
+    rest = braid_cli("plan", path, "--steps", 11, "--state-in", state)
+    assert first.stdout + rest.stdout == whole.stdout
+    reference_batches = take(braid.Loader(small, rank=0, world_size=2), 10)
+    loader = braid.Loader(small, rank=0, world_size=2)
+    take(loader, 3)
+    resumed = braid.Loader(small, rank=0, world_size=2)
+    resumed.load_state_dict(loader.state_dict())
+    for a, b in zip(take(resumed, 7), reference_batches[3:]):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+
+
+def test_a_missing_field_names_the_file_record_and_key(tmp_path):
+    rng = np.random.default_rng(1)
+    recs = records(0, 30, rng)
+    del recs[17]["input_ids"]
+    path = write(tmp_path / "x.jsonl", recs)
+    failing = write_config(tmp_path / "f.json", config_for(path))
+    result = braid_cli("run", failing, "--steps", 4)
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert str(path) in result.stderr and "row 17" in result.stderr
+    assert "column 'input_ids'" in result.stderr
+    skipping = write_config(tmp_path / "s.json", config_for(path, on_error="skip"))
+    report = tmp_path / "report"
+    result = braid_cli("run", skipping, "--steps", 4, "--report", report)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((report / "report.json").read_text())["skipped"]["j"] == 1
+
+
+def test_a_bad_gzip_or_line_names_the_file(tmp_path):
+    rng = np.random.default_rng(2)
+    good = write(tmp_path / "d" / "a.jsonl", records(0, 30, rng))
+    bad = tmp_path / "d" / "b.jsonl.gz"
+    bad.write_bytes(b"this is not gzip at all")
+    result = braid_cli("plan", write_config(tmp_path / "c.json", config_for(tmp_path / "d")),
+                       "--steps", 2)
+    assert result.returncode == 3, result.stderr
+    assert str(bad) in result.stderr and "on_error: skip" in result.stderr
+    skipping = write_config(tmp_path / "s.json",
+                            config_for(tmp_path / "d", on_error="skip"))
+    result = braid_cli("plan", skipping, "--steps", 2)
+    assert result.returncode == 0, result.stderr
+    # A line that is not JSON: a data error naming the file and its records.
+    broken = tmp_path / "e" / "c.jsonl"
+    broken.parent.mkdir()
+    broken.write_text(good.read_text() + "{not json\n")
+    result = braid_cli("run", write_config(tmp_path / "e.json", config_for(broken)),
+                       "--steps", 8)
+    assert result.returncode == 3, result.stderr
+    assert str(broken) in result.stderr and "records" in result.stderr
+
+
+def test_text_records_are_tokenized_and_other_fields_ignored(tmp_path):
+    from braid import _core
+
+    rng = np.random.default_rng(8)
+    recs = records(0, 40, rng)
+    path = write(tmp_path / "t.jsonl.zst", recs)
+    model = _core.train_tiny_sentencepiece([r["text"] for r in recs] * 20,
+                                           str(tmp_path / "spm"), 60)
+    config = config_for(path)
+    del config["sources"][0]["tokens_column"]
+    config["sources"][0]["text_column"] = "text"
+    config["tokenizer"] = {"type": "sentencepiece", "model": model}
+    cfg = _core.parse_config(json.dumps(config), "/")
+    r = _core.read_source(cfg, 0, 40)
+    assert r["samples"] == 40 and r["skipped"] == 0 and r["payload_tokens"] > 40
+
+
+def test_s3_files_stream_like_the_local_copy(corpus, tmp_path):
+    from remote_fixtures import S3_BUCKET, s3_server_running
+
+    folder, files = corpus
+    with s3_server_running(tmp_path / "requests.jsonl") as server:
+        for path, _ in files.values():
+            server.client.put_object(Bucket=S3_BUCKET, Key=f"jl/{path.name}",
+                                     Body=path.read_bytes())
+        storage = {"endpoint": server.url, "region": "us-east-1"}
+        remote = config_for(f"s3://{S3_BUCKET}/jl", storage=storage)
+        a = take(braid.Loader(remote, rank=1, world_size=2), 6)
+        b = take(braid.Loader(config_for(folder), rank=1, world_size=2), 6)
+        for x, y in zip(a, b):
+            assert torch.equal(x["input_ids"], y["input_ids"])
+
+
+def test_inspect_counts_records_and_a_fields_lengths(corpus):
+    folder, files = corpus
+    result = braid_cli("inspect", folder, "--json", "--column", "input_ids")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["rows"] == sum(len(recs) for _, recs in files.values())
+    assert info["tokens"] == sum(len(r["input_ids"]) for _, recs in files.values()
+                                 for r in recs)
+    assert len(info["files"]) == 4
