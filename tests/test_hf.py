@@ -279,3 +279,47 @@ def test_two_ranks_train_their_own_streams_and_resume_bit_for_bit(token_dataset,
     assert len(set(losses)) > 1
     print(f"\nhashes equal: {2 * steps * GA} micro-batches on 2 ranks; largest |loss - "
           f"hand| {worst:.3g}; resumed losses equal bit for bit: {resumed_equal}")
+
+
+# --- TRL ---
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed")
+def test_trl_sft_trainer_trains_on_braids_stream_with_its_loss(token_dataset, tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    from braid.integrations.hf import braid_trainer_class
+
+    class Recording(braid_trainer_class(SFTTrainer)):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            with torch.no_grad():
+                logits = model(input_ids=inputs["input_ids"], use_cache=False,
+                               position_ids=inputs["position_ids"]).logits.float()
+            hand = F.cross_entropy(logits.view(-1, VOCAB), inputs["shift_labels"].view(-1),
+                                   ignore_index=-100, reduction="sum") / num_items_in_batch
+            self.records.append((inputs["input_ids"].clone(), float(loss.detach()), float(hand)))
+            return loss
+
+    config = dict(token_dataset["config"], topology={"dp": 1, "tp": 1, "pp": 1, "cp": 1})
+    loader = braid.Loader(config, rank=0, world_size=1)
+    # Braid tokenizes; TRL only wants a tokenizer object (pad / eos ids).
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({f"t{i}": i for i in range(VOCAB)},
+                                             unk_token="t3")),
+        pad_token="t0", bos_token="t1", eos_token="t2", unk_token="t3")
+    args = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=2, use_cpu=True,
+                     per_device_train_batch_size=1, report_to=[], save_strategy="no",
+                     gradient_accumulation_steps=loader.micro_batches_per_step,
+                     learning_rate=1e-2, disable_tqdm=True)
+    trainer = Recording(model=tiny_llama().train(), args=args, train_dataset=loader,
+                        processing_class=tok)
+    trainer.records = []
+    trainer.train()
+    want = take(braid.Loader(config, rank=0, world_size=1), 2 * loader.micro_batches_per_step)
+    assert len(trainer.records) == len(want)
+    for (ids, loss, hand), raw in zip(trainer.records, want):
+        assert torch.equal(ids, raw["input_ids"].to(torch.int64))
+        assert abs(loss - hand) < 1e-6

@@ -188,8 +188,8 @@ class BraidTrainerMixin:
             batches = HFBatches(batches)
         if isinstance(batches, HFBatches) and _is_trl(type(self)):
             # TRL's trainers accept only a `datasets` dataset and would tokenize it: give
-            # them an empty stand-in and no preparation; training reads `batches`.
-            kwargs["train_dataset"] = _empty_iterable_dataset()
+            # them a stand-in and no preparation; training reads `batches`.
+            kwargs["train_dataset"] = _stand_in_dataset()
             targs = kwargs.get("args")
             if targs is not None and hasattr(targs, "dataset_kwargs"):
                 targs.dataset_kwargs = {**(targs.dataset_kwargs or {}),
@@ -248,13 +248,13 @@ def _is_trl(cls: type) -> bool:
     return any(c.__module__.split(".")[0] == "trl" for c in cls.__mro__)
 
 
-def _empty_iterable_dataset():
+def _stand_in_dataset():
     import datasets
 
-    def no_rows():
-        return iter(())
+    def one_row():  # TRL's constructor looks at one row (for image keys)
+        yield {"input_ids": [0]}
 
-    return datasets.IterableDataset.from_generator(no_rows)
+    return datasets.IterableDataset.from_generator(one_row)
 
 
 def braid_trainer_class(base: type) -> type:
