@@ -1,7 +1,7 @@
 """The Hugging Face ``Trainer`` (and TRL's trainers) over a ``braid.Loader``.
 
 Handing a Loader to a stock ``Trainer`` as ``train_dataset`` goes wrong in four ways
-(docs/parallelism.md, "Hugging Face Trainer"): the default collator stacks
+(docs/integrations.md, "Hugging Face Trainer"): the default collator stacks
 ``per_device_train_batch_size`` micro-batches into one; causal-LM losses shift
 ``labels`` again (Braid's are already shifted, so the model would learn token t+2);
 accelerate dispatches or shards the iterable, so ranks do not read their own streams;
@@ -16,14 +16,15 @@ and the Trainer resumes by reading and dropping every micro-batch already traine
 - Each micro-batch (``hf_batch``) holds ``input_ids``, ``shift_labels`` (Braid's labels,
   already next-token, ``-100`` where there is no target), ``labels`` (the same tensor:
   HF models compute a loss only when ``labels`` is given, and their loss takes
-  ``shift_labels`` over it), ``position_ids`` (restarting at every document) and no
-  ``attention_mask`` and ``use_cache=False``: with sdpa or eager attention and no cache,
-  HF keeps attention inside each document from ``position_ids``; with ``varlen=True`` (default) also
-  ``cu_seq_lens_q/k`` and ``max_length_q/k`` for flash-attention's varlen kernels
-  (other implementations ignore them). ``attention_mask=True`` adds a 4-D bool mask in
+  ``shift_labels`` over it), ``position_ids`` (restarting at every document),
+  ``use_cache=False`` and no ``attention_mask``: with sdpa or eager attention and no
+  cache, HF keeps attention inside each document from ``position_ids``. With
+  ``varlen=True`` (default) also ``cu_seq_lens_q/k`` and ``max_length_q/k`` for
+  flash-attention's varlen kernels (other implementations ignore them). ``attention_mask=True`` adds a 4-D bool mask in
   PyTorch's convention (``True`` = attend, ``masks.attend_mask``), which HF uses as is.
 - ``gradient_accumulation_steps`` must equal ``loader.micro_batches_per_step`` (one
   optimizer step is one Braid step); a phase that changes it stops training with an error.
+  ``label_smoothing_factor`` is refused (HF's smoother shifts labels again).
 - Resume: ``BraidStateCallback`` writes, on every checkpoint, the Loader state right after
   the last micro-batch that went through ``training_step`` (not the last one read: a
   prefetching wrapper may have read ahead) to ``braid_loader_rank{rank:05d}.json`` in the
