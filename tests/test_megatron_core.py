@@ -64,6 +64,7 @@ class FakeGroup:
 
 def te_partitioned_indices(cu_seqlens_padded, total_tokens, cp_size, cp_rank):
     cu = cu_seqlens_padded.reshape(-1).tolist()
+    assert all(c % (2 * cp_size) == 0 for c in cu)  # TE's kernel asserts the same
     out = []
     for start, end in zip(cu[:-1], cu[1:]):
         chunk = (end - start) // (2 * cp_size)
