@@ -195,3 +195,37 @@ def test_example_runs(name, needs, tmp_path):
         assert done.stdout.count("no data") == 4  # the TP rank 1 of each (dp, pp)
     else:
         assert "equals the uninterrupted one: True" in done.stdout
+
+
+# --- torchtitan's loader contract without torchtitan installed ---
+
+def test_torchtitan_loader_keeps_its_contract_without_torchtitan(small_dataset, tmp_path):
+    config = dict(small_dataset["config"], topology={"dp": 1, "tp": 1, "pp": 1, "cp": 1})
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(config))
+    script = f"""
+import sys, json
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torchtitan":
+            raise ImportError("torchtitan is not installed")
+sys.meta_path.insert(0, Block())
+from braid.integrations.torchtitan import BraidDataLoader
+dl = BraidDataLoader.Config(config={str(path)!r}).build(
+    dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=32, local_batch_size=1)
+it = iter(dl)
+inputs, labels = next(it)
+state = dl.state_dict()
+resumed = BraidDataLoader.Config(config={str(path)!r}).build(dp_world_size=2, dp_rank=1)
+resumed.load_state_dict(state)
+print(json.dumps({{"bases": [c.__name__ for c in BraidDataLoader.__mro__],
+    "keys": sorted(inputs), "shape": list(labels.shape), "state": sorted(state),
+    "resumed": bool((next(iter(resumed))[0]["input"] == next(it)[0]["input"]).all())}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert "BaseDataLoader" not in got["bases"]
+    assert got["keys"] == ["input", "positions"] and got["shape"] == [1, 32]
+    assert got["state"] == ["dp_rank_1", "world_size"] and got["resumed"]
