@@ -171,6 +171,28 @@ def test_state_is_the_last_trained_micro_batch_under_read_ahead(token_dataset):
     assert torch.equal(again["input_ids"], reference[3]["input_ids"])
 
 
+def test_state_is_exact_under_accelerates_prefetch(token_dataset):
+    """accelerate's DataLoaderShard reads one micro-batch ahead of what it hands out."""
+    from accelerate import Accelerator
+
+    from braid.integrations.hf import HFBatches
+
+    config = token_dataset["config"]
+    reference = take(HFBatches(braid.Loader(config, rank=0, world_size=2)), 6)
+    batches = HFBatches(braid.Loader(config, rank=0, world_size=2))
+    dl = Accelerator(cpu=True).prepare(
+        torch.utils.data.DataLoader(batches, batch_size=None, num_workers=0))
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+        batches.mark_trained()
+    assert len(batches._pending) == 1  # read ahead, not trained
+    resumed = HFBatches(braid.Loader(config, rank=0, world_size=2))
+    resumed.load_state_dict(batches.state_dict())
+    for want, got in zip(reference[3:], take(resumed, 3)):
+        assert torch.equal(want["input_ids"], got["input_ids"])
+
+
 # --- The Trainer's checks ---
 
 def trainer_args(tmp_path, **kw):
