@@ -13,9 +13,12 @@ from the datasets provider; ``get_batch`` then reads Megatron's usual keys from 
 
 ``job.yaml``'s topology must match Megatron's (tp, pp, cp, dp; Megatron's rank order).
 Megatron splits sequences for context parallelism itself, so ``data_iterator`` hands
-whole sequences to every CP rank. For packed sequences pass ``batch["cu_seqlens"]`` to
-``PackedSeqParams(qkv_format="thd")`` in your ``get_batch``; or ask for
-``attention_mask="causal"`` to get a block-diagonal causal mask instead.
+whole sequences to every CP rank. Megatron's ``get_batch`` reads ``cu_seqlens``,
+``cu_seqlens_padded`` and ``max_seqlen`` for its packed (THD) path, as these batches hold
+them; or pass ``attention_mask="causal"`` (and ``packed=False``) for a block-diagonal
+causal mask instead. ``--dataloader-save DIR`` works: the iterator has ``save_state()``,
+and ``data_iterator(..., dataloader_save=args.dataloader_save, iteration=args.iteration)``
+restores it (docs/integrations.md).
 
 Run this file to see, without Megatron, what every rank of a small tp=2 x pp=2 x dp=2 job
 receives (it writes a small demo dataset to a temporary folder).

@@ -6,7 +6,8 @@ resumed run sees exactly the micro-batches the uninterrupted run would have seen
 
 Run this file: it writes a small demo dataset to a temporary folder, takes 10 micro-batches
 in one go, then 4 + (checkpoint, new process state) + 6, and checks they are equal.
-Needs ``pip install torchdata==0.11.0``.
+Needs torchdata: ``pip install 'braid[torchdata]'`` (torchdata 0.11.0); without it the
+example says so and exits with status 1.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from braid.integrations.stateful import stateful_dataloader
 
 
 def main() -> None:
+    try:
+        import torchdata  # noqa: F401
+    except ImportError:
+        raise SystemExit("this example needs torchdata: pip install 'braid[torchdata]'")
     with tempfile.TemporaryDirectory() as tmp:
         config = _core.make_demo_dataset(tmp, seed=1, seq_len=256, dp=2, micro_batches=2,
                                          scale=0.02)["config_path"]

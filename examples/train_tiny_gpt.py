@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import braid
-from braid.integrations.megatron import causal_block_mask
+from braid.integrations.masks import attend_mask
 
 WORLD_SIZE = 2
 
@@ -162,7 +162,7 @@ class TinyGPT(nn.Module):
                 cu_seqlens: torch.Tensor) -> torch.Tensor:
         mbs, seq_len = input_ids.shape
         # Each token sees itself and the earlier tokens of its own document only.
-        allowed = ~causal_block_mask(cu_seqlens, mbs, seq_len)
+        allowed = attend_mask(cu_seqlens, mbs, seq_len)
         x = self.tok(input_ids) + self.pos(position_ids)
         for block in self.blocks:
             x = block(x, allowed)

@@ -38,19 +38,26 @@ def test_megatron_batches_have_megatrons_keys_and_values(small_dataset):
     batches = take(megatron.MegatronBatches(braid.Loader(config, rank=1, world_size=2)), 4)
     assert any((b["labels"] == -100).any() for b in raw), "fixture has document ends"
     for want, got in zip(raw, batches):
-        assert set(got) == {"tokens", "labels", "loss_mask", "attention_mask", "position_ids",
-                            "cu_seqlens", "max_seqlen"}
-        assert torch.equal(got["tokens"], want["input_ids"])
-        assert got["attention_mask"] is None
-        assert torch.equal(got["position_ids"], want["position_ids"])
-        assert torch.equal(got["cu_seqlens"], want["cu_seqlens"])
+        # No attention_mask key: Megatron 0.16's get_batch_on_this_tp_rank calls .cuda()
+        # on every key present.
+        assert set(got) == {"tokens", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                            "cu_seqlens_padded", "max_seqlen"}
+        assert torch.equal(got["tokens"], want["input_ids"].to(torch.int64))
+        assert got["tokens"].dtype == got["labels"].dtype == torch.int64
+        assert torch.equal(got["position_ids"], want["position_ids"].to(torch.int64))
+        # Megatron's packed path: cu_seqlens int32 [1, n] (it asserts shape[0] == 1),
+        # max_seqlen [1] (it reads max_seqlen[0]).
+        assert got["cu_seqlens"].dtype == torch.int32
+        assert torch.equal(got["cu_seqlens"], want["cu_seqlens"].reshape(1, -1))
+        assert torch.equal(got["cu_seqlens_padded"], got["cu_seqlens"])
         assert torch.equal(got["loss_mask"], want["loss_mask"])
         ignored = want["labels"] < 0
         assert (got["labels"] >= 0).all()
-        assert torch.equal(got["labels"][~ignored], want["labels"][~ignored])
+        assert torch.equal(got["labels"][~ignored], want["labels"][~ignored].to(torch.int64))
         assert (got["loss_mask"][ignored] == 0).all()
         cu = want["cu_seqlens"]
-        assert int(got["max_seqlen"]) == int((cu[1:] - cu[:-1]).max())
+        assert got["max_seqlen"].shape == (1,) and got["max_seqlen"].dtype == torch.int32
+        assert int(got["max_seqlen"][0]) == int((cu[1:] - cu[:-1]).max())
 
 
 def test_causal_block_mask_allows_earlier_tokens_of_the_same_document():
@@ -76,7 +83,9 @@ def test_megatron_causal_mask_follows_the_batch(small_dataset):
     assert torch.equal((~mask[0, 0]).sum(dim=1), pos + 1)
 
 
-def test_only_tp0_of_first_and_last_stage_reads_data(small_dataset):
+def test_tp0_of_every_stage_reads_every_key(small_dataset):
+    # Megatron's TP rank 0 reads tokens, labels and loss_mask on the first and the last
+    # stage alike, and (megatron-core >= 0.18, packed) cu_seqlens on middle stages.
     config = with_topology(small_dataset, tp=2, pp=3)  # world 12; rank = tp + 2*(dp + 2*pp)
     readers = set()
     for rank in range(12):
@@ -85,17 +94,16 @@ def test_only_tp0_of_first_and_last_stage_reads_data(small_dataset):
         assert (it is not None) == megatron.needs_data(loader)
         if it is not None:
             readers.add((loader.tp_rank, loader.pp_rank))
-    assert readers == {(0, 0), (0, 2)}
-    first = next(megatron.data_iterator(config, rank=2, world_size=12))  # dp 1, pp 0
-    last = next(megatron.data_iterator(config, rank=10, world_size=12))  # dp 1, pp 2
-    assert first["tokens"] is not None and first["labels"] is None and first["loss_mask"] is None
-    assert last["tokens"] is None and last["labels"] is not None
-    assert torch.equal(first["position_ids"], last["position_ids"])
-    middle = megatron.MegatronBatches(braid.Loader(config, rank=6, world_size=12,
-                                                   split_context=False))
-    got = next(middle)
-    assert got["tokens"] is None and got["labels"] is None
-    assert torch.equal(got["position_ids"], first["position_ids"])
+    assert readers == {(0, 0), (0, 1), (0, 2)}
+    stages = [take(megatron.data_iterator(config, rank=2 + 4 * pp, world_size=12), 3)
+              for pp in range(3)]  # dp 1, pp 0 / 1 / 2
+    whole = take(megatron.MegatronBatches(braid.Loader(
+        with_topology(small_dataset), rank=1, world_size=2)), 3)  # dp 1 of the same job
+    for stage in stages:
+        for want, got in zip(whole, stage):
+            assert set(got) == set(want)
+            for key in want:
+                assert torch.equal(got[key], want[key]), key
 
 
 def megatron_cp_split(tensor, cp, cp_rank):
@@ -111,11 +119,13 @@ def test_megatron_cp_split_of_whole_sequences_equals_braids_cp_view(small_datase
     config = with_topology(small_dataset, cp=cp)  # rank = cp_rank + 2 * dp
     with pytest.raises(ValueError, match="split_context=False"):
         megatron.MegatronBatches(braid.Loader(config, rank=0, world_size=4))
-    whole = take(megatron.data_iterator(config, rank=2, world_size=4), 3)  # dp 1, cp 0
+    whole = take(megatron.data_iterator(config, rank=2, world_size=4, packed=False),
+                 3)  # dp 1, cp 0
     assert whole[0]["tokens"].shape == (1, 32)
     for cp_rank in range(cp):
         braid_view = take(megatron.MegatronBatches(
-            braid.Loader(config, rank=2 + cp_rank, world_size=4), cp_split="braid"), 3)
+            braid.Loader(config, rank=2 + cp_rank, world_size=4), cp_split="braid",
+            packed=False), 3)
         for w, v in zip(whole, braid_view):
             for key in ("tokens", "labels", "loss_mask", "position_ids"):
                 assert torch.equal(megatron_cp_split(w[key], cp, cp_rank), v[key]), key
@@ -185,3 +195,37 @@ def test_example_runs(name, needs, tmp_path):
         assert done.stdout.count("no data") == 4  # the TP rank 1 of each (dp, pp)
     else:
         assert "equals the uninterrupted one: True" in done.stdout
+
+
+# --- torchtitan's loader contract without torchtitan installed ---
+
+def test_torchtitan_loader_keeps_its_contract_without_torchtitan(small_dataset, tmp_path):
+    config = dict(small_dataset["config"], topology={"dp": 1, "tp": 1, "pp": 1, "cp": 1})
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(config))
+    script = f"""
+import sys, json
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torchtitan":
+            raise ImportError("torchtitan is not installed")
+sys.meta_path.insert(0, Block())
+from braid.integrations.torchtitan import BraidDataLoader
+dl = BraidDataLoader.Config(config={str(path)!r}).build(
+    dp_world_size=2, dp_rank=1, tokenizer=None, seq_len=32, local_batch_size=1)
+it = iter(dl)
+inputs, labels = next(it)
+state = dl.state_dict()
+resumed = BraidDataLoader.Config(config={str(path)!r}).build(dp_world_size=2, dp_rank=1)
+resumed.load_state_dict(state)
+print(json.dumps({{"bases": [c.__name__ for c in BraidDataLoader.__mro__],
+    "keys": sorted(inputs), "shape": list(labels.shape), "state": sorted(state),
+    "resumed": bool((next(iter(resumed))[0]["input"] == next(it)[0]["input"]).all())}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert "BaseDataLoader" not in got["bases"]
+    assert got["keys"] == ["input", "positions"] and got["shape"] == [1, 32]
+    assert got["state"] == ["dp_rank_1", "world_size"] and got["resumed"]

@@ -58,6 +58,10 @@ class Loader(torch.utils.data.IterableDataset):
     (``split_context=False`` keeps whole sequences, for trainers that split themselves).
     ``topology.distribute`` may give finer buckets than DP ranks (per CP rank, or per
     rank of the world); ``self.bucket`` is the one this rank receives.
+    ``stage_view=False`` gives every pipeline stage every tensor of the micro-batch, whole
+    sequences (for trainers whose stages read every key, as Megatron-LM's ``get_batch``
+    does; it splits for CP itself, so it needs ``split_context=False`` when ``cp > 1``);
+    the embedded runtime only.
 
     Each item (with ``pp == 1``) holds ``input_ids``, ``labels`` (``-100`` where there is
     no target), ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the
@@ -79,7 +83,8 @@ class Loader(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, config: ConfigLike, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, *, split_context: bool = True) -> None:
+                 world_size: Optional[int] = None, *, split_context: bool = True,
+                 stage_view: bool = True) -> None:
         self._config = load_config(config)
         topo = self._config.topology
         if rank is None:
@@ -96,6 +101,14 @@ class Loader(torch.utils.data.IterableDataset):
         # otherwise (docs/parallelism.md).
         self.bucket = _core.rank_bucket(self._config, rank)
         self.split_context = split_context
+        self.stage_view = stage_view
+        if not stage_view:
+            if topo["cp"] > 1 and split_context:
+                raise ValueError("stage_view=False gives whole sequences: make the Loader "
+                                 "with split_context=False too")
+            if self._config.runtime["kind"] == "ray":
+                raise ValueError("stage_view=False needs runtime.kind: local (the Ray "
+                                 "runtime serves each rank its stage's view)")
         self._engine: Optional[RankStream] = None  # the rank's stream, from iter()
         self._state_json = _core.initial_state_json(self._config)
 
@@ -124,8 +137,8 @@ class Loader(torch.utils.data.IterableDataset):
         # the previous one stopped (the stream has no epochs to restart).
         self.close()
         _install_sigterm_handler()
-        self._engine = open_stream(self._config, self.bucket,
-                                   (self.tp_rank, self.pp_rank, self.cp_rank),
+        coords = (self.tp_rank, self.pp_rank, self.cp_rank) if self.stage_view else None
+        self._engine = open_stream(self._config, self.bucket, coords,
                                    self.split_context, self._state_json)
         _running.add(self)
         return self._batches(self._engine)

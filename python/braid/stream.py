@@ -8,7 +8,7 @@ ever talks to a ``RankStream``.
 
 from __future__ import annotations
 
-from typing import Dict, Protocol, Tuple
+from typing import Dict, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -31,10 +31,12 @@ class RankStream(Protocol):
         """Stops the stream's work (threads, attachments). Idempotent."""
 
 
-def open_stream(config: "_core.Config", bucket: int, coords: Tuple[int, int, int],
-                split_context: bool, state: str) -> RankStream:
+def open_stream(config: "_core.Config", bucket: int,
+                coords: Optional[Tuple[int, int, int]], split_context: bool,
+                state: str) -> RankStream:
     """The stream of bucket ``bucket`` for the rank at ``coords`` = (tp, pp, cp), from
-    ``state``, on the config's runtime."""
+    ``state``, on the config's runtime; ``coords=None`` (embedded runtime only): the
+    whole micro-batches, no rank's view."""
     if config.runtime["kind"] == "ray":
         # The job's shared actors build the batches (docs/distributed.md).
         from braid.ray_runtime.client import RayStream
