@@ -309,7 +309,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo)
 
     inspect = sub.add_parser("inspect", help="schema, files, rows, token-length histogram")
-    inspect.add_argument("path", help="a Parquet file, directory, glob or URI")
+    inspect.add_argument("path", help="a source's files: a Parquet, JSON Lines or Arrow "
+                         "(save_to_disk) file, a Megatron dataset's prefix or .idx, a "
+                         "directory, glob or URI")
     inspect.add_argument("--column", help="token column (default: the first list<int>)")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
