@@ -48,7 +48,15 @@ struct FormatOpen {
   std::vector<SourceFiles::File> files;
   int64_t unreadable = 0;        ///< files kept with File::unreadable set (on_error: skip)
   std::string first_unreadable;  ///< the error of the first of them
+
+  /// Keeps `file` as unreadable (on_error: skip) with `error`'s message, less a leading
+  /// "`path`: " when `path` is given (File::unreadable is shown after the path).
+  void KeepUnreadable(SourceFiles::File file, const Status& error, const std::string& path);
 };
+
+/// `error` of an unreadable file under on_error: raise, with the hint that says how to
+/// skip such files (and the tries it took, when more than one).
+Status RefuseUnreadable(const Status& error, int tries);
 
 /// Opens the Megatron indexed datasets `prefixes` of `fs` (io/megatron_index.h): each is
 /// one file of the source; its units are runs of documents. Reads each index's header

@@ -193,19 +193,11 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       // on_error says (as for Parquet). Only unreadable bytes are skipped.
     } else if (!skip || st.message().find("no column") != std::string::npos ||
                st.message().find(" has type ") != std::string::npos) {
+      if (!skip) return RefuseUnreadable(st, tries);
       if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
-      return skip ? st
-                  : st.WithMessage(st.message(),
-                                   " (set on_error: skip to skip unreadable files)");
+      return st;
     } else {
-      const std::string prefix = path + ": ";
-      file.unreadable = st.message();
-      if (file.unreadable.compare(0, prefix.size(), prefix) == 0) {
-        file.unreadable.erase(0, prefix.size());
-      }
-      if (out.first_unreadable.empty()) out.first_unreadable = st.message();
-      ++out.unreadable;
-      out.files.push_back(std::move(file));
+      out.KeepUnreadable(std::move(file), st, path);
       files.push_back(std::move(f));
       continue;
     }

@@ -413,18 +413,9 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       }
     }
     if (!st.ok()) {
+      if (!skip) return RefuseUnreadable(st, tries);
       if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
-      if (!skip) {
-        return st.WithMessage(st.message(), " (set on_error: skip to skip unreadable files)");
-      }
-      const std::string prefix = path + ": ";
-      file.unreadable = st.message();
-      if (file.unreadable.compare(0, prefix.size(), prefix) == 0) {
-        file.unreadable.erase(0, prefix.size());
-      }
-      if (out.first_unreadable.empty()) out.first_unreadable = st.message();
-      ++out.unreadable;
-      out.files.push_back(std::move(file));
+      out.KeepUnreadable(std::move(file), st, path);
       files.push_back(std::move(f));
       continue;
     }

@@ -200,10 +200,6 @@ Result<std::vector<FormatReader::Columns>> FormatReader::ReadRows(int file, int 
   return std::vector<Columns>{std::move(out)};
 }
 
-Result<std::vector<RowLength>> FormatReader::ReadLengths(int, int) {
-  return Status::NotImplemented("this format has no token counts");
-}
-
 Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                      const std::vector<std::string>& prefixes,
                                      const SourceConfig& source,
@@ -236,14 +232,8 @@ Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       opened = DataError(idx_path, "a Megatron dataset has one column, its token ids");
     }
     if (!opened.ok()) {
-      if (!skip) {
-        return opened.WithMessage(opened.message(),
-                                  " (set on_error: skip to skip unreadable files)");
-      }
-      file.unreadable = opened.message();
-      if (out.first_unreadable.empty()) out.first_unreadable = opened.message();
-      ++out.unreadable;
-      out.files.push_back(std::move(file));
+      if (!skip) return RefuseUnreadable(opened, 1);
+      out.KeepUnreadable(std::move(file), opened, "");
       datasets.push_back(std::move(d));
       continue;
     }
