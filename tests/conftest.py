@@ -99,6 +99,38 @@ def braid_cli(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedPro
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def assert_plan_resumes(config_path: Path, state: Path, steps: int, split: int) -> str:
+    """`braid plan` over `steps` equals its first `split` steps, then the rest from the
+    state they wrote; returns the whole plan's output."""
+    whole = braid_cli("plan", config_path, "--steps", steps)
+    assert whole.returncode == 0, whole.stderr
+    first = braid_cli("plan", config_path, "--steps", split, "--state-out", state)
+    rest = braid_cli("plan", config_path, "--steps", steps - split, "--state-in", state)
+    assert first.stdout + rest.stdout == whole.stdout
+    return whole.stdout
+
+
+def assert_loader_resumes(config: dict, rank: int, n: int, split: int) -> None:
+    """`braid.Loader` resumed from its state after `split` micro-batches gives the next
+    ones of an uninterrupted loader, up to `n` (input_ids compared)."""
+    import braid
+    import torch
+
+    def take(loader, k):
+        it = iter(loader)
+        return [next(it) for _ in range(k)]
+
+    reference = take(braid.Loader(config, rank=rank, world_size=2), n)
+    loader = braid.Loader(config, rank=rank, world_size=2)
+    take(loader, split)
+    resumed = braid.Loader(config, rank=rank, world_size=2)
+    resumed.load_state_dict(loader.state_dict())
+    got = take(resumed, n - split)
+    assert len(got) == n - split
+    for a, b in zip(got, reference[split:]):
+        assert torch.equal(a["input_ids"], b["input_ids"])
+
+
 def take_batches(loaders, n: int, on_micro_batch=None) -> List[List[Dict]]:
     """n micro-batches per loader (NumPy copies), taken in turn as trainer ranks in
     lockstep would; `on_micro_batch(i)` runs before the i-th round."""

@@ -10,10 +10,9 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-import torch
 
 import braid
-from conftest import braid_cli, write_config
+from conftest import assert_loader_resumes, assert_plan_resumes, braid_cli, write_config
 
 try:
     import datasets
@@ -75,22 +74,10 @@ def test_every_row_arrives_once_as_load_from_disk_reads_it(saved):
 
 def test_resume_and_loaders_keep_the_plan(saved, tmp_path):
     path = write_config(tmp_path / "c.json", config_for(saved))
-    whole = braid_cli("plan", path, "--steps", 20)
-    assert whole.returncode == 0, whole.stderr
-    state = tmp_path / "s.json"
-    first = braid_cli("plan", path, "--steps", 13, "--state-out", state)
-    rest = braid_cli("plan", path, "--steps", 7, "--state-in", state)
-    assert first.stdout + rest.stdout == whole.stdout
+    whole = assert_plan_resumes(path, tmp_path / "s.json", 20, 13)
     sharded = write_config(tmp_path / "l.json", config_for(saved, loaders=2))
-    assert braid_cli("plan", sharded, "--steps", 20).stdout == whole.stdout
-    config = config_for(saved)
-    reference = take(braid.Loader(config, rank=1, world_size=2), 8)
-    loader = braid.Loader(config, rank=1, world_size=2)
-    take(loader, 3)
-    resumed = braid.Loader(config, rank=1, world_size=2)
-    resumed.load_state_dict(loader.state_dict())
-    for a, b in zip(take(resumed, 5), reference[3:]):
-        assert torch.equal(a["input_ids"], b["input_ids"])
+    assert braid_cli("plan", sharded, "--steps", 20).stdout == whole
+    assert_loader_resumes(config_for(saved), rank=1, n=8, split=3)
 
 
 def test_a_text_column_is_tokenized(saved, tmp_path):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import braid
-from conftest import braid_cli, write_config
+from conftest import assert_loader_resumes, assert_plan_resumes, braid_cli, write_config
 
 try:
     import zstandard
@@ -112,32 +112,17 @@ def test_every_record_arrives_once_as_pyarrow_json_reads_it(corpus):
 def test_resume_loaders_and_a_glob_keep_the_plan(corpus, tmp_path):
     folder, _ = corpus
     path = write_config(tmp_path / "c.json", config_for(folder))
-    whole = braid_cli("plan", path, "--steps", 20)
-    assert whole.returncode == 0, whole.stderr
     state = tmp_path / "s.json"
-    first = braid_cli("plan", path, "--steps", 12, "--state-out", state)
-    rest = braid_cli("plan", path, "--steps", 8, "--state-in", state)
-    assert first.stdout + rest.stdout == whole.stdout
+    whole = assert_plan_resumes(path, state, 20, 12)
     sharded = write_config(tmp_path / "l.json", config_for(folder, loaders=2))
-    assert braid_cli("plan", sharded, "--steps", 20).stdout == whole.stdout
+    assert braid_cli("plan", sharded, "--steps", 20).stdout == whole
     glob = write_config(tmp_path / "g.json", config_for(str(folder / "*.json*")))
-    assert braid_cli("plan", glob, "--steps", 20).stdout == whole.stdout
+    assert braid_cli("plan", glob, "--steps", 20).stdout == whole
     # Small shuffle windows in bytes cut files into blocks of records; resuming inside a
     # file reopens it at (file, record).
     small = config_for(folder, shuffle_window_bytes=2048)
-    path = write_config(tmp_path / "b.json", small)
-    whole = braid_cli("plan", path, "--steps", 20)
-    assert whole.returncode == 0, whole.stderr
-    first = braid_cli("plan", path, "--steps", 9, "--state-out", state)
-    rest = braid_cli("plan", path, "--steps", 11, "--state-in", state)
-    assert first.stdout + rest.stdout == whole.stdout
-    reference_batches = take(braid.Loader(small, rank=0, world_size=2), 10)
-    loader = braid.Loader(small, rank=0, world_size=2)
-    take(loader, 3)
-    resumed = braid.Loader(small, rank=0, world_size=2)
-    resumed.load_state_dict(loader.state_dict())
-    for a, b in zip(take(resumed, 7), reference_batches[3:]):
-        assert torch.equal(a["input_ids"], b["input_ids"])
+    assert_plan_resumes(write_config(tmp_path / "b.json", small), state, 20, 9)
+    assert_loader_resumes(small, rank=0, n=10, split=3)
 
 
 def test_a_missing_field_names_the_file_record_and_key(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import braid
-from conftest import braid_cli, write_config
+from conftest import assert_loader_resumes, assert_plan_resumes, braid_cli, write_config
 
 # Megatron-Core's builder warns about NumPy 2's copy keyword, and its import about
 # Transformer Engine and Apex, which these tests do not use.
@@ -137,23 +137,11 @@ def test_planning_reads_no_token(dataset, tmp_path):
 def test_resume_and_loaders_keep_the_stream(dataset, tmp_path):
     prefix, _ = dataset
     path = write_config(tmp_path / "c.json", config_for(prefix))
-    whole = braid_cli("plan", path, "--steps", 30)
-    assert whole.returncode == 0, whole.stderr
-    state = tmp_path / "s.json"
-    first = braid_cli("plan", path, "--steps", 20, "--state-out", state)
-    rest = braid_cli("plan", path, "--steps", 10, "--state-in", state)
-    assert first.stdout + rest.stdout == whole.stdout
+    whole = assert_plan_resumes(path, tmp_path / "s.json", 30, 20)
     sharded = write_config(tmp_path / "l.json", config_for(prefix, loaders=3))
-    assert braid_cli("plan", sharded, "--steps", 30).stdout == whole.stdout
+    assert braid_cli("plan", sharded, "--steps", 30).stdout == whole
     # braid.Loader resumes exactly, too.
-    config = config_for(prefix)
-    reference = take(braid.Loader(config, rank=0, world_size=2), 10)
-    loader = braid.Loader(config, rank=0, world_size=2)
-    take(loader, 4)
-    resumed = braid.Loader(config, rank=0, world_size=2)
-    resumed.load_state_dict(loader.state_dict())
-    for a, b in zip(take(resumed, 6), reference[4:]):
-        assert torch.equal(a["input_ids"], b["input_ids"])
+    assert_loader_resumes(config_for(prefix), rank=0, n=10, split=4)
 
 
 def test_inspect_reads_the_index(dataset):
