@@ -85,6 +85,30 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
     assert node_sockets() == []
 
 
+def test_pipeline_stages_and_context_ranks_map_the_embedded_tensors(ray_cluster,
+                                                                   small_dataset):
+    """pp 2 x cp 2 through node delivery: each stage's subset of a micro-batch's shared
+    file and each context rank's split view (a file of its own) map to the embedded
+    runtime's tensors."""
+    config = copy.deepcopy(small_dataset["config"])
+    config["topology"] = {"dp": 1, "tp": 1, "pp": 2, "cp": 2}
+    world = 4
+    embedded = take_batches([braid.Loader(config, r, world) for r in range(world)], 6)
+    loaders = [braid.Loader(ray_config(config, job="stages"), r, world)
+               for r in range(world)]
+    got = take_batches(loaders, 6)
+    for r in range(world):
+        assert_same_batches(got[r], embedded[r])
+    # The tensors a rank holds are the constructor's build files, mapped: not copies.
+    held = next(iter(loaders[0]))
+    with open("/proc/self/maps") as f:
+        mapped = f.read()
+    assert "memfd:braid-tensors" in mapped
+    del held
+    for l in loaders:
+        l.close()
+
+
 def test_the_planner_can_serve_the_payloads_itself(ray_cluster, small_dataset):
     """runtime.source_actors: 0: two actor processes (planner, constructor), same stream."""
     config = small_dataset["config"]

@@ -14,7 +14,7 @@ namespace braid::python {
 
 namespace nb = nanobind;
 
-using Storage = std::shared_ptr<std::vector<uint8_t>>;
+using Storage = std::shared_ptr<Bytes>;
 
 // A NumPy array over the tensor's storage; the capsule keeps the storage alive.
 inline nb::object ToNumpy(const Tensor& t) {

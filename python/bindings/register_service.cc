@@ -23,6 +23,7 @@
 #include "braid/service/source_service.h"
 #include "braid/service/wire.h"
 #include "braid/transport/in_process.h"
+#include "braid/transport/view_file.h"
 #include "numpy_util.h"
 #include "status_caster.h"
 #include "thread_states.h"
@@ -568,7 +569,34 @@ void RegisterService(nb::module_& m) {
            },
            nb::arg("make"),
            "The transport's form of this view: make() once, for every receiver; released "
-           "with the view.");
+           "with the view.")
+      .def("node_file",
+           [](const ViewHandle& v) {
+             std::shared_ptr<void> held;
+             Status failed;
+             {
+               GilRelease release;
+               held = v.view->Attachment([&]() -> std::shared_ptr<void> {
+                 auto file = ViewFile::Write(v.view->shared_batch(),
+                                             StateJsonOf(v.view->step(), false, *v.config),
+                                             StateJsonOf(v.view->step(), true, *v.config));
+                 if (!file.ok()) {
+                   failed = file.status();
+                   return nullptr;
+                 }
+                 return *std::move(file);
+               });
+             }
+             if (held == nullptr) {
+               ThrowStatus(failed.ok() ? Status::IOError("node delivery: no view file")
+                                       : failed);
+             }
+             const auto* file = static_cast<const ViewFile*>(held.get());
+             return nb::make_tuple(file->header_fd(), file->header_size(), file->files());
+           },
+           "Node delivery's form of this view (transport/view_file.h), made once for every "
+           "receiver and released with the view: (header_fd, header_size, [tensor file "
+           "fds]); the descriptors stay the view's (send them, do not close them).");
   nb::class_<ConstructorHandle>(m, "ConstructorService",
                                 "A node's constructor (service/constructor_service.h).")
       .def("view",

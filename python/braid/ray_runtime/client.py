@@ -248,7 +248,7 @@ class NodeChannel:
         self._unanswered.popleft()
         if "error" in reply:
             raise _error(reply["error"], reply["message"])
-        return node_delivery.read_view(fds[0], int(reply["size"]))
+        return node_delivery.read_view(fds, int(reply["size"]))
 
     def close(self) -> None:
         # Detached through the constructor (the last rank to detach stops the job). A

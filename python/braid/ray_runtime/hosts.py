@@ -286,9 +286,8 @@ class Host:
                 try:
                     if request["op"] == "get":
                         view = self._constructor.view(*request["key"])
-                        held = view.attachment(lambda: node_delivery.ViewFile(
-                            view.arrays(), view.state_before, view.state_after))
-                        reply, fds = {"size": held.size}, [held.fd]
+                        header, size, files = view.node_file()
+                        reply, fds = {"size": size, "files": len(files)}, [header, *files]
                         self._delivered += 1
                     elif request["op"] == "attach":
                         reply = {"clients": self._call_planner("attach", request["client"])}

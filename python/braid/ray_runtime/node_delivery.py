@@ -1,18 +1,22 @@
 """Node-local delivery (``runtime.delivery: node``): a node's constructor serves the
-trainer ranks of its node through a Unix socket, each micro-batch view in a memfd.
+trainer ranks of its node through a Unix socket, each micro-batch view as shared-memory
+files.
 
 The trainer process does not join Ray (a Ray driver costs ~40 MB per process); it finds
 its node's constructor by an abstract socket name (no file to clean up: the name goes with
-the constructor's process) and receives, per request, a file descriptor of an anonymous
-shared-memory file (``memfd_create``) that holds the view and the states around it. The
-constructor writes each view once; the TP peers that share it receive the same file.
+the constructor's process) and receives, per request, the descriptors of a view
+(transport/view_file.h): an anonymous shared-memory file (``memfd_create``) with the
+states around the view and where its tensors lie, then the shared-memory files the
+constructor built the tensors in. A view is written once, by its build; the TP peers that
+share it receive the same files.
 
-Names are ``names.py``'s. Messages are ``SOCK_SEQPACKET`` datagrams of JSON (one request or reply each; replies carry
-at most one descriptor). Requests: ``{"op": "get", "key": [step, bucket, micro_batch, pp,
-cp, split_context]}``, answered ``{"size": N}`` plus the file, or ``{"error": KIND,
-"message": TEXT}``; ``{"op": "attach" | "detach", "client": ID}``, answered ``{"clients": N}`` (the ranks
-attached after it).
-Replies come in request order, so a trainer can keep several requests outstanding.
+Names are ``names.py``'s. Messages are ``SOCK_SEQPACKET`` datagrams of JSON, one request
+or reply each. Requests: ``{"op": "get", "key": [step, bucket, micro_batch, pp, cp,
+split_context]}``, answered ``{"size": N, "files": K}`` with the header file (N bytes)
+and the K files its tensors lie in, or ``{"error": KIND, "message": TEXT}``; ``{"op":
+"attach" | "detach", "client": ID}``, answered ``{"clients": N}`` (the ranks attached
+after it). Replies come in request order, so a trainer can keep several requests
+outstanding.
 
 This module does not import Ray: the trainer side imports it alone.
 """
@@ -29,6 +33,7 @@ import numpy as np
 
 _ALIGN = 64
 _MAX_MESSAGE = 1 << 16
+_MAX_FILES = 64  # a view's header file and the files its tensors lie in
 
 
 def _address(name: str) -> str:
@@ -75,7 +80,7 @@ def send(sock: socket.socket, message: Dict[str, Any], fds: Sequence[int] = ()) 
 
 def receive(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
     """One message and the descriptors it carries; ``(None, [])`` when the peer closed."""
-    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 1)
+    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, _MAX_FILES)
     if not data:
         for fd in fds:
             os.close(fd)
@@ -83,74 +88,31 @@ def receive(sock: socket.socket) -> Tuple[Optional[Dict[str, Any]], List[int]]:
     return json.loads(data), fds
 
 
-def write_view(arrays: Dict[str, np.ndarray], state_before: str,
-               state_after: str) -> Tuple[int, int]:
-    """A memfd holding the arrays and the states: ``(fd, size)``."""
-    specs = []
-    offset = 0
-    for name, array in arrays.items():
-        specs.append([name, array.dtype.str, list(array.shape), offset, array.nbytes])
-        offset += -(-array.nbytes // _ALIGN) * _ALIGN
-    header = json.dumps({"before": state_before, "after": state_after,
-                         "arrays": specs}).encode()
-    base = -(-(8 + len(header)) // _ALIGN) * _ALIGN
-    size = max(base + offset, 1)
-    fd = os.memfd_create("braid-view", os.MFD_CLOEXEC)
+def read_view(fds: Sequence[int], size: int) -> Tuple[Dict[str, np.ndarray], str, str]:
+    """The arrays and the states of a view (transport/view_file.h): ``fds`` the header
+    file, then the files its tensors lie in; closes them all. Each file is mapped private
+    (copy-on-write): the arrays are writable, yet no page is copied until it is written,
+    and a write stays in this process (the constructor never changes a file it sent). A
+    mapping goes with the last array that refers to it."""
+    maps = []
     try:
-        os.ftruncate(fd, size)
-        # pwrite, not a mapping: the kernel fills the file's pages without a fault per
-        # page, about twice as fast, and without the GIL (other builds go on meanwhile).
-        _write_at(fd, memoryview(len(header).to_bytes(8, "little") + header), 0)
-        for (name, _, _, at, nbytes), array in zip(specs, arrays.values()):
-            if nbytes:
-                data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-                _write_at(fd, memoryview(data), base + at)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, size
-
-
-class ViewFile:
-    """A view written to a memfd (``write_view``), closed when the last reference to it
-    goes: the constructor service keeps one per view for as long as it keeps the view,
-    and hands the same descriptor to every rank that receives it."""
-
-    def __init__(self, arrays: Dict[str, np.ndarray], state_before: str,
-                 state_after: str) -> None:
-        self.fd, self.size = write_view(arrays, state_before, state_after)
-
-    def __del__(self) -> None:
-        try:
-            os.close(self.fd)
-        except (AttributeError, OSError):
-            pass
-
-
-def _write_at(fd: int, data: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)
-
-
-def read_view(fd: int, size: int) -> Tuple[Dict[str, np.ndarray], str, str]:
-    """The arrays and the states of a view file; closes ``fd``. The arrays lie in a
-    private (copy-on-write) mapping of the file: writable, yet no copy is made until a
-    page is written, and a write stays in this process (the file is never changed
-    after ``write_view``). The mapping goes with the last array that refers to it."""
-    try:
-        mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                       prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        for k, fd in enumerate(fds):
+            length = size if k == 0 else os.fstat(fd).st_size
+            maps.append(mmap.mmap(fd, max(length, 1), flags=mmap.MAP_PRIVATE,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE))
     finally:
-        os.close(fd)
-    length = int.from_bytes(mm[:8], "little")
-    header = json.loads(mm[8:8 + length])
+        for fd in fds:
+            os.close(fd)
+    head = maps[0]
+    length = int.from_bytes(head[:8], "little")
+    header = json.loads(head[8:8 + length])
     base = -(-(8 + length) // _ALIGN) * _ALIGN
     out = {}
-    for name, dtype, shape, at, nbytes in header["arrays"]:
+    for name, dtype, shape, file, at, nbytes in header["arrays"]:
         if not nbytes:
             out[name] = np.empty(shape, dtype=np.dtype(dtype))
             continue
-        raw = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=base + at)
+        raw = np.frombuffer(maps[file], dtype=np.uint8, count=nbytes,
+                            offset=at + (base if file == 0 else 0))
         out[name] = raw.view(np.dtype(dtype)).reshape(shape)
     return out, header["before"], header["after"]

@@ -1,5 +1,9 @@
 #include "braid/batch.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
 namespace braid {
 
 size_t DTypeSize(DType dtype) {
@@ -20,13 +24,33 @@ const char* ToString(DType dtype) {
   return "?";
 }
 
+Bytes::Bytes(size_t size) : size_(size) {
+  // calloc: large blocks come zeroed from the kernel, with no pass over them here.
+  if (size > 0) {
+    data_ = static_cast<uint8_t*>(std::calloc(size, 1));
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+}
+
+Bytes::Bytes(uint8_t* data, size_t size, std::shared_ptr<void> owner, int fd,
+             int64_t offset)
+    : data_(data), size_(size), owner_(std::move(owner)), fd_(fd), offset_(offset) {}
+
+Bytes::~Bytes() {
+  if (owner_ == nullptr) std::free(data_);
+}
+
+bool Bytes::operator==(const Bytes& other) const {
+  return size_ == other.size_ && (size_ == 0 || std::memcmp(data_, other.data_, size_) == 0);
+}
+
 Tensor Tensor::Zeros(std::string name, DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   t.name = std::move(name);
   t.dtype = dtype;
   t.shape = std::move(shape);
-  t.storage = std::make_shared<std::vector<uint8_t>>(
-      static_cast<size_t>(t.num_elements()) * DTypeSize(dtype), 0);
+  t.storage =
+      std::make_shared<Bytes>(static_cast<size_t>(t.num_elements()) * DTypeSize(dtype));
   return t;
 }
 

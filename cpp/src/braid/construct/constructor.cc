@@ -36,7 +36,7 @@ Status CollectImages(int64_t step, const DocPiece& d, const TokenPayload& payloa
 
 // pixel_values float32 [total_patches, 3*p*p] and image_grid int32 [num_images, 2].
 Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>& images,
-                                         const std::string& where) {
+                                         const std::string& where, TensorFile* file) {
   int64_t total = 0;
   int64_t width = -1;
   for (const ImagePatches* im : images) {
@@ -51,9 +51,9 @@ Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>&
     width = w;
     total += n;
   }
-  Tensor pixels = Tensor::Zeros("pixel_values", DType::kFloat32, {total, width});
+  Tensor pixels = ZerosIn(file, "pixel_values", DType::kFloat32, {total, width});
   Tensor grid =
-      Tensor::Zeros("image_grid", DType::kInt32, {static_cast<int64_t>(images.size()), 2});
+      ZerosIn(file, "image_grid", DType::kInt32, {static_cast<int64_t>(images.size()), 2});
   float* out = pixels.data<float>();
   int32_t* g = grid.data<int32_t>();
   for (const ImagePatches* im : images) {
@@ -70,7 +70,8 @@ Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>&
 
 }  // namespace
 
-Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch) {
+Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch,
+                             TensorFile* file) {
   const MicroBatch& mb = plan.buckets[size_t(dp)].micro_batches[size_t(micro_batch)];
   const int64_t rows = static_cast<int64_t>(mb.sequences.size());
   const int64_t seq_len = plan.seq_len;
@@ -94,12 +95,12 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   batch.step = plan.step;
   batch.dp = dp;
   batch.micro_batch = micro_batch;
-  Tensor input_ids = Tensor::Zeros("input_ids", DType::kInt64, {rows, seq_len});
-  Tensor labels = Tensor::Zeros("labels", DType::kInt64, {rows, seq_len});
-  Tensor loss_mask = Tensor::Zeros("loss_mask", DType::kFloat32, {rows, seq_len});
-  Tensor position_ids = Tensor::Zeros("position_ids", DType::kInt64, {rows, seq_len});
-  Tensor source_ids = Tensor::Zeros("source_ids", DType::kInt32, {rows, seq_len});
-  Tensor cu_seqlens = Tensor::Zeros("cu_seqlens", DType::kInt32, {num_pieces + 1});
+  Tensor input_ids = ZerosIn(file, "input_ids", DType::kInt64, {rows, seq_len});
+  Tensor labels = ZerosIn(file, "labels", DType::kInt64, {rows, seq_len});
+  Tensor loss_mask = ZerosIn(file, "loss_mask", DType::kFloat32, {rows, seq_len});
+  Tensor position_ids = ZerosIn(file, "position_ids", DType::kInt64, {rows, seq_len});
+  Tensor source_ids = ZerosIn(file, "source_ids", DType::kInt32, {rows, seq_len});
+  Tensor cu_seqlens = ZerosIn(file, "cu_seqlens", DType::kInt32, {num_pieces + 1});
 
   auto* ids = input_ids.data<int64_t>();
   auto* lab = labels.data<int64_t>();
@@ -157,7 +158,7 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   if (!images.empty()) {
     ARROW_ASSIGN_OR_RAISE(
         std::vector<Tensor> image_tensors,
-        ImageTensors(images, MicroBatchWhere(plan.step, dp, micro_batch)));
+        ImageTensors(images, MicroBatchWhere(plan.step, dp, micro_batch), file));
     for (auto& tensor : image_tensors) batch.tensors.push_back(std::move(tensor));
   }
   return batch;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include "braid/batch.h"
+#include "braid/construct/tensor_memory.h"
 #include "braid/plan/step_plan.h"
 #include "braid/status.h"
 
@@ -22,8 +23,10 @@ namespace braid {
 
 inline constexpr int64_t kIgnoreLabel = -100;
 
-/// Builds micro-batch `micro_batch` of DP rank `dp` of `plan`. Fails if the plan was made
-/// without payloads. REQUIRES: dp and micro_batch index into the plan.
-Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch);
+/// Builds micro-batch `micro_batch` of DP rank `dp` of `plan`, its tensors in `file`
+/// (null: on the heap). Fails if the plan was made without payloads. REQUIRES: dp and
+/// micro_batch index into the plan.
+Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch,
+                              TensorFile* file = nullptr);
 
 }  // namespace braid

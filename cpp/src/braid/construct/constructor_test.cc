@@ -159,7 +159,7 @@ TEST(ConstructorTest, TensorStorageOutlivesTheBatch) {
   plan.buckets.resize(1);
   plan.buckets[0].micro_batches.resize(1);
   plan.buckets[0].micro_batches[0].sequences = {s};
-  std::shared_ptr<std::vector<uint8_t>> storage;
+  std::shared_ptr<Bytes> storage;
   {
     auto built = BuildMicroBatch(plan, 0, 0);
     ASSERT_TRUE(built.ok());

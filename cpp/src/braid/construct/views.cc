@@ -13,10 +13,10 @@ bool Wanted(const std::string& name, int64_t pp, int64_t num_stages) {
 }
 
 // Chunks r and 2*cp-1-r of every row of a per-token tensor [rows, seq_len].
-Tensor SplitRows(const Tensor& t, int64_t cp, int64_t r) {
+Tensor SplitRows(const Tensor& t, int64_t cp, int64_t r, TensorFile* file) {
   const int64_t rows = t.shape[0], seq_len = t.shape[1];
   const int64_t chunk = seq_len / (2 * cp);
-  Tensor out = Tensor::Zeros(t.name, t.dtype, {rows, seq_len / cp});
+  Tensor out = ZerosIn(file, t.name, t.dtype, {rows, seq_len / cp});
   const size_t elem = DTypeSize(t.dtype);
   const auto* src = t.storage->data();
   auto* dst = out.storage->data();
@@ -33,7 +33,7 @@ Tensor SplitRows(const Tensor& t, int64_t cp, int64_t r) {
 // The rank's cu_seqlens: for each of its chunks in local order, the global piece
 // boundaries strictly inside the chunk, then the chunk's end, all in local coordinates.
 Tensor SplitCuSeqlens(const Tensor& cu, int64_t rows, int64_t seq_len, int64_t cp,
-                      int64_t r) {
+                      int64_t r, TensorFile* file) {
   const int64_t chunk = seq_len / (2 * cp);
   const auto* g = cu.data<int32_t>();
   const int64_t n = cu.num_elements();
@@ -48,7 +48,7 @@ Tensor SplitCuSeqlens(const Tensor& cu, int64_t rows, int64_t seq_len, int64_t c
       local.push_back(int32_t(base));
     }
   }
-  Tensor out = Tensor::Zeros("cu_seqlens", DType::kInt32, {int64_t(local.size())});
+  Tensor out = ZerosIn(file, "cu_seqlens", DType::kInt32, {int64_t(local.size())});
   std::memcpy(out.storage->data(), local.data(), local.size() * sizeof(int32_t));
   return out;
 }
@@ -76,7 +76,7 @@ Status CheckContextSplit(int64_t seq_len, int64_t cp) {
 }
 
 Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
-                      const RankCoords& coords) {
+                      const RankCoords& coords, TensorFile* file) {
   if (coords.dp < 0 || coords.dp >= topology.dp || coords.tp < 0 ||
       coords.tp >= topology.tp || coords.pp < 0 || coords.pp >= topology.pp ||
       coords.cp < 0 || coords.cp >= topology.cp) {
@@ -121,12 +121,12 @@ Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
     if (cp == 1) {
       view.tensors.push_back(t);  // shares storage
     } else if (t.name == "cu_seqlens") {
-      view.tensors.push_back(SplitCuSeqlens(t, rows, seq_len, cp, coords.cp));
+      view.tensors.push_back(SplitCuSeqlens(t, rows, seq_len, cp, coords.cp, file));
     } else if (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == seq_len &&
                t.name != "pixel_values" && t.name != "image_grid") {
       // (Image tensors are per patch / per image, never split, even when their shape
       // happens to equal [mbs, seq_len]; every CP rank gets them whole.)
-      view.tensors.push_back(SplitRows(t, cp, coords.cp));
+      view.tensors.push_back(SplitRows(t, cp, coords.cp, file));
     } else {
       view.tensors.push_back(t);  // not per-token (e.g. image_grid): whole, shared
     }

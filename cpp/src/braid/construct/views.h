@@ -28,6 +28,7 @@
 #include "braid/batch.h"
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
+#include "braid/construct/tensor_memory.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -46,8 +47,9 @@ Status CheckContextSplit(int64_t seq_len, int64_t cp);
 /// Fails (config error naming "rank") if coords are outside `topology` or coords.dp is
 /// not the batch's DP rank, and (naming batch.seq_len) if the sequences do not split into
 /// 2*cp equal chunks. The result shares storage with `batch` except the CP-split
-/// tensors; it keeps the batch's step, dp and micro_batch.
+/// tensors, which it places in `file` (null: on the heap); it keeps the batch's step, dp
+/// and micro_batch.
 Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
-                      const RankCoords& coords);
+                      const RankCoords& coords, TensorFile* file = nullptr);
 
 }  // namespace braid

@@ -128,7 +128,7 @@ TEST_P(ViewsTest, ContextPartsReassembleToTheSequences) {
         if (name == "cu_seqlens") continue;
         const Tensor& whole = *batch.Find(name);
         const size_t elem = DTypeSize(whole.dtype);
-        std::vector<uint8_t> rebuilt(whole.storage->size());
+        Bytes rebuilt(whole.storage->size());
         for (int64_t row = 0; row < kRows; ++row) {
           for (int64_t k = 0; k < 2 * cp; ++k) {
             const int64_t rank = k < cp ? k : 2 * cp - 1 - k;

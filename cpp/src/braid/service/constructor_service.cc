@@ -327,7 +327,9 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
     out->step = std::move(states);
     const size_t n = plan.buckets[size_t(bucket)].micro_batches.size();
     for (size_t mb = 0; mb < n; ++mb) {
-      ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(plan, bucket, int64_t(mb)));
+      const auto file = MaybeTensorFile(options_.shared_memory);
+      ARROW_ASSIGN_OR_RAISE(Batch batch,
+                            BuildMicroBatch(plan, bucket, int64_t(mb), file.get()));
       out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));
     }
     return out;
@@ -386,7 +388,8 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
   }
   const size_t n = part.buckets[size_t(bucket)].micro_batches.size();
   for (size_t mb = 0; mb < n; ++mb) {
-    ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(part, bucket, int64_t(mb)));
+    const auto file = MaybeTensorFile(options_.shared_memory);
+    ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(part, bucket, int64_t(mb), file.get()));
     out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));
   }
   return out;
@@ -437,7 +440,9 @@ Result<std::shared_ptr<const DeliveredView>> ConstructorService::Impl::View(
       t.cp = 1;
       coords.cp = 0;
     }
-    ARROW_ASSIGN_OR_RAISE(Batch view, ViewFor(*batch, t, coords));
+    // A context split copies its tensors: into a file of its own.
+    const auto file = MaybeTensorFile(options_.shared_memory && t.slices_context() && t.cp > 1);
+    ARROW_ASSIGN_OR_RAISE(Batch view, ViewFor(*batch, t, coords, file.get()));
     viewed = std::make_shared<const Batch>(std::move(view));
   }
   auto made = std::make_shared<const DeliveredView>(std::move(viewed), built->step);

@@ -134,6 +134,10 @@ class ConstructorService {
     std::vector<int32_t> host_of_source;
     /// Hosts have standbys: hedge slow or unreachable ones (runtime.shadow).
     bool standby = false;
+    /// Place the tensors of builds and views in shared-memory files (one per micro-batch,
+    /// construct/tensor_memory.h) that a transport hands to trainer processes as they
+    /// are (node delivery); else on the heap.
+    bool shared_memory = false;
   };
 
   /// A service that receives plans from `plans` and, when they carry no payloads, pieces

@@ -61,6 +61,9 @@ ConstructorService::Options NodeConstructorOptions(const Config& config) {
   o.timeout_s = config.runtime.timeout_s;
   o.host_of_source = PlaceSources(config).host_of_source;
   o.standby = config.runtime.shadow;
+  // Node delivery hands the ranks each view's tensors in shared-memory files: built
+  // there, never copied for a rank.
+  o.shared_memory = config.runtime.delivery == RuntimeConfig::Delivery::kNode;
   return o;
 }
 
