@@ -49,7 +49,7 @@ class ConstructorService::Impl {
         options_(std::move(options)),
         plans_(std::move(plans)),
         pieces_(std::move(pieces)),
-        state_(options_.keep_steps, options_.buckets) {
+        state_(options_.keep_steps, options_.buckets, options_.receivers) {
     for (int64_t t = 0; t < std::max<int64_t>(options_.build_threads, 1); ++t) {
       threads_.emplace_back([this] { BuildLoop(); });
     }
@@ -415,7 +415,10 @@ Result<std::shared_ptr<const DeliveredView>> ConstructorService::Impl::View(
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return Status::Cancelled("the constructor service was stopped");
     dropped = state_.Apply(ConstructorServiceState::Asked{key.step, key.bucket});
-    if (auto held = state_.View(key)) return held;
+    if (auto held = state_.View(key)) {
+      dropped.Add(state_.Apply(ConstructorServiceState::Served{key, 0}));
+      return held;
+    }
   }
   const auto build = EnsureBuild(key.step, key.bucket);
   for (int64_t ahead = 1; ahead <= options_.steps_in_flight; ++ahead) {
@@ -446,10 +449,14 @@ Result<std::shared_ptr<const DeliveredView>> ConstructorService::Impl::View(
     viewed = std::make_shared<const Batch>(std::move(view));
   }
   auto made = std::make_shared<const DeliveredView>(std::move(viewed), built->step);
+  ConstructorServiceState::Dropped dropped;  // freed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   state_.Apply(ConstructorServiceState::ViewMade{key, made});
   auto held = state_.View(key);
-  return held != nullptr ? held : made;  // evicted meanwhile (a rank far ahead): this one
+  if (held == nullptr) held = made;  // evicted meanwhile (a rank far ahead): this one
+  dropped = state_.Apply(
+      ConstructorServiceState::Served{key, int64_t(built->batches.size())});
+  return held;
 }
 
 ConstructorService::Figures ConstructorService::Impl::figures() const {

@@ -14,7 +14,8 @@
 // hedging a slow or unreachable host by asking its standby (Options::standby: after four
 // times the host's usual answer time, or at once when it is unreachable; the first good
 // answer wins, both are the same bytes); keeping builds and views keep_steps behind the
-// newest step asked for (a rank further behind gets them built again, the same bytes);
+// newest step asked for, or sooner, once every rank of the bucket was served them
+// (Options::receivers; a rank that asks again gets them built again, the same bytes);
 // making each view once for every rank that receives it (TP peers share one).
 //
 // The window of builds, plans and views is a ConstructorServiceState, changed only by
@@ -126,6 +127,10 @@ class ConstructorService {
     int64_t steps_in_flight = 2;
     /// Steps of builds and views kept behind the newest step asked for.
     int64_t keep_steps = 4;
+    /// The ranks that receive each bucket's views, when all of them ask this service:
+    /// a build is dropped once each was served each of its micro-batches, before
+    /// keep_steps. Empty: by keep_steps only.
+    std::vector<int64_t> receivers;
     /// Builds at a time: their waits on other roles overlap the others' decoding.
     int64_t build_threads = 4;
     /// The longest wait on another role (runtime.timeout_s).

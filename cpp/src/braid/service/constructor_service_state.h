@@ -2,7 +2,10 @@
 // views it made, and the one place where they change.
 //
 // Every change is an Update passed to Apply: a rank asked for a view (the newest step
-// asked for moves, and what lies more than keep_steps behind it is dropped), a build was
+// asked for moves, and what lies more than keep_steps behind it is dropped), a rank was
+// served one (once every rank of the bucket was served every micro-batch of a build, the
+// build and its views are dropped at once: a rank that asks again gets them built again,
+// the same bytes), a build was
 // queued or ended (a failed one is forgotten, so a retried request builds again), plans
 // were requested or failed, a view was made (the first one made for a key is the one
 // every rank receives). What Apply drops is handed back, to be freed outside the
@@ -64,17 +67,28 @@ class ConstructorServiceState {
     ViewKey key;
     std::shared_ptr<const DeliveredView> view;
   };
-  using Update =
-      std::variant<Asked, BuildQueued, BuildEnded, PlansRequested, PlansFailed, ViewMade>;
+  /// A rank was served a view of micro-batch key.micro_batch of a build of
+  /// `micro_batches` (0: of the build already served from).
+  struct Served {
+    ViewKey key;
+    int64_t micro_batches = 0;
+  };
+  using Update = std::variant<Asked, BuildQueued, BuildEnded, PlansRequested, PlansFailed,
+                              ViewMade, Served>;
 
   /// What an update dropped: free it without the service's lock held.
   struct Dropped {
     std::vector<BuildFuture> builds;
     std::vector<PlanFuture> plans;
     std::vector<std::shared_ptr<const DeliveredView>> views;
+    /// Takes what `more` holds too.
+    void Add(Dropped&& more);
   };
 
-  ConstructorServiceState(int64_t keep_steps, const std::vector<int64_t>& buckets);
+  /// `receivers`: the ranks that receive each bucket (empty or 0: unknown, so builds are
+  /// dropped by keep_steps only).
+  ConstructorServiceState(int64_t keep_steps, const std::vector<int64_t>& buckets,
+                          std::vector<int64_t> receivers = {});
 
   Dropped Apply(const Update& update);
 
@@ -92,7 +106,12 @@ class ConstructorServiceState {
   int64_t held_views() const { return static_cast<int64_t>(views_.size()); }
 
  private:
+  void DropBuild(const StepBucket& key, Dropped* dropped);
+
   const int64_t keep_steps_;
+  const std::vector<int64_t> receivers_;
+  // Per build not yet served to all its receivers: the ranks served each micro-batch.
+  std::map<StepBucket, std::vector<int64_t>> served_;
   int64_t newest_ = -1;
   std::set<int64_t> buckets_;  // every bucket a rank asked for (or known in advance)
   template <typename F>

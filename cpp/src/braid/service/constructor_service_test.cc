@@ -322,6 +322,41 @@ TEST_F(ConstructorServiceTest, TheWindowKeepsFewStepsAndRebuildsAnOldOneTheSame)
   EXPECT_FALSE(service->View(ViewKey{0, 0, 99, 0, 0, true, true}).ok());
 }
 
+TEST_F(ConstructorServiceTest, ABuildGoesOnceEveryRankOfItsBucketWasServedAll) {
+  // Two ranks per bucket (TP peers); the window alone would keep 8 steps.
+  ConstructorService::Options options;
+  options.keep_steps = 8;
+  options.steps_in_flight = 0;
+  const int64_t buckets = config_->topology.buckets();
+  options.receivers.assign(size_t(buckets), 2);
+  auto service = Make(options);
+  ASSERT_NE(service, nullptr);
+  const int64_t mbs = config_->MicroBatchesPerRankAt(0);
+  for (int64_t b = 0; b < buckets; ++b) {
+    for (int64_t mb = 0; mb < mbs; ++mb) {
+      auto view = service->View(ViewKey{0, b, mb, 0, 0, true, true});
+      ASSERT_TRUE(view.ok()) << view.status().ToString();
+      ExpectSame((*view)->batch(), Embedded(0, b, mb));
+    }
+  }
+  // One rank of each bucket has all of step 0: every build is still held.
+  EXPECT_EQ(service->figures().held_builds, buckets);
+  EXPECT_EQ(service->figures().held_views, buckets * mbs);
+  for (int64_t mb = 0; mb + 1 < mbs; ++mb) {
+    ASSERT_TRUE(service->View(ViewKey{0, 0, mb, 0, 0, true, true}).ok());
+  }
+  EXPECT_EQ(service->figures().held_builds, buckets);  // bucket 0's last one is unserved
+  ASSERT_TRUE(service->View(ViewKey{0, 0, mbs - 1, 0, 0, true, true}).ok());
+  EXPECT_EQ(service->figures().held_builds, buckets - 1);  // bucket 0's build went
+  EXPECT_EQ(service->figures().held_views, (buckets - 1) * mbs);
+  // A rank that asks again gets the same bytes, built again.
+  const int64_t built = service->figures().built_buckets;
+  auto again = service->View(ViewKey{0, 0, 1 % mbs, 0, 0, true, true});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectSame((*again)->batch(), Embedded(0, 0, 1 % mbs));
+  EXPECT_EQ(service->figures().built_buckets, built + 1);
+}
+
 TEST_F(ConstructorServiceTest, ABuildDroppedFromTheWindowBeforeItRanIsStillAnswered) {
   // Regression: a rank far ahead dropped a queued build from the window; a rank behind
   // that then asked for it got a broken promise instead of the build.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "braid/client/topology.h"
 #include "braid/exec/budget.h"
 
 namespace braid {
@@ -54,6 +55,13 @@ ConstructorService::Options NodeConstructorOptions(const Config& config) {
   ConstructorService::Options o;
   o.steps_in_flight = config.runtime.steps_in_flight;
   o.keep_steps = config.runtime.steps_in_flight + 2;
+  // A bucket's ranks usually share a node (TP peers): once all were served a build, it
+  // goes. Where they span nodes, no node's count completes and keep_steps bounds it.
+  o.receivers.assign(size_t(config.topology.buckets()), 0);
+  for (int64_t rank = 0; rank < config.topology.world_size(); ++rank) {
+    const auto coords = CoordsOf(config.topology, rank);
+    if (coords.ok()) ++o.receivers[size_t(BucketOf(config.topology, *coords))];
+  }
   // A node's constructor decodes the images of every rank on the node (their pieces
   // arrive encoded): as many builds at once as the node's read threads, at least 4 so
   // that builds waiting on other roles overlap.
