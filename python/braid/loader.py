@@ -60,8 +60,8 @@ class Loader(torch.utils.data.IterableDataset):
     rank of the world); ``self.bucket`` is the one this rank receives.
     ``stage_view=False`` gives every pipeline stage every tensor of the micro-batch, whole
     sequences (for trainers whose stages read every key, as Megatron-LM's ``get_batch``
-    does; it splits for CP itself, so it needs ``split_context=False`` when ``cp > 1``);
-    the embedded runtime only.
+    does; it splits for CP itself, so it needs ``split_context=False`` when ``cp > 1``),
+    on either runtime.
 
     Each item (with ``pp == 1``) holds ``input_ids``, ``labels`` (``-100`` where there is
     no target), ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the
@@ -106,9 +106,6 @@ class Loader(torch.utils.data.IterableDataset):
             if topo["cp"] > 1 and split_context:
                 raise ValueError("stage_view=False gives whole sequences: make the Loader "
                                  "with split_context=False too")
-            if self._config.runtime["kind"] == "ray":
-                raise ValueError("stage_view=False needs runtime.kind: local (the Ray "
-                                 "runtime serves each rank its stage's view)")
         self._engine: Optional[RankStream] = None  # the rank's stream, from iter()
         self._state_json = _core.initial_state_json(self._config)
 

@@ -9,7 +9,7 @@ constructor writes each view once; the TP peers that share it receive the same f
 
 Names are ``names.py``'s. Messages are ``SOCK_SEQPACKET`` datagrams of JSON (one request or reply each; replies carry
 at most one descriptor). Requests: ``{"op": "get", "key": [step, bucket, micro_batch, pp,
-cp, split_context]}``, answered ``{"size": N}`` plus the file, or ``{"error": KIND,
+cp, split_context, whole]}``, answered ``{"size": N}`` plus the file, or ``{"error": KIND,
 "message": TEXT}``; ``{"op": "attach" | "detach", "client": ID}``, answered ``{"clients": N}`` (the ranks
 attached after it).
 Replies come in request order, so a trainer can keep several requests outstanding.
