@@ -53,8 +53,8 @@ class Loader(torch.utils.data.IterableDataset):
     ``world_size`` must equal ``dp * tp * pp * cp``. Ranks of one DP group (same dp
     coordinate) receive views of the same micro-batches (docs/parallelism.md): TP ranks
     the same tensors; with ``pp > 1`` the first stage ``input_ids`` and ``source_ids``,
-    the last stage ``labels`` and ``loss_mask``, every stage ``position_ids`` and
-    ``cu_seqlens``; with ``cp > 1`` each CP rank its zigzag part of every sequence
+    the last stage ``labels`` and ``loss_mask``, every stage ``position_ids``,
+    ``cu_seqlens`` and ``max_seqlen``; with ``cp > 1`` each CP rank its zigzag part of every sequence
     (``split_context=False`` keeps whole sequences, for trainers that split themselves).
     ``topology.distribute`` may give finer buckets than DP ranks (per CP rank, or per
     rank of the world); ``self.bucket`` is the one this rank receives.
@@ -64,7 +64,9 @@ class Loader(torch.utils.data.IterableDataset):
     on either runtime.
 
     Each item (with ``pp == 1``) holds ``input_ids``, ``labels`` (``-100`` where there is
-    no target), ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the
+    no target), ``loss_mask``, ``position_ids``, ``cu_seqlens``, ``max_seqlen`` (``[1]``,
+    the longest piece) and ``source_ids`` (and ``cu_seqlens_unpadded`` when the job sets
+    ``batch.pad_to_multiple_of``); the
     tensors share memory with the C++ buffers (no copy). Iteration never ends by itself: stop after
     the steps you train. The C++ engine starts on the first ``iter()``, not in the
     constructor, so a Loader can be created before a ``fork``.
