@@ -87,6 +87,12 @@ def test_loss_equals_hand_cross_entropy_and_labels_would_train_on_t_plus_2(token
                               "max_length_q", "max_length_k"}
         assert batch["use_cache"] is False
         assert torch.equal(batch["shift_labels"], raw["labels"].to(torch.int64))
+        # The core's max_seqlen: the longest piece, which position_ids show too (a piece
+        # ends where the position does not go up by one).
+        pos = raw["position_ids"].reshape(-1).tolist()
+        longest = max(p for p in pos) + 1
+        assert batch["max_length_q"] == batch["max_length_k"] == longest
+        assert isinstance(batch["max_length_q"], int)
         with torch.no_grad():
             out = model(**batch)
             naive = model(input_ids=batch["input_ids"], labels=batch["labels"],

@@ -28,7 +28,7 @@ def test_batches_have_the_documented_tensors(small_dataset):
     loader = braid.Loader(small_dataset["config"], rank=0, world_size=2)
     batch = take(loader, 1)[0]
     assert set(batch) == {"input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
-                          "source_ids"}
+                          "max_seqlen", "source_ids"}
     for name in ("input_ids", "labels", "position_ids"):
         assert batch[name].dtype == torch.int64 and batch[name].shape == (1, 32)
     assert batch["loss_mask"].dtype == torch.float32
@@ -190,9 +190,9 @@ def _topology(small_dataset, **sizes):
 def test_pipeline_stages_get_their_keys(small_dataset):
     config = _topology(small_dataset, pp=3)  # world 6; rank = dp + 2 * pp
     full = take(braid.Loader(_topology(small_dataset), rank=1, world_size=2), 3)
-    want = {0: {"input_ids", "source_ids", "position_ids", "cu_seqlens"},
-            1: {"position_ids", "cu_seqlens"},
-            2: {"labels", "loss_mask", "position_ids", "cu_seqlens"}}
+    want = {0: {"input_ids", "source_ids", "position_ids", "cu_seqlens", "max_seqlen"},
+            1: {"position_ids", "cu_seqlens", "max_seqlen"},
+            2: {"labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen"}}
     for stage, keys in want.items():
         loader = braid.Loader(config, rank=1 + 2 * stage, world_size=6)
         assert (loader.dp_rank, loader.pp_rank) == (1, stage)
@@ -207,7 +207,7 @@ def test_tp_ranks_get_identical_views_with_pp_and_cp(small_dataset):
     a = take(braid.Loader(config, rank=2 + 4 * 0 + 8 * 1, world_size=16), 3)  # cp 1, pp 1
     b = take(braid.Loader(config, rank=3 + 4 * 0 + 8 * 1, world_size=16), 3)
     for x, y in zip(a, b):
-        assert set(x) == {"labels", "loss_mask", "position_ids", "cu_seqlens"}
+        assert set(x) == {"labels", "loss_mask", "position_ids", "cu_seqlens", "max_seqlen"}
         assert all(torch.equal(x[k], y[k]) for k in x)
 
 
@@ -262,8 +262,10 @@ def test_one_engine_serves_several_ranks_from_one_build(small_dataset):
     for _ in range(3):
         full = reference.next()
         tp0, tp1, last = engine.next_views([(0, 0, 0), (1, 0, 0), (0, 1, 0)])
-        assert set(tp0) == {"input_ids", "source_ids", "position_ids", "cu_seqlens"}
-        assert set(last) == {"labels", "loss_mask", "position_ids", "cu_seqlens"}
+        assert set(tp0) == {"input_ids", "source_ids", "position_ids", "cu_seqlens",
+                            "max_seqlen"}
+        assert set(last) == {"labels", "loss_mask", "position_ids", "cu_seqlens",
+                             "max_seqlen"}
         for name in tp0:
             assert np.array_equal(tp0[name], full[name])
             assert np.shares_memory(tp0[name], tp1[name]), name  # one build, no copy

@@ -1,7 +1,8 @@
 """Braid's Megatron batches through megatron-core's own functions (megatron-core 0.16).
 
 Called on CPU: ``get_thd_batch_on_this_cp_rank`` and ``PackedSeqParams`` (the packed THD
-path of Megatron-LM's ``get_batch``) for cp 1 and 2, ``get_batch_on_this_cp_rank`` (the
+path of Megatron-LM's ``get_batch``) for cp 1 and 2 (with ``batch.pad_to_multiple_of:
+2*cp``, on every batch), ``get_batch_on_this_cp_rank`` (the
 unpacked path) for cp 2, on the batches of every (tp, pp) rank of tp 2 x pp 2 and pp 3
 jobs. Megatron-LM's ``get_batch_on_this_tp_rank`` lives in its training package, not in
 megatron-core: what its TP rank 0 reads and asserts is restated in ``tp0_reads``.
@@ -179,8 +180,93 @@ def test_thd_cp2_split_covers_every_token_once(small_dataset, mcore, monkeypatch
 def test_thd_cp2_refuses_pieces_that_are_not_a_multiple_of_2cp(small_dataset):
     config = with_topology(small_dataset["config"], cp=2)
     it = megatron.data_iterator(config, rank=0, world_size=4)
-    with pytest.raises(ValueError, match="multiple of 4"):
+    with pytest.raises(ValueError, match="batch.pad_to_multiple_of: 4"):
         take(it, 8)
+
+
+def planned_pieces(config, steps):
+    """Per (step, dp), the planned micro-batches' pieces (source, file, row, start, len),
+    from the planner's JSON (``braid plan``)."""
+    from braid import _core
+    from braid.config import load_config
+
+    lines = []
+    _core.plan_job(load_config(config), steps, "", lines.append)
+    names = [s["name"] for s in config["sources"]]
+    out = {}
+    for line in lines:
+        step = json.loads(line)
+        for rank in step["ranks"]:
+            out[step["step"], rank["dp"]] = [
+                [(names.index(d["src"]), d["file"], d["row"], d["start"], d["len"])
+                 for d in mb["docs"]] for mb in rank["micro_batches"]]
+    return out
+
+
+def doc_of(small_dataset, source, file, row):
+    """The document at (file, row) of the fixture's source: make_source puts the ids in
+    sorted order into 2 files."""
+    docs = small_dataset["docs"][source]
+    per_file = (len(docs) + 1) // 2
+    return docs[file * per_file + row]
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_thd_padded_pieces_through_megatron_cp_split(small_dataset, mcore, monkeypatch, cp):
+    """batch.pad_to_multiple_of: 2*cp: every batch goes through megatron-core's THD path
+    (get_thd_batch_on_this_cp_rank, PackedSeqParams); each CP rank receives exactly
+    chunks r and 2*cp-1-r of every padded piece of the planned documents, computed here
+    from the documents and the plan alone."""
+    monkeypatch.setattr(mcore.utils, "tex", types.SimpleNamespace(
+        thd_get_partitioned_indices=te_partitioned_indices))
+    monkeypatch.setattr(mcore.utils, "is_te_min_version", lambda *a, **k: True)
+    config = with_topology(small_dataset["config"], cp=cp)
+    config["batch"] = dict(config["batch"], pad_to_multiple_of=2 * cp)
+    steps = 6
+    plan = planned_pieces(config, steps)
+    padded_seen = 0
+    for dp in range(2):
+        for cp_rank in range(cp):
+            rank = dp * cp + cp_rank  # Megatron's order: tp, cp, dp, pp
+            it = megatron.data_iterator(config, rank=rank, world_size=2 * cp)
+            for step in range(steps):
+                for pieces in plan[step, dp]:
+                    data = next(it)
+                    batch, params = pretrain_gpt_get_batch(mcore, data, cp_size=cp,
+                                                           cp_rank=cp_rank)
+                    assert isinstance(params, mcore.PackedSeqParams)
+                    assert params.qkv_format == "thd"
+                    want_tokens, want_pos, want_mask = [], [], []
+                    cu_padded, cu_real = [0], [0]
+                    for source, file, row, start, length in pieces:
+                        doc = doc_of(small_dataset, source, file, row)
+                        real = max(0, min(length, len(doc) - start))
+                        assert 0 < real and length % (2 * cp) == 0
+                        padded_seen += real < length
+                        tokens = list(doc[start:start + real]) + [0] * (length - real)
+                        # A target for every real token but the document's last.
+                        mask = [1.0 if start + k + 1 < len(doc) else 0.0
+                                for k in range(real)] + [0.0] * (length - real)
+                        chunk = length // (2 * cp)
+                        for c in (cp_rank, 2 * cp - 1 - cp_rank):
+                            want_tokens += tokens[c * chunk:(c + 1) * chunk]
+                            want_pos += list(range(c * chunk, (c + 1) * chunk))
+                            want_mask += mask[c * chunk:(c + 1) * chunk]
+                        cu_padded.append(cu_padded[-1] + length)
+                        cu_real.append(cu_real[-1] + real)
+                    assert cu_padded[-1] == 32, "the plan fills every sequence"
+                    assert batch["tokens"][0].tolist() == want_tokens
+                    assert batch["position_ids"][0].tolist() == want_pos
+                    assert batch["loss_mask"][0].tolist() == want_mask
+                    assert params.cu_seqlens_q[0].tolist() == cu_real
+                    assert params.cu_seqlens_kv[0].tolist() == cu_real
+                    assert params.cu_seqlens_q_padded[0].tolist() == cu_padded
+                    assert params.cu_seqlens_kv_padded[0].tolist() == cu_padded
+                    assert params.max_seqlen_q == max(
+                        b - a for a, b in zip(cu_padded, cu_padded[1:]))
+                    assert data["max_seqlen"].shape == (1,)
+                    assert data["cu_seqlens"].shape == (1, len(pieces) + 1)
+    assert padded_seen > 5, "the fixture pads some pieces"
 
 
 def test_save_state_and_restore_state_as_megatron_calls_them(small_dataset, tmp_path):

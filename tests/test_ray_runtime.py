@@ -109,6 +109,32 @@ def test_pipeline_stages_and_context_ranks_map_the_embedded_tensors(ray_cluster,
         l.close()
 
 
+def test_whole_micro_batches_with_padding_are_the_embedded_ones(ray_cluster, small_dataset):
+    """Loader(stage_view=False) on Ray: every stage receives the whole micro-batch, the
+    same tensors as embedded; batch.pad_to_multiple_of's padded pieces (fetched from the
+    source actors a few tokens short of their planned length) arrive as embedded too."""
+    config = copy.deepcopy(small_dataset["config"])
+    config["topology"] = {"dp": 2, "tp": 1, "pp": 2, "cp": 1}
+    config["batch"]["pad_to_multiple_of"] = 4
+    world = 4
+    embedded = take_batches([braid.Loader(config, r, world, stage_view=False)
+                             for r in range(world)], 8)
+    loaders = [braid.Loader(ray_config(config, job="whole"), r, world, stage_view=False)
+               for r in range(world)]
+    got = take_batches(loaders, 8)
+    for r in range(world):
+        assert_same_batches(got[r], embedded[r])
+        for batch in got[r]:
+            assert {"input_ids", "labels", "loss_mask", "cu_seqlens", "max_seqlen",
+                    "cu_seqlens_unpadded"} <= set(batch)
+            assert not (batch["cu_seqlens"] % 4).any()
+    assert any((b["cu_seqlens"] != b["cu_seqlens_unpadded"]).any()
+               for r in range(world) for b in got[r]), "some piece is padded"
+    for l in loaders:
+        l.close()
+    assert jobs.actor_names("whole", NAMESPACE) == []
+
+
 def test_the_planner_can_serve_the_payloads_itself(ray_cluster, small_dataset):
     """runtime.source_actors: 0: two actor processes (planner, constructor), same stream."""
     config = small_dataset["config"]

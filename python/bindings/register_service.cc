@@ -601,19 +601,21 @@ void RegisterService(nb::module_& m) {
                                 "A node's constructor (service/constructor_service.h).")
       .def("view",
            [](ConstructorHandle& h, int64_t step, int64_t bucket, int64_t micro_batch,
-              int64_t pp, int64_t cp, bool split_context) {
+              int64_t pp, int64_t cp, bool split_context, bool whole) {
              Result<std::shared_ptr<const DeliveredView>> view;
              {
                GilRelease release;
                view = h.service->View(
-                   ViewKey{step, bucket, micro_batch, pp, cp, split_context, false});
+                   ViewKey{step, bucket, micro_batch, pp, cp, split_context, whole});
              }
              return ViewHandle{ValueOrThrow(std::move(view)), h.config.get()};
            },
            nb::arg("step"), nb::arg("bucket"), nb::arg("micro_batch"), nb::arg("pp"),
-           nb::arg("cp"), nb::arg("split_context"),
+           nb::arg("cp"), nb::arg("split_context"), nb::arg("whole") = false,
            "The view of micro-batch `micro_batch` of `bucket` at `step` for pipeline stage "
-           "`pp`, context rank `cp` (the same for every TP rank), built once.")
+           "`pp`, context rank `cp` (the same for every TP rank), built once; `whole`: "
+           "the micro-batch itself, every tensor, whole sequences (pp, cp, split_context "
+           "ignored).")
       .def("figures",
            [](const ConstructorHandle& h) {
              ConstructorService::Figures f;

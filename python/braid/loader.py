@@ -53,18 +53,20 @@ class Loader(torch.utils.data.IterableDataset):
     ``world_size`` must equal ``dp * tp * pp * cp``. Ranks of one DP group (same dp
     coordinate) receive views of the same micro-batches (docs/parallelism.md): TP ranks
     the same tensors; with ``pp > 1`` the first stage ``input_ids`` and ``source_ids``,
-    the last stage ``labels`` and ``loss_mask``, every stage ``position_ids`` and
-    ``cu_seqlens``; with ``cp > 1`` each CP rank its zigzag part of every sequence
+    the last stage ``labels`` and ``loss_mask``, every stage ``position_ids``,
+    ``cu_seqlens`` and ``max_seqlen``; with ``cp > 1`` each CP rank its zigzag part of every sequence
     (``split_context=False`` keeps whole sequences, for trainers that split themselves).
     ``topology.distribute`` may give finer buckets than DP ranks (per CP rank, or per
     rank of the world); ``self.bucket`` is the one this rank receives.
     ``stage_view=False`` gives every pipeline stage every tensor of the micro-batch, whole
     sequences (for trainers whose stages read every key, as Megatron-LM's ``get_batch``
-    does; it splits for CP itself, so it needs ``split_context=False`` when ``cp > 1``);
-    the embedded runtime only.
+    does; it splits for CP itself, so it needs ``split_context=False`` when ``cp > 1``),
+    on either runtime.
 
     Each item (with ``pp == 1``) holds ``input_ids``, ``labels`` (``-100`` where there is
-    no target), ``loss_mask``, ``position_ids``, ``cu_seqlens`` and ``source_ids``; the
+    no target), ``loss_mask``, ``position_ids``, ``cu_seqlens``, ``max_seqlen`` (``[1]``,
+    the longest piece) and ``source_ids`` (and ``cu_seqlens_unpadded`` when the job sets
+    ``batch.pad_to_multiple_of``); the
     tensors share memory with the C++ buffers (no copy). Iteration never ends by itself: stop after
     the steps you train. The C++ engine starts on the first ``iter()``, not in the
     constructor, so a Loader can be created before a ``fork``.
@@ -106,9 +108,6 @@ class Loader(torch.utils.data.IterableDataset):
             if topo["cp"] > 1 and split_context:
                 raise ValueError("stage_view=False gives whole sequences: make the Loader "
                                  "with split_context=False too")
-            if self._config.runtime["kind"] == "ray":
-                raise ValueError("stage_view=False needs runtime.kind: local (the Ray "
-                                 "runtime serves each rank its stage's view)")
         self._engine: Optional[RankStream] = None  # the rank's stream, from iter()
         self._state_json = _core.initial_state_json(self._config)
 

@@ -35,8 +35,8 @@ def open_stream(config: "_core.Config", bucket: int,
                 coords: Optional[Tuple[int, int, int]], split_context: bool,
                 state: str) -> RankStream:
     """The stream of bucket ``bucket`` for the rank at ``coords`` = (tp, pp, cp), from
-    ``state``, on the config's runtime; ``coords=None`` (embedded runtime only): the
-    whole micro-batches, no rank's view."""
+    ``state``, on the config's runtime; ``coords=None``: the whole micro-batches, no
+    rank's view."""
     if config.runtime["kind"] == "ray":
         # The job's shared actors build the batches (docs/distributed.md).
         from braid.ray_runtime.client import RayStream

@@ -72,7 +72,7 @@ def hf_batch(batch: Dict[str, torch.Tensor], *, varlen: bool = True,
     }
     cu = batch["cu_seqlens"]
     if varlen:
-        max_len = int((cu[1:] - cu[:-1]).max())
+        max_len = int(batch["max_seqlen"][0])  # the longest piece, from the core
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len,
                    max_length_k=max_len)
     if attention_mask:

@@ -27,19 +27,23 @@ middle stages read ``cu_seqlens`` / ``max_seqlen`` too when sequences are packed
     mask in Megatron's convention (``True`` means masked out, ``masks.masked_out_mask``).
   - ``position_ids`` int64 ``[mbs, seq]``, restarting at every document.
   - With ``packed=True`` (default; needs ``micro_batch_size`` 1, as Megatron's packed path
-    does): ``cu_seqlens`` int32 ``[1, pieces + 1]``, ``cu_seqlens_padded`` int32
-    ``[1, pieces + 1]`` (the same values: Braid puts no padding between pieces, so the
-    padded offsets are the real ones) and ``max_seqlen`` int32 ``[1]``, as Megatron's
+    does): ``cu_seqlens`` int32 ``[1, pieces + 1]`` (the cumulative real lengths),
+    ``cu_seqlens_padded`` int32 ``[1, pieces + 1]`` (where each piece starts in the
+    tokens, its padding included) and ``max_seqlen`` int32 ``[1]``, as Megatron's
     ``get_batch`` hands them to ``get_thd_batch_on_this_cp_rank`` and ``PackedSeqParams``.
+    All three come from the core: Braid's ``cu_seqlens`` (the padded boundaries),
+    ``cu_seqlens_unpadded`` (present when the job pads; else the two are equal) and
+    ``max_seqlen``.
 
 Context parallelism: Megatron splits whole sequences itself. Without the packed keys
 (``packed=False``) its ``get_batch_on_this_cp_rank`` makes the same 2*cp-chunk zigzag as
 Braid. With them (``packed=True``, THD format) Transformer Engine splits every piece into
-2*cp chunks, which needs every piece to be a multiple of 2*cp tokens: Braid's packer does
-not pad pieces to that yet, so a batch where one is not raises ``ValueError`` (use
-``packed=False`` with ``attention_mask="causal"``, or data whose pieces are). With
-``cp_split="braid"`` the batch is Braid's own CP view (for a ``get_batch`` that skips
-Megatron's split); then ``cu_seqlens`` is the rank's local one (docs/parallelism.md).
+2*cp chunks, which needs every piece to be a multiple of 2*cp tokens: set
+``batch.pad_to_multiple_of: 2*cp`` in the job (docs/config.md), and Braid's planner
+packs every document padded to that, the pad tokens without target. A batch with a piece
+that is not a multiple raises ``ValueError`` naming that key. With ``cp_split="braid"``
+the batch is Braid's own CP view (for a ``get_batch`` that skips Megatron's split); then
+``cu_seqlens`` is the rank's local one (docs/parallelism.md).
 
 Checkpoints (``--dataloader-save DIR``): Megatron's ``maybe_save_dataloader_state`` calls
 ``save_state()`` on TP rank 0 of the first stage of every DP rank and writes it to
@@ -140,16 +144,19 @@ class MegatronBatches:
                 raise ValueError(
                     f"Megatron's packed path needs micro_batch_size 1 (this batch has "
                     f"{mbs}): set batch.micro_batch_size: 1, or packed=False")
-            lengths = cu[1:] - cu[:-1]
-            if self.check_pieces and bool((lengths % (2 * self.cp)).any()):
+            if self.check_pieces and bool((cu % (2 * self.cp)).any()):
                 raise ValueError(
                     f"Megatron's THD split for cp={self.cp} needs every piece to be a "
                     f"multiple of {2 * self.cp} tokens; this batch has pieces of "
-                    f"{lengths.tolist()}: use packed=False (with attention_mask='causal')")
-            cu2 = cu.to(torch.int32).reshape(1, -1)
-            out["cu_seqlens"] = cu2
-            out["cu_seqlens_padded"] = cu2
-            out["max_seqlen"] = lengths.max().to(torch.int32).reshape(1)
+                    f"{(cu[1:] - cu[:-1]).tolist()}: set batch.pad_to_multiple_of: "
+                    f"{2 * self.cp} in the job, or use packed=False (with "
+                    f"attention_mask='causal')")
+            padded = cu.to(torch.int32).reshape(1, -1)
+            real = batch.get("cu_seqlens_unpadded")
+            out["cu_seqlens"] = padded if real is None else \
+                real.to(torch.int32).reshape(1, -1)
+            out["cu_seqlens_padded"] = padded
+            out["max_seqlen"] = batch["max_seqlen"].to(torch.int32).reshape(1)
         return out
 
     def state_dict(self) -> Dict[str, Any]:

@@ -36,7 +36,8 @@ _DETACH_WAIT_S = 30.0
 # What the attach helper process prints before its answer (Ray may log to stdout too).
 ATTACH_MARK = "BRAID-ATTACH "
 
-Key = Tuple[int, int, int, int, int, bool]  # step, bucket, micro-batch, pp, cp, split
+# step, bucket, micro-batch, pp, cp, split, whole (the micro-batch itself: no stage view)
+Key = Tuple[int, int, int, int, int, bool, bool]
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,9 @@ class NodeChannel:
 
 
 class RayStream:
-    """Micro-batches of bucket ``bucket`` for the trainer rank at ``(tp, pp, cp)``: a
-    rank's stream (``braid.stream.RankStream``) on the Ray runtime.
+    """Micro-batches of bucket ``bucket`` for the trainer rank at ``(tp, pp, cp)`` (or,
+    with ``coords=None``, the whole micro-batches): a rank's stream
+    (``braid.stream.RankStream``) on the Ray runtime.
 
     The rank's order and its states are the C++ client's (``_core.RankCursor``). A
     receiver thread keeps about two steps of micro-batches requested and fetched ahead,
@@ -285,11 +287,14 @@ class RayStream:
     Arrays are writable copies, as the embedded runtime's are.
     """
 
-    def __init__(self, config: "_core.Config", bucket: int, coords: Tuple[int, int, int],
-                 split_context: bool, state_json: str, start_local: bool = False) -> None:
+    def __init__(self, config: "_core.Config", bucket: int,
+                 coords: Optional[Tuple[int, int, int]], split_context: bool,
+                 state_json: str, start_local: bool = False) -> None:
         self._config = config
         self._bucket = bucket
-        self._tp, self._pp, self._cp = coords
+        # coords None: the whole micro-batches (Loader(stage_view=False)), as embedded.
+        self._whole = coords is None
+        self._tp, self._pp, self._cp = (0, 0, 0) if coords is None else coords
         self._split = split_context
         self._start_local = start_local
         self._timeout = float(config.runtime["timeout_s"])
@@ -319,7 +324,8 @@ class RayStream:
         return self._channel.job
 
     def _key(self, step: int, micro_batch: int) -> Key:
-        return (step, self._bucket, micro_batch, self._pp, self._cp, self._split)
+        return (step, self._bucket, micro_batch, self._pp, self._cp, self._split,
+                self._whole)
 
     def _put(self, item: Tuple[Any, ...]) -> bool:
         while not self._stopped.is_set():

@@ -230,11 +230,13 @@ class Host:
     # --- the constructor ---
 
     def get(self, step: int, bucket: int, micro_batch: int, pp: int, cp: int,
-            split_context: bool) -> Tuple[List[Any], str, str]:
+            split_context: bool, whole: bool = False) -> Tuple[List[Any], str, str]:
         """``([ref to the view's arrays], state_before, state_after)`` of micro-batch
         ``micro_batch`` of bucket ``bucket`` at step ``step`` for pipeline stage ``pp``,
-        context rank ``cp`` (the same for every TP rank): ``delivery: object_store``."""
-        view = self._constructor.view(step, bucket, micro_batch, pp, cp, split_context)
+        context rank ``cp`` (the same for every TP rank), or with ``whole`` the
+        micro-batch itself: ``delivery: object_store``."""
+        view = self._constructor.view(step, bucket, micro_batch, pp, cp, split_context,
+                                      whole)
         ref = view.attachment(lambda: ray.put(view.arrays()))
         return [ref], view.state_before, view.state_after
 

@@ -12,7 +12,7 @@ share it receive the same files.
 
 Names are ``names.py``'s. Messages are ``SOCK_SEQPACKET`` datagrams of JSON, one request
 or reply each. Requests: ``{"op": "get", "key": [step, bucket, micro_batch, pp, cp,
-split_context]}``, answered ``{"size": N, "files": K}`` with the header file (N bytes)
+split_context, whole]}``, answered ``{"size": N, "files": K}`` with the header file (N bytes)
 and the K files its tensors lie in, or ``{"error": KIND, "message": TEXT}``; ``{"op":
 "attach" | "detach", "client": ID}``, answered ``{"clients": N}`` (the ranks attached
 after it). Replies come in request order, so a trainer can keep several requests

@@ -188,6 +188,12 @@ struct BatchConfig {
   int64_t seq_len = 0;
   int64_t micro_batch_size = 1;  ///< sequences per micro-batch
   bool packing = true;
+  /// batch.pad_to_multiple_of: every document is planned as its length rounded up to a
+  /// multiple of this (1: off), so every piece's length, and every piece boundary, is a
+  /// multiple of it; the constructor fills the rounding with pad tokens that have no
+  /// target (docs/config.md). For a trainer that cuts each piece into 2*cp chunks
+  /// (Megatron-LM's packed THD path with context parallelism).
+  int64_t pad_to_multiple_of = 1;
 };
 
 struct BalanceConfig {

@@ -195,6 +195,24 @@ TEST(ConfigTest, BadWeightsNameTheirPath) {
       "sources", "all weights are 0 at step 5");
 }
 
+TEST(ConfigTest, PadToMultipleOfMustDivideEveryTokenCountThePlannerCutsAt) {
+  auto ok = ParseConfig(Minimal("{global_tokens: 4096, seq_len: 1024, pad_to_multiple_of: 4}"),
+                        "/base");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->batch.pad_to_multiple_of, 4);
+  EXPECT_NE(ok->Fingerprint(), ParseConfig(Minimal(), "/base")->Fingerprint());
+  EXPECT_EQ(ParseConfig(Minimal("{global_tokens: 4096, seq_len: 1024, pad_to_multiple_of: 1}"),
+                        "/base")->Fingerprint(),
+            ParseConfig(Minimal(), "/base")->Fingerprint());
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, pad_to_multiple_of: 0}"),
+                    "batch.pad_to_multiple_of", "> 0");
+  ExpectConfigError(Minimal("{global_tokens: 4096, seq_len: 1024, pad_to_multiple_of: 3}"),
+                    "batch.seq_len", "multiple of batch.pad_to_multiple_of (3)");
+  ExpectConfigError("balance: {max_piece: 6}\n" +
+                        Minimal("{global_tokens: 4096, seq_len: 1024, pad_to_multiple_of: 4}"),
+                    "balance.max_piece", "multiple of batch.pad_to_multiple_of (4)");
+}
+
 TEST(ConfigTest, BatchShapeMustDivide) {
   ExpectConfigError(Minimal("{global_tokens: 4000, seq_len: 1024}"),
                     "batch.global_tokens", "multiple of batch.seq_len");

@@ -15,6 +15,8 @@ std::string Config::Fingerprint() const {
   std::ostringstream os;
   os << seed << '|' << batch.global_tokens << '|' << batch.seq_len << '|'
      << batch.micro_batch_size;
+  // Padding changes every piece (and the state's units); 1 keeps the old fingerprint.
+  if (batch.pad_to_multiple_of != 1) os << "|pad=" << batch.pad_to_multiple_of;
   for (const auto& s : sources) {
     os << '|' << s.name << ':' << s.path << ':' << s.tokens_column << ':'
        << ToString(s.oversize) << ':' << s.shuffle_window_rows;

@@ -172,7 +172,8 @@ Result<Topology> ParseTopology(const YAML::Node& t) {
 // batch: the shape of every step.
 Status ParseBatch(const YAML::Node& b, BatchConfig* batch) {
   ARROW_RETURN_NOT_OK(CheckMap(
-      b, "batch", {"global_tokens", "seq_len", "micro_batch_size", "packing"}));
+      b, "batch",
+      {"global_tokens", "seq_len", "micro_batch_size", "packing", "pad_to_multiple_of"}));
   for (const char* required : {"global_tokens", "seq_len"}) {
     if (!b[required]) return ConfigError(Join("batch", required), "is required");
   }
@@ -182,6 +183,10 @@ Status ParseBatch(const YAML::Node& b, BatchConfig* batch) {
   if (b["micro_batch_size"]) {
     ARROW_ASSIGN_OR_RAISE(batch->micro_batch_size,
                           PositiveInt(b["micro_batch_size"], "batch.micro_batch_size"));
+  }
+  if (b["pad_to_multiple_of"]) {
+    ARROW_ASSIGN_OR_RAISE(batch->pad_to_multiple_of,
+                          PositiveInt(b["pad_to_multiple_of"], "batch.pad_to_multiple_of"));
   }
   if (b["packing"]) {
     ARROW_ASSIGN_OR_RAISE(batch->packing,

@@ -103,6 +103,33 @@ Status ValidateConfig(const Config& c) {
       }
     }
   }
+  // Padding (batch.pad_to_multiple_of): the planner works in blocks of that many tokens
+  // (plan/planner.h), so every token count it cuts at must be whole blocks.
+  if (const int64_t m = b.pad_to_multiple_of; m > 1) {
+    for (size_t i = 0; i <= c.phases.size(); ++i) {
+      const bool base = i == c.phases.size();
+      const int64_t L = base ? b.seq_len : c.phases[i].seq_len;
+      if (L % m != 0) {
+        return ConfigError(
+            base ? "batch.seq_len" : "phases[" + std::to_string(i) + "].seq_len",
+            "must be a multiple of batch.pad_to_multiple_of (" + std::to_string(m) +
+                "), got " + std::to_string(L));
+      }
+    }
+    if (c.balance.max_piece % m != 0) {
+      return ConfigError("balance.max_piece",
+                         "must be a multiple of batch.pad_to_multiple_of (" +
+                             std::to_string(m) + "), got " +
+                             std::to_string(c.balance.max_piece));
+    }
+    for (size_t i = 0; i < c.sources.size(); ++i) {
+      if (!c.sources[i].image_column.empty()) {
+        return ConfigError("sources[" + std::to_string(i) + "].image_column",
+                           "images are not planned with batch.pad_to_multiple_of > 1 "
+                           "(text sources only)");
+      }
+    }
+  }
   // Weights may be 0 for a while, but some source must have weight at every step.
   std::vector<int64_t> steps{0};
   for (const auto& s : c.sources) {

@@ -71,7 +71,8 @@ Result<std::vector<Tensor>> ImageTensors(const std::vector<const ImagePatches*>&
 }  // namespace
 
 Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_batch,
-                             TensorFile* file) {
+                              int64_t pad_to_multiple_of, TensorFile* file) {
+  const bool padded = pad_to_multiple_of > 1;
   const MicroBatch& mb = plan.buckets[size_t(dp)].micro_batches[size_t(micro_batch)];
   const int64_t rows = static_cast<int64_t>(mb.sequences.size());
   const int64_t seq_len = plan.seq_len;
@@ -101,6 +102,9 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   Tensor position_ids = ZerosIn(file, "position_ids", DType::kInt64, {rows, seq_len});
   Tensor source_ids = ZerosIn(file, "source_ids", DType::kInt32, {rows, seq_len});
   Tensor cu_seqlens = ZerosIn(file, "cu_seqlens", DType::kInt32, {num_pieces + 1});
+  Tensor cu_unpadded = ZerosIn(file, "cu_seqlens_unpadded", DType::kInt32,
+                               {padded ? num_pieces + 1 : 0});
+  Tensor max_seqlen = ZerosIn(file, "max_seqlen", DType::kInt32, {1});
 
   auto* ids = input_ids.data<int64_t>();
   auto* lab = labels.data<int64_t>();
@@ -108,6 +112,8 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
   auto* pos = position_ids.data<int64_t>();
   auto* src = source_ids.data<int32_t>();
   auto* cu = cu_seqlens.data<int32_t>();
+  auto* cu_real = cu_unpadded.data<int32_t>();
+  int64_t real_tokens = 0;  // so far, padding left out
   int64_t piece_index = 0;
   // Images of the pieces, in token order (payloads kept alive until copied).
   std::vector<TokenPayload> image_owners;
@@ -125,12 +131,29 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
       const std::vector<uint8_t>& targets = payload->loss_mask;
       ARROW_RETURN_NOT_OK(CollectImages(plan.step, d, payload, &images));
       if (!payload->images.empty()) image_owners.push_back(payload);
+      // The document's real end: its payload's length, or the truncation. With padding
+      // the plan counts up to m-1 more (the pad tokens), and every piece holds a real
+      // token (pieces start on a multiple of m).
+      const int64_t end = std::min(d.doc_tokens, static_cast<int64_t>(doc.size()));
+      const int64_t missing = d.doc_tokens - end;
+      if (missing >= pad_to_multiple_of || end <= d.start) {
+        return DataError(MicroBatchWhere(plan.step, dp, micro_batch) + ": sources[" +
+                             std::to_string(d.source) + "] file " +
+                             std::to_string(d.file) + " row " + std::to_string(d.row),
+                         "the payload holds " + std::to_string(doc.size()) +
+                             " tokens, the plan a " + std::to_string(d.doc_tokens) +
+                             "-token document; did the file change?");
+      }
       for (int64_t k = 0; k < d.len; ++k, ++t) {
         const int64_t at = d.start + k;
-        ids[t] = doc[size_t(at)];
         pos[t] = k;
         src[t] = d.source;
-        if (at + 1 < d.doc_tokens) {
+        if (at >= end) {  // padding: input_ids 0, no target
+          lab[t] = kIgnoreLabel;
+          continue;
+        }
+        ids[t] = doc[size_t(at)];
+        if (at + 1 < end) {
           lab[t] = doc[size_t(at + 1)];
           mask[t] = targets.empty() || targets[size_t(at + 1)] ? 1.0f : 0.0f;
         } else {
@@ -138,6 +161,8 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
         }
       }
       cu[++piece_index] = static_cast<int32_t>(t);
+      real_tokens += std::min(d.len, end - d.start);
+      if (padded) cu_real[piece_index] = static_cast<int32_t>(real_tokens);
     }
     // A sequence shorter than L (token slack, postponed multimodal documents, the end of
     // a step) is padded; the padding is a segment of its own.
@@ -146,14 +171,21 @@ Result<Batch> BuildMicroBatch(const StepPlan& plan, int64_t dp, int64_t micro_ba
         lab[t] = kIgnoreLabel;
         pos[t] = k;
       }
+      real_tokens += t - cu[piece_index];
       cu[++piece_index] = static_cast<int32_t>(t);
+      if (padded) cu_real[piece_index] = static_cast<int32_t>(real_tokens);
     }
   }
+  int32_t longest = 0;
+  for (int64_t k = 0; k < num_pieces; ++k) longest = std::max(longest, cu[k + 1] - cu[k]);
+  max_seqlen.data<int32_t>()[0] = longest;
   batch.tensors.push_back(std::move(input_ids));
   batch.tensors.push_back(std::move(labels));
   batch.tensors.push_back(std::move(loss_mask));
   batch.tensors.push_back(std::move(position_ids));
   batch.tensors.push_back(std::move(cu_seqlens));
+  if (padded) batch.tensors.push_back(std::move(cu_unpadded));
+  batch.tensors.push_back(std::move(max_seqlen));
   batch.tensors.push_back(std::move(source_ids));
   if (!images.empty()) {
     ARROW_ASSIGN_OR_RAISE(

@@ -1,5 +1,9 @@
 #include "braid/construct/constructor.h"
 
+#include <algorithm>
+#include <map>
+#include <tuple>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -261,6 +265,135 @@ TEST(ConstructorTest, MicroBatchesOfTwoSequencesFromAMemoryPlan) {
   }
   EXPECT_EQ(checked, 24);
   EXPECT_GT(continued, 0) << "some pieces should end inside their document";
+}
+
+// batch.pad_to_multiple_of: the planner plans every document rounded up to a multiple of
+// m, so every piece starts and ends on a multiple of m; the constructor fills each
+// document's rounding with pad tokens (id 0, no target), keeps them in the piece's
+// segment, and carries the real lengths in cu_seqlens_unpadded.
+class PaddedPiecesTest : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(PaddedPiecesTest, EveryPieceIsWholeBlocksAndEveryTokenArrivesOnce) {
+  const int64_t m = GetParam();
+  testing::LengthSpec spec;
+  spec.median_tokens = 40;
+  spec.max_tokens = 300;
+  auto docs = std::make_shared<const MemoryStream::Docs>(testing::RandomDocs(400, spec, 7));
+  Config config;
+  config.seed = 9;
+  config.topology.dp = 2;
+  config.batch.seq_len = 96;
+  config.batch.global_tokens = 96 * 8;
+  config.batch.pad_to_multiple_of = m;
+  SourceConfig s;
+  s.name = "a";
+  s.path = "a";
+  s.tokens_column = "t";
+  config.sources.push_back(s);
+  ASSERT_TRUE(ValidateConfig(config).ok());
+  MemoryStream::Options o;
+  MemoryStream a(docs, o);
+  auto planner = Planner::Make(config, {&a}, Planner::InitialState(config));
+  ASSERT_TRUE(planner.ok());
+  // Per (file, row, epoch): the pieces seen, (start, len).
+  std::map<std::tuple<int32_t, int64_t, int64_t>, std::vector<std::pair<int64_t, int64_t>>>
+      pieces;
+  std::map<std::tuple<int32_t, int64_t, int64_t>, int64_t> doc_len;
+  int64_t padded_pieces = 0;
+  for (int step = 0; step < 8; ++step) {
+    auto plan = (*planner)->PlanStep();
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->seq_len, 96);
+    for (int64_t dp = 0; dp < 2; ++dp) {
+      for (int64_t mb = 0; mb < 4; ++mb) {
+        auto batch = BuildMicroBatch(*plan, dp, mb, m);
+        ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+        const auto ids = Values<int64_t>(*batch, "input_ids", DType::kInt64);
+        const auto labels = Values<int64_t>(*batch, "labels", DType::kInt64);
+        const auto mask = Values<float>(*batch, "loss_mask", DType::kFloat32);
+        const auto cu = Values<int32_t>(*batch, "cu_seqlens", DType::kInt32);
+        const auto max_seqlen = Values<int32_t>(*batch, "max_seqlen", DType::kInt32);
+        const auto real = m > 1 ? Values<int32_t>(*batch, "cu_seqlens_unpadded",
+                                                   DType::kInt32)
+                                : cu;
+        if (m == 1) EXPECT_EQ(batch->Find("cu_seqlens_unpadded"), nullptr);
+        ASSERT_EQ(real.size(), cu.size());
+        int32_t longest = 0;
+        for (size_t k = 0; k + 1 < cu.size(); ++k) {
+          EXPECT_EQ(cu[k] % m, 0) << "a piece boundary off the blocks";
+          longest = std::max(longest, cu[k + 1] - cu[k]);
+        }
+        EXPECT_EQ(max_seqlen, std::vector<int32_t>{longest});
+        const Sequence& seq = plan->buckets[size_t(dp)].micro_batches[size_t(mb)]
+                                  .sequences[0];
+        size_t t = 0, segment = 0;
+        for (const DocPiece& d : seq.docs) {
+          EXPECT_EQ(d.start % m, 0);
+          EXPECT_EQ(d.len % m, 0);
+          const std::vector<int32_t>& doc = a.Doc(d.file, d.row);
+          const int64_t n = int64_t(doc.size());
+          EXPECT_EQ(d.doc_tokens, (n + m - 1) / m * m);
+          pieces[{d.file, d.row, d.epoch}].emplace_back(d.start, d.len);
+          doc_len[{d.file, d.row, d.epoch}] = d.doc_tokens;
+          const int64_t real_len = std::min(d.len, n - d.start);
+          ASSERT_GT(real_len, 0);
+          EXPECT_EQ(real[segment + 1] - real[segment], real_len);
+          EXPECT_EQ(cu[segment + 1] - cu[segment], d.len);
+          padded_pieces += real_len < d.len ? 1 : 0;
+          for (int64_t k = 0; k < d.len; ++k, ++t) {
+            if (d.start + k < n) {
+              EXPECT_EQ(ids[t], doc[size_t(d.start + k)]);
+              if (d.start + k + 1 < n) {
+                EXPECT_EQ(labels[t], doc[size_t(d.start + k + 1)]);
+                EXPECT_EQ(mask[t], 1.0f);
+              } else {
+                EXPECT_EQ(labels[t], kIgnoreLabel);
+              }
+            } else {  // padding
+              EXPECT_EQ(ids[t], 0);
+              EXPECT_EQ(labels[t], kIgnoreLabel);
+              EXPECT_EQ(mask[t], 0.0f);
+            }
+          }
+          ++segment;
+        }
+        EXPECT_EQ(int64_t(t), 96) << "the rows are full";
+      }
+    }
+  }
+  if (m > 1) EXPECT_GT(padded_pieces, 20);
+  // Every document's pieces tile it from its start, each token once.
+  for (auto& [doc, parts] : pieces) {
+    std::sort(parts.begin(), parts.end());
+    int64_t at = 0;
+    for (const auto& [start, len] : parts) {
+      EXPECT_EQ(start, at);
+      at = start + len;
+    }
+    EXPECT_LE(at, doc_len[doc]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Multiples, PaddedPiecesTest, ::testing::Values(1, 2, 4, 6));
+
+// A payload shorter than its planned document by m or more is a data error.
+TEST(ConstructorTest, PaddedPieceOfAShorterPayloadIsADataError) {
+  Sequence seq;
+  seq.docs = {Piece(0, Payload({1, 2, 3}), 0, 8, /*doc_tokens=*/8)};
+  seq.tokens = 8;
+  StepPlan plan;
+  plan.seq_len = 8;
+  plan.buckets.resize(1);
+  plan.buckets[0].micro_batches.resize(1);
+  plan.buckets[0].micro_batches[0].sequences = {seq};
+  EXPECT_THAT(BuildMicroBatch(plan, 0, 0, /*pad_to_multiple_of=*/4).status().message(),
+              ::testing::HasSubstr("the payload holds 3 tokens, the plan a 8-token"));
+  auto ok = BuildMicroBatch(plan, 0, 0, /*pad_to_multiple_of=*/8);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_THAT(Values<int32_t>(*ok, "cu_seqlens_unpadded", DType::kInt32),
+              ElementsAreArray({0, 3}));
+  EXPECT_THAT(BuildMicroBatch(plan, 0, 0).status().message(),
+              ::testing::HasSubstr("the payload holds 3 tokens"));
 }
 
 TEST(ConstructorTest, MicroBatchesFromRealParquet) {

@@ -66,7 +66,7 @@ TEST(TensorMemoryTest, ABuildInAFileEqualsTheHeapBuildAndLiesInTheFile) {
   auto file = TensorFile::Make();
   ASSERT_TRUE(file.ok());
   auto heap = BuildMicroBatch(plan, 0, 0);
-  auto shared = BuildMicroBatch(plan, 0, 0, file->get());
+  auto shared = BuildMicroBatch(plan, 0, 0, /*pad_to_multiple_of=*/1, file->get());
   ASSERT_TRUE(heap.ok() && shared.ok());
   ASSERT_EQ(heap->tensors.size(), shared->tensors.size());
   for (size_t i = 0; i < heap->tensors.size(); ++i) {

@@ -7,7 +7,10 @@ namespace braid {
 namespace {
 
 bool Wanted(const std::string& name, int64_t pp, int64_t num_stages) {
-  if (name == "position_ids" || name == "cu_seqlens") return true;
+  if (name == "position_ids" || name == "cu_seqlens" || name == "cu_seqlens_unpadded" ||
+      name == "max_seqlen") {
+    return true;
+  }
   if (name == "labels" || name == "loss_mask") return pp == num_stages - 1;
   return pp == 0;  // input_ids, source_ids and any other input tensor
 }
@@ -53,12 +56,24 @@ Tensor SplitCuSeqlens(const Tensor& cu, int64_t rows, int64_t seq_len, int64_t c
   return out;
 }
 
+// The longest segment of a view's cu_seqlens, as the constructor's max_seqlen.
+Tensor MaxSeqlen(const Tensor& cu) {
+  const auto* c = cu.data<int32_t>();
+  int32_t longest = 0;
+  for (int64_t k = 0; k + 1 < cu.num_elements(); ++k) {
+    longest = std::max(longest, c[k + 1] - c[k]);
+  }
+  Tensor out = Tensor::Zeros("max_seqlen", DType::kInt32, {1});
+  out.data<int32_t>()[0] = longest;
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> ViewTensorNames(int64_t pp, int64_t num_stages) {
   std::vector<std::string> names;
   for (const char* n : {"input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
-                        "source_ids"}) {
+                        "max_seqlen", "source_ids"}) {
     if (Wanted(n, pp, num_stages)) names.push_back(n);
   }
   return names;
@@ -122,6 +137,12 @@ Result<Batch> ViewFor(const Batch& batch, const Topology& topology,
       view.tensors.push_back(t);  // shares storage
     } else if (t.name == "cu_seqlens") {
       view.tensors.push_back(SplitCuSeqlens(t, rows, seq_len, cp, coords.cp, file));
+    } else if (t.name == "max_seqlen") {
+      const Tensor* cu = batch.Find("cu_seqlens");
+      if (cu != nullptr) view.tensors.push_back(MaxSeqlen(SplitCuSeqlens(
+                             *cu, rows, seq_len, cp, coords.cp, nullptr)));
+    } else if (t.name == "cu_seqlens_unpadded") {
+      continue;  // the real lengths of whole pieces; a CP rank holds chunks of them
     } else if (t.shape.size() == 2 && t.shape[0] == rows && t.shape[1] == seq_len &&
                t.name != "pixel_values" && t.name != "image_grid") {
       // (Image tensors are per patch / per image, never split, even when their shape

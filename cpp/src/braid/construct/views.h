@@ -6,15 +6,17 @@
 //   - TP: every TP rank receives the same tensors. The view shares their storage.
 //   - PP: the first stage (pp == 0) receives input_ids and source_ids (and any other
 //     input tensor, e.g. pixel_values), the last stage (pp == PP-1) labels and
-//     loss_mask, every stage position_ids and cu_seqlens. With PP == 1 the one stage is
-//     first and last and receives everything. Middle stages receive position_ids and
-//     cu_seqlens only.
+//     loss_mask, every stage position_ids, cu_seqlens and max_seqlen (and
+//     cu_seqlens_unpadded when the batch is padded). With PP == 1 the one stage is
+//     first and last and receives everything. Middle stages receive position_ids,
+//     cu_seqlens and max_seqlen (and cu_seqlens_unpadded) only.
 //   - CP: with CP > 1 every sequence of length L is cut into 2*CP chunks of L/(2*CP)
 //     tokens; CP rank r receives chunks r and 2*CP-1-r, concatenated, of every per-token
 //     tensor ([mbs, L] -> [mbs, L/CP]). position_ids keep their original values (RoPE
 //     stays right). cu_seqlens becomes the rank's own: the piece boundaries that fall
 //     inside its chunks plus every chunk edge, in the rank's local flattened token
-//     coordinates (docs/parallelism.md has the exact rule). These tensors are copies
+//     coordinates (docs/parallelism.md has the exact rule), max_seqlen its longest
+//     segment; cu_seqlens_unpadded is left out. These tensors are copies
 //     (1/CP of the batch per rank, so the CP ranks together hold one batch).
 // Without CP the view copies no tensor data.
 //
@@ -35,7 +37,7 @@ namespace braid {
 
 /// The names a rank at pipeline stage `pp` of `num_stages` receives among the
 /// constructor's standard tensors, in the constructor's order (input_ids, labels,
-/// loss_mask, position_ids, cu_seqlens, source_ids). Other tensors (multimodal inputs) go
+/// loss_mask, position_ids, cu_seqlens, max_seqlen, source_ids). Other tensors (multimodal inputs) go
 /// to the first stage.
 std::vector<std::string> ViewTensorNames(int64_t pp, int64_t num_stages);
 

@@ -56,7 +56,12 @@ Batch MakeBatch(int64_t rows, int64_t seq_len, uint32_t seed, int64_t dp = 0) {
   Tensor cu_t = Tensor::Zeros("cu_seqlens", DType::kInt32, {int64_t(cu.size())});
   std::copy(cu.begin(), cu.end(), cu_t.data<int32_t>());
   for (Tensor* t : {&ids, &labels, &mask, &pos}) b.tensors.push_back(std::move(*t));
+  int32_t longest = 0;
+  for (size_t k = 0; k + 1 < cu.size(); ++k) longest = std::max(longest, cu[k + 1] - cu[k]);
+  Tensor max_t = Tensor::Zeros("max_seqlen", DType::kInt32, {1});
+  max_t.data<int32_t>()[0] = longest;
   b.tensors.push_back(std::move(cu_t));
+  b.tensors.push_back(std::move(max_t));
   b.tensors.push_back(std::move(src));
   return b;
 }
@@ -76,6 +81,7 @@ TEST_P(ViewsTest, PipelineStagesGetTheDocumentedKeysAndTensorRanksShareStorage) 
     }
     want.push_back("position_ids");
     want.push_back("cu_seqlens");
+    want.push_back("max_seqlen");
     if (stage == 0) want.push_back("source_ids");
     EXPECT_EQ(ViewTensorNames(stage, pp), want);
     for (int64_t c = 0; c < cp; ++c) {
@@ -94,7 +100,7 @@ TEST_P(ViewsTest, PipelineStagesGetTheDocumentedKeysAndTensorRanksShareStorage) 
           // No copy: the views hold the constructor's buffers.
           EXPECT_EQ(a.storage.get(), batch.Find(a.name)->storage.get()) << a.name;
           EXPECT_EQ(tp1->tensors[i].storage.get(), a.storage.get()) << a.name;
-        } else if (a.name != "cu_seqlens") {
+        } else if (a.name != "cu_seqlens" && a.name != "max_seqlen") {
           EXPECT_THAT(a.shape, ElementsAreArray({int64_t{2}, 48 / cp})) << a.name;
         }
       }
@@ -125,7 +131,7 @@ TEST_P(ViewsTest, ContextPartsReassembleToTheSequences) {
         parts.push_back(std::move(*v));
       }
       for (const std::string& name : ViewTensorNames(stage, pp)) {
-        if (name == "cu_seqlens") continue;
+        if (name == "cu_seqlens" || name == "max_seqlen") continue;
         const Tensor& whole = *batch.Find(name);
         const size_t elem = DTypeSize(whole.dtype);
         Bytes rebuilt(whole.storage->size());
@@ -146,6 +152,10 @@ TEST_P(ViewsTest, ContextPartsReassembleToTheSequences) {
       // or a chunk edge; inside a segment positions run on by one (one document).
       for (int64_t c = 0; c < cp; ++c) {
         const auto cu = Values<int32_t>(*parts[size_t(c)].Find("cu_seqlens"));
+        int32_t longest = 0;
+        for (size_t k = 0; k + 1 < cu.size(); ++k) longest = std::max(longest, cu[k + 1] - cu[k]);
+        EXPECT_EQ(Values<int32_t>(*parts[size_t(c)].Find("max_seqlen")),
+                  std::vector<int32_t>{longest});
         const auto pos = Values<int64_t>(*parts[size_t(c)].Find("position_ids"));
         ASSERT_GE(cu.size(), 2u);
         EXPECT_EQ(cu.front(), 0);
@@ -227,7 +237,8 @@ TEST(ViewsBucketTest, DistributedDimensionsGetWholeMicroBatchesOfTheirBucket) {
   middle.pp = 1;
   auto mid = ViewFor(batch, t, middle);
   ASSERT_TRUE(mid.ok());
-  EXPECT_EQ(Names(*mid), (std::vector<std::string>{"position_ids", "cu_seqlens"}));
+  EXPECT_EQ(Names(*mid),
+            (std::vector<std::string>{"position_ids", "cu_seqlens", "max_seqlen"}));
   // Another CP rank of the same DP rank has another bucket.
   RankCoords other = coords;
   other.cp = 0;

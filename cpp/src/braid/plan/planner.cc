@@ -326,6 +326,68 @@ PlannerState Planner::InitialState(const Config& config) {
   return s;
 }
 
+namespace {
+
+// batch.pad_to_multiple_of (planner.h): the config as the planner sees it, in blocks.
+Config InBlocks(const Config& config) {
+  const int64_t m = config.batch.pad_to_multiple_of;
+  Config c = config;
+  c.batch.global_tokens /= m;
+  c.batch.seq_len /= m;
+  for (PhaseConfig& p : c.phases) p.seq_len /= m;
+  c.balance.max_piece /= m;
+  const double md = static_cast<double>(m);
+  c.balance.attn *= md * md;
+  c.balance.linear *= md;
+  c.balance.vision *= md;
+  return c;
+}
+
+// A source's samples with their lengths in blocks of `block` tokens (rounded up).
+class BlockStream : public SampleStream {
+ public:
+  BlockStream(SampleStream* inner, int64_t block) : inner_(inner), block_(block) {}
+  Result<Sample> Next() override {
+    ARROW_ASSIGN_OR_RAISE(Sample s, inner_->Next());
+    s.meta.tokens = (s.meta.tokens + block_ - 1) / block_;
+    s.meta.image_tokens = (s.meta.image_tokens + block_ - 1) / block_;
+    return s;
+  }
+  int64_t rows_per_epoch() const override { return inner_->rows_per_epoch(); }
+
+ private:
+  SampleStream* inner_;
+  const int64_t block_;
+};
+
+// A plan made in blocks of `m` tokens, in tokens (its context figures recomputed).
+void PlanToTokens(int64_t m, StepPlan* plan) {
+  plan->seq_len *= m;
+  for (int64_t& t : plan->source_tokens) t *= m;
+  std::fill(plan->source_context.begin(), plan->source_context.end(), 0);
+  std::fill(plan->source_bound.begin(), plan->source_bound.end(), 0);
+  for (BucketPlan& bucket : plan->buckets) {
+    bucket.tokens *= m;
+    for (MicroBatch& mb : bucket.micro_batches) {
+      mb.tokens *= m;
+      for (Sequence& seq : mb.sequences) {
+        seq.tokens *= m;
+        for (DocPiece& d : seq.docs) {
+          d.start *= m;
+          d.len *= m;
+          d.doc_tokens *= m;
+          d.image_tokens *= m;
+          const PieceContext c = ContextOf(d.start, d.len, plan->seq_len);
+          plan->source_context[size_t(d.source)] += c.context;
+          plan->source_bound[size_t(d.source)] += c.bound;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Planner>> Planner::Make(const Config& config,
                                                std::vector<SampleStream*> streams,
                                                PlannerState state) {
@@ -335,7 +397,28 @@ Result<std::unique_ptr<Planner>> Planner::Make(const Config& config,
                            streams.size(), " streams and ", state.sources.size(),
                            " cursors");
   }
-  return std::unique_ptr<Planner>(new Planner(config, std::move(streams), std::move(state)));
+  const int64_t m = config.batch.pad_to_multiple_of;
+  if (m <= 1) {
+    return std::unique_ptr<Planner>(
+        new Planner(config, std::move(streams), std::move(state)));
+  }
+  std::vector<std::unique_ptr<SampleStream>> blocks;
+  std::vector<SampleStream*> in_blocks;
+  for (SampleStream* s : streams) {
+    blocks.push_back(std::make_unique<BlockStream>(s, m));
+    in_blocks.push_back(blocks.back().get());
+  }
+  auto planner = std::unique_ptr<Planner>(
+      new Planner(InBlocks(config), std::move(in_blocks), std::move(state)));
+  planner->block_ = m;
+  planner->block_streams_ = std::move(blocks);
+  return planner;
+}
+
+Result<StepPlan> Planner::PlanStep() {
+  ARROW_ASSIGN_OR_RAISE(StepPlan plan, PlanBlocks());
+  if (block_ > 1) PlanToTokens(block_, &plan);
+  return plan;
 }
 
 std::vector<int64_t> Planner::Quotas(int64_t capacity) {
@@ -1033,7 +1116,7 @@ Status Planner::PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan) {
   return Status::OK();
 }
 
-Result<StepPlan> Planner::PlanStep() {
+Result<StepPlan> Planner::PlanBlocks() {
   const int64_t seq_len = config_.SeqLenAt(state_.step);  // the phase's
   const int64_t num_sequences = config_.batch.global_tokens / seq_len;
   // Each sequence is packed to `fill` tokens: the step's budget leaves the token slack.

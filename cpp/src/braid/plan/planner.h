@@ -34,6 +34,13 @@
 // (rebalance.h).
 // Steps 1-3 do not depend on dp, so the documents of a step, and their pieces, are the
 // same for any dp.
+// Padding (batch.pad_to_multiple_of m > 1): the planner plans in blocks of m tokens. A
+// document of n tokens is ceil(n / m) blocks; seq_len, global_tokens, max_piece and the
+// cost coefficients are taken in blocks (attn * m^2, linear * m, vision * m), so every
+// decision above is made as without padding, and every cut falls on a block boundary.
+// The plan comes back in tokens: each piece's `len` and `doc_tokens` count its padding
+// (what it occupies of its sequence); the constructor fills the padding. The state's
+// head_start and carry count blocks.
 //
 // Thread-compatible: one thread calls PlanStep; the streams are consumed from that thread.
 #pragma once
@@ -152,7 +159,11 @@ class Planner {
                          StepPlan* plan);
   Status PackWhole(int64_t seq_len, int64_t fill, StepPlan* plan);
 
-  const Config config_;
+  Result<StepPlan> PlanBlocks();
+
+  const Config config_;  // in blocks of `block_` tokens (see the header comment)
+  int64_t block_ = 1;    // batch.pad_to_multiple_of
+  std::vector<std::unique_ptr<SampleStream>> block_streams_;  // streams_ in blocks
   std::vector<SampleStream*> streams_;
   PlannerState state_;
   // The sample at state_.sources[i].next when it has been read but not fully consumed.

@@ -328,8 +328,9 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
     const size_t n = plan.buckets[size_t(bucket)].micro_batches.size();
     for (size_t mb = 0; mb < n; ++mb) {
       const auto file = MaybeTensorFile(options_.shared_memory);
-      ARROW_ASSIGN_OR_RAISE(Batch batch,
-                            BuildMicroBatch(plan, bucket, int64_t(mb), file.get()));
+      ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(plan, bucket, int64_t(mb),
+                                                         config_.batch.pad_to_multiple_of,
+                                                         file.get()));
       out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));
     }
     return out;
@@ -382,14 +383,17 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
       std::vector<std::string> blanked;
       ARROW_RETURN_NOT_OK(AttachPieces(&part, bucket, source,
                                        config_.sources[size_t(source)],
-                                       (*replies)[k], &blanked));
+                                       (*replies)[k], &blanked,
+                                       config_.batch.pad_to_multiple_of));
       for (const std::string& why : blanked) LogBlank(source, why);
     }
   }
   const size_t n = part.buckets[size_t(bucket)].micro_batches.size();
   for (size_t mb = 0; mb < n; ++mb) {
     const auto file = MaybeTensorFile(options_.shared_memory);
-    ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(part, bucket, int64_t(mb), file.get()));
+    ARROW_ASSIGN_OR_RAISE(Batch batch, BuildMicroBatch(part, bucket, int64_t(mb),
+                                                       config_.batch.pad_to_multiple_of,
+                                                       file.get()));
     out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));
   }
   return out;

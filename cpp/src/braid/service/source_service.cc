@@ -253,7 +253,10 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
     ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, &encoded));
     const std::string& path = files_->files()[size_t(file)].path;
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
-    if (start < 0 || len < 0 || start + len > doc_tokens || doc_tokens > have) {
+    // With batch.pad_to_multiple_of m the plan counts a document's padding too.
+    const int64_t m = config_.batch.pad_to_multiple_of;
+    if (start < 0 || len < 0 || start + len > doc_tokens ||
+        doc_tokens > (have + m - 1) / m * m || start >= have) {
       return DataError(DataLocation(path, -1, row),
                        "the row holds " + std::to_string(have) + " tokens, the plan a " +
                            "piece [" + std::to_string(start) + ", " +
@@ -261,7 +264,7 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
                            std::to_string(doc_tokens) +
                            "-token document; did the file change?");
     }
-    const int64_t end = std::min(start + len + 1, doc_tokens);
+    const int64_t end = std::min({start + len + 1, doc_tokens, have});
     reply.tokens.insert(reply.tokens.end(), payload->tokens.begin() + start,
                         payload->tokens.begin() + end);
     if (!payload->loss_mask.empty()) {

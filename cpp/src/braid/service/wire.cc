@@ -224,7 +224,7 @@ std::vector<std::string> SplitPaths(const std::vector<uint8_t>& blob) {
 Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
                     const SourceConfig& source_config,
                     std::shared_ptr<const PieceReply> reply,
-                    std::vector<std::string>* blanked) {
+                    std::vector<std::string>* blanked, int64_t pad_to_multiple_of) {
   const std::string where = "step " + std::to_string(plan->step) + ": sources[" +
                             std::to_string(source) + "] reply";
   const bool masked = !reply->loss_mask.empty();
@@ -251,7 +251,10 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
         const int64_t end = reply->offsets[k + 1];
         ++k;
         const int64_t want = std::min(d.start + d.len + 1, d.doc_tokens) - d.start;
-        if (begin < 0 || end < begin || end - begin != want ||
+        // Padding (pad_to_multiple_of > 1): the row may end up to m-1 tokens before the
+        // planned document does; every piece still holds a token of it.
+        const int64_t least = std::max<int64_t>(1, want - (pad_to_multiple_of - 1));
+        if (begin < 0 || end < begin || end - begin > want || end - begin < least ||
             static_cast<size_t>(end) > reply->tokens.size()) {
           return DataError(where, "piece " + std::to_string(k - 1) + " has " +
                                       std::to_string(end - begin) + " tokens, expected " +
@@ -307,7 +310,7 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
           if (blanked != nullptr) blanked->push_back(bad.message());
         }
         d.payload = PayloadRef(TokenPayload(std::move(payload)));
-        d.doc_tokens = want;
+        d.doc_tokens = want;  // the planned window: the constructor pads what is missing
         d.start = 0;
       }
     }

@@ -93,10 +93,13 @@ struct PieceReply {
 /// or (skip) the piece's images blank and its loss mask 0, as every piece of that row.
 /// Fails (data error naming the source and step) when the reply does not match the
 /// pieces. `blanked` (optional) gets one message per piece blanked under skip (file, row,
-/// why), for the caller to log and count. Thread-safe for distinct plans.
+/// why), for the caller to log and count. With batch.pad_to_multiple_of m > 1 a piece may
+/// hold up to m-1 tokens fewer than planned (its document's padding, which the
+/// constructor fills). Thread-safe for distinct plans.
 Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
                     const SourceConfig& source_config,
                     std::shared_ptr<const PieceReply> reply,
-                    std::vector<std::string>* blanked = nullptr);
+                    std::vector<std::string>* blanked = nullptr,
+                    int64_t pad_to_multiple_of = 1);
 
 }  // namespace braid
