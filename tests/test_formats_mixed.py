@@ -1,5 +1,6 @@
 """One job mixing a source of every format (Parquet, a Megatron dataset written by
-Megatron-Core's builder, gzip JSON Lines, a save_to_disk folder written by `datasets`),
+Megatron-Core's builder, gzip JSON Lines, a save_to_disk folder written by `datasets`,
+WebDataset shards written by the webdataset package's TarWriter),
 on local disk and on a loopback S3 server: it runs, resumes exactly, and gives every rank
 the same tensors on the embedded and the Ray runtime."""
 
@@ -22,14 +23,15 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 
 try:
     import datasets
+    import webdataset
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 except ImportError:  # declared dev dependencies: their absence fails the tests
-    pytest.fail("megatron-core and datasets are dev dependencies (requirements-dev.txt)",
-                pytrace=False)
+    pytest.fail("megatron-core, datasets and webdataset are dev dependencies "
+                "(requirements-dev.txt)", pytrace=False)
 
 
 def write_sources(root: Path) -> dict:
-    """The four sources' files under `root`; {name: path relative to root}."""
+    """The five sources' files under `root`; {name: path relative to root}."""
     rng = np.random.default_rng(21)
     make_source(root, "pq", 0, [int(x) for x in rng.integers(1, 70, size=60)])
     (root / "meg").mkdir()
@@ -47,16 +49,24 @@ def write_sources(root: Path) -> dict:
     datasets.disable_progress_bars()
     datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(str(root / "hf"),
                                                                  num_shards=2)
-    return {"pq": "pq", "meg": "meg/c", "jl": "jl", "hf": "hf"}
+    (root / "wd").mkdir()
+    for s in range(2):
+        with webdataset.TarWriter(str(root / "wd" / f"shard-{s:03d}.tar")) as sink:
+            for r, n in enumerate(rng.integers(1, 70, size=30)):
+                sink.write({"__key__": f"{s}-{r:04d}", "txt": f"sample {r}",
+                            "json": {"input_ids": doc_tokens(4, 100 * s + r, int(n))}})
+    return {"pq": "pq", "meg": "meg/c", "jl": "jl", "hf": "hf", "wd": "wd"}
 
 
 def config_for(paths: dict, **source_extra) -> dict:
-    weights = {"pq": 0.4, "meg": 0.3, "jl": 0.2, "hf": 0.1}
+    weights = {"pq": 0.3, "meg": 0.25, "jl": 0.2, "hf": 0.1, "wd": 0.15}
     sources = []
     for name, path in paths.items():
         s = {"name": name, "path": path, "weight": weights[name], "shuffle_window": 16,
              **source_extra}
-        if name != "meg":
+        if name == "wd":
+            s["tokens_column"] = "json:input_ids"
+        elif name != "meg":
             s["tokens_column"] = "input_ids"
         sources.append(s)
     return {"seed": 17, "topology": {"dp": 2},
@@ -74,7 +84,7 @@ def test_a_mixed_job_runs_and_resumes_exactly(mixed):
     _, _, config = mixed
     whole = take_batches([braid.Loader(config, r, 2) for r in range(2)], 16)
     seen = {int(t) // 10_000_000 for b in whole[0] + whole[1] for t in b["input_ids"][0]}
-    assert seen == {0, 1, 2, 3}, "every format delivered"
+    assert seen == {0, 1, 2, 3, 4}, "every format delivered"
     first = [braid.Loader(config, r, 2) for r in range(2)]
     take_batches(first, 7)
     resumed = [braid.Loader(config, r, 2) for r in range(2)]

@@ -310,9 +310,10 @@ def _parser() -> argparse.ArgumentParser:
 
     inspect = sub.add_parser("inspect", help="schema, files, rows, token-length histogram")
     inspect.add_argument("path", help="a source's files: a Parquet, JSON Lines or Arrow "
-                         "(save_to_disk) file, a Megatron dataset's prefix or .idx, a "
-                         "directory, glob or URI")
-    inspect.add_argument("--column", help="token column (default: the first list<int>)")
+                         "(save_to_disk) file, a WebDataset .tar shard, a Megatron "
+                         "dataset's prefix or .idx, a directory, glob or URI")
+    inspect.add_argument("--column", help="token column (default: the first list<int>; "
+                         "a WebDataset shard's: a JSON member or field, json:FIELD)")
     inspect.add_argument("--json", action="store_true", help="one JSON object instead")
     inspect.set_defaults(func=_cmd_inspect)
 

@@ -29,7 +29,7 @@ enum class OnError { kFail, kSkip };
 enum class BalanceAlgorithm { kKarmarkarKarp, kGreedy, kNone };
 /// The layout of a source's files (`sources[].format`, docs/sources.md "Formats"):
 /// kAuto detects it from the names (io/formats.h).
-enum class SourceFormat { kAuto, kParquet, kMegatron, kJsonl, kHfArrow };
+enum class SourceFormat { kAuto, kParquet, kMegatron, kJsonl, kHfArrow, kWebDataset };
 
 const char* ToString(Oversize v);
 const char* ToString(SourceFormat v);
@@ -78,8 +78,9 @@ struct SourceConfig {
   std::string name;
   std::string path;           ///< as written: a file, a directory or a glob
   /// `sources[].format`: how the files are laid out; kAuto: from the names (Parquet,
-  /// Megatron .idx/.bin, JSONL, Hugging Face save_to_disk .arrow). Not part of the
-  /// fingerprint: a given format either is the detected one or the source fails.
+  /// Megatron .idx/.bin, JSONL, Hugging Face save_to_disk .arrow, WebDataset .tar). Not
+  /// part of the fingerprint: a given format either is the detected one or the source
+  /// fails.
   SourceFormat format = SourceFormat::kAuto;
   /// list<int32|int64> column of token ids; a Megatron dataset has none (its documents
   /// are the tokens), so it may be empty there.
@@ -119,7 +120,10 @@ struct SourceConfig {
   /// w % loaders); the stream is the same for any value (source/sharded_source.h).
   int64_t loaders = 1;
   // Images (docs/sources.md, the image-caption transform); only with text_column.
-  std::string image_column;       ///< binary column of encoded JPEG / PNG bytes
+  /// Binary column of encoded JPEG / PNG / WebP bytes. A WebDataset source names member
+  /// extensions: `image_column: [jpg, png]` (or "jpg;png", webdataset's own spelling) is
+  /// kept as "jpg;png", the first of them a sample has.
+  std::string image_column;
   int64_t image_patch_size = 14;  ///< image.patch_size
   int64_t image_max_pixels = 262144;  ///< image.max_pixels
   int64_t image_token_id = -1;    ///< image.image_token_id (required with image_column)

@@ -32,7 +32,8 @@ TEST(FormatConfigTest, TheFormatIsParsedAndAutoByDefault) {
   for (const auto& [name, format] :
        std::vector<std::pair<std::string, SourceFormat>>{
            {"parquet", SourceFormat::kParquet}, {"jsonl", SourceFormat::kJsonl},
-           {"megatron", SourceFormat::kMegatron}, {"auto", SourceFormat::kAuto}}) {
+           {"megatron", SourceFormat::kMegatron}, {"hf_arrow", SourceFormat::kHfArrow},
+           {"webdataset", SourceFormat::kWebDataset}, {"auto", SourceFormat::kAuto}}) {
     auto f = Parse("{name: a, path: a, tokens_column: t, format: " + name + "}");
     ASSERT_TRUE(f.ok()) << f.status().ToString();
     EXPECT_EQ(f->sources[0].format, format);
@@ -60,6 +61,23 @@ TEST(FormatConfigTest, AMegatronDatasetNeedsNoTransformAndTakesNoOther) {
   // Names of another format still need one.
   ExpectError("{name: a, path: c.jsonl}", "sources[0].tokens_column", "required");
   ExpectError("{name: a, path: c.parquet}", "sources[0].tokens_column", "required");
+}
+
+TEST(FormatConfigTest, AnImageColumnMayListAlternativeMemberExtensions) {
+  const std::string image = ", image: {image_token_id: 7}, tokenizer: {model: t.model}}";
+  auto c = Parse(
+      "{name: a, path: s.tar, text_column: txt, image_column: [jpg, png, webp]" + image);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->sources[0].image_column, "jpg;png;webp");  // webdataset's own spelling
+  auto one = Parse("{name: a, path: s.tar, text_column: txt, image_column: jpg" + image);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->sources[0].image_column, "jpg");
+  ExpectError("{name: a, path: s.tar, text_column: txt, image_column: []" + image,
+              "sources[0].image_column", "empty");
+  ExpectError("{name: a, path: s.tar, text_column: txt, image_column: [jpg, '']" + image,
+              "sources[0].image_column[1]", "empty");
+  ExpectError("{name: a, path: s.tar, text_column: txt, image_column: [{x: 1}]" + image,
+              "sources[0].image_column[0]", "string");
 }
 
 }  // namespace

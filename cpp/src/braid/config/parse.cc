@@ -363,6 +363,7 @@ const char* ToString(SourceFormat v) {
     case SourceFormat::kMegatron: return "megatron";
     case SourceFormat::kJsonl: return "jsonl";
     case SourceFormat::kHfArrow: return "hf_arrow";
+    case SourceFormat::kWebDataset: return "webdataset";
   }
   return "auto";
 }

@@ -137,8 +137,23 @@ Status ParseSourceImage(const YAML::Node& node, const std::string& path,
     return Status::OK();
   }
   const std::string col_key = Join(path, "image_column");
-  ARROW_ASSIGN_OR_RAISE(src->image_column,
-                        Scalar<std::string>(node["image_column"], col_key, "a string"));
+  if (node["image_column"].IsSequence()) {
+    // Alternatives (a WebDataset source's member extensions): the first a sample has.
+    const YAML::Node list = node["image_column"];
+    if (list.size() == 0) return ConfigError(col_key, "must not be an empty list");
+    ARROW_RETURN_NOT_OK(Visit(list.size(), col_key));
+    for (size_t i = 0; i < list.size(); ++i) {
+      ARROW_ASSIGN_OR_RAISE(auto name, NonEmpty(list[i], Index(col_key, i)));
+      if (name.find(';') != std::string::npos) {
+        return ConfigError(Index(col_key, i), "must not hold ';'");
+      }
+      src->image_column += (i == 0 ? "" : ";") + name;
+    }
+  } else {
+    ARROW_ASSIGN_OR_RAISE(src->image_column,
+                          Scalar<std::string>(node["image_column"], col_key,
+                                              "a string or a list of strings"));
+  }
   if (src->image_column.empty()) return ConfigError(col_key, "must not be empty");
   if (src->text_column.empty()) {
     return ConfigError(col_key, "needs text_column (the caption)");
@@ -308,7 +323,8 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
                                         {"parquet", SourceFormat::kParquet},
                                         {"megatron", SourceFormat::kMegatron},
                                         {"jsonl", SourceFormat::kJsonl},
-                                        {"hf_arrow", SourceFormat::kHfArrow}}));
+                                        {"hf_arrow", SourceFormat::kHfArrow},
+                                        {"webdataset", SourceFormat::kWebDataset}}));
   }
   if (node["image_column"] && !node["text_column"]) {
     return ConfigError(Join(path, "image_column"), "needs text_column (the caption)");

@@ -1,7 +1,16 @@
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 
+#include <arrow/api.h>
+
 #include "braid/io/format_reader_internal.h"
+#include "braid/util/hash_internal.h"
 
 namespace braid::internal {
 
@@ -25,6 +34,92 @@ Status RefuseUnreadable(const Status& error, int tries) {
   Status st = error;
   if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
   return st.WithMessage(st.message(), " (set on_error: skip to skip unreadable files)");
+}
+
+std::vector<RowLength> ListLengths(const arrow::Array& a) {
+  std::vector<RowLength> out(static_cast<size_t>(a.length()));
+  const bool large = a.type_id() == arrow::Type::LARGE_LIST;
+  const auto& values = large ? static_cast<const arrow::LargeListArray&>(a).values()
+                             : static_cast<const arrow::ListArray&>(a).values();
+  for (int64_t i = 0; i < a.length(); ++i) {
+    RowLength& r = out[size_t(i)];
+    r.null = a.IsNull(i);
+    if (r.null) continue;
+    int64_t begin = 0, end = 0;
+    if (large) {
+      begin = static_cast<const arrow::LargeListArray&>(a).value_offset(i);
+      end = static_cast<const arrow::LargeListArray&>(a).value_offset(i + 1);
+    } else {
+      begin = static_cast<const arrow::ListArray&>(a).value_offset(i);
+      end = static_cast<const arrow::ListArray&>(a).value_offset(i + 1);
+    }
+    r.tokens = end - begin;
+    if (values->null_count() > 0) {
+      for (int64_t k = begin; k < end; ++k) r.null_values |= values->IsNull(k);
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<arrow::DataType> JsonColumnType(const ColumnSpec& spec) {
+  const std::shared_ptr<arrow::DataType> candidates[] = {
+      arrow::utf8(),
+      arrow::list(arrow::int32()),
+      arrow::list(arrow::struct_({arrow::field("role", arrow::utf8()),
+                                  arrow::field("content", arrow::utf8())})),
+      arrow::int64(),
+  };
+  for (const auto& t : candidates) {
+    if (spec.check(*t).empty()) return t;
+  }
+  return nullptr;
+}
+
+std::string KeptCountKey(const std::string& tag, const std::string& path,
+                         const arrow::fs::FileInfo& info) {
+  return tag + '|' + std::to_string(path.size()) + ':' + path + '|' +
+         std::to_string(info.size()) + '|' +
+         std::to_string(int64_t(info.mtime().time_since_epoch().count()));
+}
+
+namespace {
+
+std::string CountFile(const std::string& dir, const std::string& key) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%016llx.records",
+                static_cast<unsigned long long>(Fnv1a(key)));
+  return (std::filesystem::path(dir) / name).string();
+}
+
+}  // namespace
+
+bool ReadKeptCount(const std::string& dir, const std::string& key, int64_t* records,
+                   int64_t* bytes) {
+  std::ifstream in(CountFile(dir, key), std::ios::binary);
+  std::string line;
+  if (!in || !std::getline(in, line) || line != key) return false;
+  return static_cast<bool>(in >> *records >> *bytes) && *records >= 0 && *bytes >= 0;
+}
+
+void WriteKeptCount(const std::string& dir, const std::string& key, int64_t records,
+                    int64_t bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  static std::atomic<uint64_t> counter{0};
+  const std::string target = CountFile(dir, key);
+  const std::string partial = target + ".partial-" + std::to_string(::getpid()) + "-" +
+                              std::to_string(counter.fetch_add(1));
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << key << '\n' << records << ' ' << bytes << '\n';
+    if (!out) {
+      out.close();
+      std::filesystem::remove(partial, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(partial, target, ec);
+  if (ec) std::filesystem::remove(partial, ec);
 }
 
 }  // namespace braid::internal

@@ -58,6 +58,28 @@ struct FormatOpen {
 /// skip such files (and the tries it took, when more than one).
 Status RefuseUnreadable(const Status& error, int tries);
 
+/// Each row's token count of a token column (list or large_list of integers): its
+/// lists' lengths, a null row null, a null id noted.
+std::vector<RowLength> ListLengths(const arrow::Array& list);
+
+/// The Arrow type a column is read as from JSON (JSON Lines records, WebDataset `.json`
+/// members): the first of string, list<int32>, chat messages
+/// (list<struct<role, content>>) and int64 that its spec accepts; null if none.
+std::shared_ptr<arrow::DataType> JsonColumnType(const ColumnSpec& spec);
+
+/// Counts of a file kept in runtime.length_cache (`dir`) by the formats that count their
+/// records when a source opens (JSON Lines, WebDataset): one small file per counted file,
+/// named by the hash of its key, holding the key itself (compared on read) and the
+/// counts. KeptCountKey is `tag` (the format's and what was counted), the path, the
+/// size and the modification time, so a rewritten file is a miss. A damaged or foreign
+/// entry is a miss; writes go to a temporary name first and never fail the caller.
+std::string KeptCountKey(const std::string& tag, const std::string& path,
+                         const arrow::fs::FileInfo& info);
+bool ReadKeptCount(const std::string& dir, const std::string& key, int64_t* records,
+                   int64_t* bytes);
+void WriteKeptCount(const std::string& dir, const std::string& key, int64_t records,
+                    int64_t bytes);
+
 /// Opens the Megatron indexed datasets `prefixes` of `fs` (io/megatron_index.h): each is
 /// one file of the source; its units are runs of documents. Reads each index's header
 /// and the .bin's size, nothing more. With on_error: skip a dataset whose header is bad
@@ -87,5 +109,25 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                     const SourceConfig& source,
                                     const std::string& key_path,
                                     const std::vector<ColumnSpec>& columns);
+
+/// Opens the WebDataset tar shards `paths` of `fs` (`.tar`, `.tar.gz`, `.tgz`; one unit
+/// per shard, io/webdataset_files.cc) with libarchive: reads each shard's member headers
+/// once to count its samples (members grouped by the name before the first dot of their
+/// basename). A column names a member extension (`txt`), alternatives (`jpg;png;webp`:
+/// the first one a sample has) or a field of a JSON member (`json:FIELD`). A column
+/// whose spec accepts none of the types such members give is a config error naming its
+/// key; with on_error: skip a shard that is not a readable tar is kept as unreadable,
+/// else that is an error naming it.
+Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                       const std::vector<std::string>& paths,
+                                       const SourceConfig& source,
+                                       const std::string& key_path,
+                                       const std::vector<ColumnSpec>& columns);
+
+/// The member extensions of the first samples (at most `samples`) of the WebDataset
+/// shard `path`, in the order met, each once (braid inspect).
+Result<std::vector<std::string>> WebDatasetExtensions(arrow::fs::FileSystem* fs,
+                                                      const std::string& path,
+                                                      int64_t samples);
 
 }  // namespace braid::internal

@@ -26,12 +26,14 @@ const std::vector<std::string>& Suffixes(SourceFormat format) {
   static const std::vector<std::string> jsonl = {".jsonl",     ".json",     ".jsonl.gz",
                                                  ".json.gz",   ".jsonl.zst", ".json.zst"};
   static const std::vector<std::string> arrow = {".arrow"};
+  static const std::vector<std::string> tar = {".tar", ".tar.gz", ".tgz"};
   static const std::vector<std::string> none;
   switch (format) {
     case SourceFormat::kParquet: return parquet;
     case SourceFormat::kMegatron: return megatron;
     case SourceFormat::kJsonl: return jsonl;
     case SourceFormat::kHfArrow: return arrow;
+    case SourceFormat::kWebDataset: return tar;
     case SourceFormat::kAuto: break;
   }
   return none;
@@ -49,7 +51,8 @@ bool HasFormatSuffix(const std::string& name, SourceFormat format) {
 SourceFormat DetectFormatFromName(const std::string& path) {
   const std::string name = NamePart(path);
   for (SourceFormat f : {SourceFormat::kParquet, SourceFormat::kMegatron,
-                         SourceFormat::kJsonl, SourceFormat::kHfArrow}) {
+                         SourceFormat::kJsonl, SourceFormat::kHfArrow,
+                         SourceFormat::kWebDataset}) {
     if (HasFormatSuffix(name, f)) return f;
   }
   return SourceFormat::kAuto;

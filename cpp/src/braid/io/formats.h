@@ -13,7 +13,8 @@
 namespace braid {
 
 /// The format a path's name says: `.parquet` kParquet; `.idx` / `.bin` kMegatron;
-/// `.jsonl`, `.json` (each optionally `.gz` / `.zst`) kJsonl; `.arrow` kHfArrow; any
+/// `.jsonl`, `.json` (each optionally `.gz` / `.zst`) kJsonl; `.arrow` kHfArrow;
+/// `.tar`, `.tar.gz`, `.tgz` kWebDataset; any
 /// other name (a directory, a glob without one of these endings, a prefix) kAuto.
 /// A URI's query (`?endpoint_override=...`) is not part of the name.
 SourceFormat DetectFormatFromName(const std::string& path);

@@ -142,26 +142,7 @@ class HfArrowReader : public FormatReader {
   // A token source's counts: the lists' lengths (a batch read, no copy when mapped).
   Result<std::vector<RowLength>> ReadLengths(int file, int unit) override {
     ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, unit));
-    const arrow::Array& a = *cols.front();
-    std::vector<RowLength> out(static_cast<size_t>(a.length()));
-    const bool large = a.type_id() == arrow::Type::LARGE_LIST;
-    const auto& values = large ? static_cast<const arrow::LargeListArray&>(a).values()
-                               : static_cast<const arrow::ListArray&>(a).values();
-    for (int64_t i = 0; i < a.length(); ++i) {
-      RowLength& r = out[size_t(i)];
-      r.null = a.IsNull(i);
-      if (r.null) continue;
-      const int64_t begin = large ? static_cast<const arrow::LargeListArray&>(a).value_offset(i)
-                                  : static_cast<const arrow::ListArray&>(a).value_offset(i);
-      const int64_t end =
-          large ? static_cast<const arrow::LargeListArray&>(a).value_offset(i + 1)
-                : static_cast<const arrow::ListArray&>(a).value_offset(i + 1);
-      r.tokens = end - begin;
-      if (values->null_count() > 0) {
-        for (int64_t k = begin; k < end; ++k) r.null_values |= values->IsNull(k);
-      }
-    }
-    return out;
+    return ListLengths(*cols.front());
   }
 
  private:

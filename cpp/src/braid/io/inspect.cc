@@ -8,6 +8,7 @@
 #include <parquet/arrow/reader.h>
 #include <parquet/file_reader.h>
 
+#include "braid/io/format_reader_internal.h"
 #include "braid/io/megatron_index.h"
 #include "braid/io/source_files.h"
 
@@ -63,7 +64,7 @@ Result<Inspection> InspectMegatron(const std::string& path,
   return out;
 }
 
-// JSON Lines files or a save_to_disk folder, through SourceFiles: records (rows) and
+// JSON Lines files, a save_to_disk folder or WebDataset shards, through SourceFiles: records (rows) and
 // units per file, and with a token column its lengths.
 Result<Inspection> InspectOther(const std::string& path, SourceFormat format,
                                 std::shared_ptr<arrow::fs::FileSystem> fs,
@@ -88,6 +89,13 @@ Result<Inspection> InspectOther(const std::string& path, SourceFormat format,
         }
       }
     }
+  } else if (format == SourceFormat::kWebDataset) {
+    auto exts = internal::WebDatasetExtensions(fs.get(), paths.front(), /*samples=*/100);
+    if (!exts.ok()) return exts.status();
+    std::string list;
+    for (const auto& e : *exts) list += (list.empty() ? "" : ", ") + e;
+    out.schema = "WebDataset: samples of members grouped by key; member extensions " +
+                 std::string("(the first shard's first 100 samples): ") + list;
   } else {
     out.schema = "JSON Lines: one object per line; fields are read by name";
   }

@@ -21,14 +21,9 @@
 // data error naming the file and its records.
 //
 // Thread-compatible (format_reader_internal.h).
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include <arrow/api.h>
 #include <arrow/io/api.h>
@@ -80,21 +75,6 @@ bool EndsWith(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-// The Arrow type a column is read as: the first of these its spec accepts.
-std::shared_ptr<arrow::DataType> ColumnType(const ColumnSpec& spec) {
-  const std::shared_ptr<arrow::DataType> candidates[] = {
-      arrow::utf8(),
-      arrow::list(arrow::int32()),
-      arrow::list(arrow::struct_({arrow::field("role", arrow::utf8()),
-                                  arrow::field("content", arrow::utf8())})),
-      arrow::int64(),
-  };
-  for (const auto& t : candidates) {
-    if (spec.check(*t).empty()) return t;
-  }
-  return nullptr;
-}
-
 struct JsonlFile {
   std::string path;
   arrow::Compression::type compression = arrow::Compression::UNCOMPRESSED;
@@ -134,19 +114,7 @@ class JsonlReader : public FormatReader {
   // way to skip a list's values).
   Result<std::vector<RowLength>> ReadLengths(int file, int unit) override {
     ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, unit));
-    const auto& list = static_cast<const arrow::ListArray&>(*cols.front());
-    std::vector<RowLength> out(static_cast<size_t>(list.length()));
-    for (int64_t i = 0; i < list.length(); ++i) {
-      RowLength& r = out[size_t(i)];
-      r.null = list.IsNull(i);
-      r.tokens = r.null ? 0 : list.value_length(i);
-      if (!r.null && list.values()->null_count() > 0) {
-        for (int64_t k = list.value_offset(i); k < list.value_offset(i + 1); ++k) {
-          if (list.values()->IsNull(k)) r.null_values = true;
-        }
-      }
-    }
-    return out;
+    return ListLengths(*cols.front());
   }
 
   Result<std::vector<Columns>> ReadRows(int file, int /*unit*/, int64_t first,
@@ -323,52 +291,6 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
   return Status::OK();
 }
 
-// Record counts kept in runtime.length_cache: one small file per JSON Lines file, named
-// by the hash of its key (the path, size and modification time, so a rewritten file is a
-// miss), holding the key itself (compared on read) and the counts. A damaged or foreign
-// entry is a miss; writes go to a temporary name first.
-std::string CountKey(const std::string& path, const arrow::fs::FileInfo& info) {
-  return "jsonl-count 1|" + std::to_string(path.size()) + ':' + path + '|' +
-         std::to_string(info.size()) + '|' +
-         std::to_string(int64_t(info.mtime().time_since_epoch().count()));
-}
-
-std::string CountFile(const std::string& dir, const std::string& key) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "%016llx.records",
-                static_cast<unsigned long long>(Fnv1a(key)));
-  return (std::filesystem::path(dir) / name).string();
-}
-
-bool ReadCount(const std::string& dir, const std::string& key, int64_t* records,
-               int64_t* bytes) {
-  std::ifstream in(CountFile(dir, key), std::ios::binary);
-  std::string line;
-  if (!in || !std::getline(in, line) || line != key) return false;
-  return static_cast<bool>(in >> *records >> *bytes) && *records >= 0 && *bytes >= 0;
-}
-
-void WriteCount(const std::string& dir, const std::string& key, int64_t records,
-                int64_t bytes) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  static std::atomic<uint64_t> counter{0};
-  const std::string target = CountFile(dir, key);
-  const std::string partial = target + ".partial-" + std::to_string(::getpid()) + "-" +
-                              std::to_string(counter.fetch_add(1));
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    out << key << '\n' << records << ' ' << bytes << '\n';
-    if (!out) {
-      out.close();
-      std::filesystem::remove(partial, ec);
-      return;
-    }
-  }
-  std::filesystem::rename(partial, target, ec);
-  if (ec) std::filesystem::remove(partial, ec);
-}
-
 }  // namespace
 
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
@@ -377,7 +299,7 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const std::vector<ColumnSpec>& columns) {
   arrow::FieldVector fields;
   for (const auto& c : columns) {
-    auto type = ColumnType(c);
+    auto type = JsonColumnType(c);
     if (type == nullptr) {
       return ConfigError(c.key, "cannot be read from JSON Lines (a string, a list of "
                                 "token ids, chat messages or an integer field)");
@@ -402,14 +324,14 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     std::string key;
     if (!source.length_cache_dir.empty()) {
       auto info = fs->GetFileInfo(path);
-      if (info.ok() && info->IsFile()) key = CountKey(path, *info);
+      if (info.ok() && info->IsFile()) key = KeptCountKey("jsonl-count 1", path, *info);
     }
     Status st;
-    if (key.empty() || !ReadCount(source.length_cache_dir, key, &records, &bytes)) {
+    if (key.empty() || !ReadKeptCount(source.length_cache_dir, key, &records, &bytes)) {
       st = RetryStorage([&] { return CountRecords(fs.get(), f, &records, &bytes); },
                         kStorageRetryDelaysMs, &tries);
       if (st.ok() && !key.empty()) {
-        WriteCount(source.length_cache_dir, key, records, bytes);
+        WriteKeptCount(source.length_cache_dir, key, records, bytes);
       }
     }
     if (!st.ok()) {

@@ -107,6 +107,16 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                                                                key_path, columns_));
       break;
     }
+    case SourceFormat::kWebDataset: {
+      if (source.user_transform.enabled()) {
+        return ConfigError(key_path + ".transform",
+                           "is not supported on WebDataset sources yet (text_column, "
+                           "chat, tokens_column and image_column are)");
+      }
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenWebDatasetFiles(fs_, paths, source,
+                                                                  key_path, columns_));
+      break;
+    }
     default:
       return ConfigError(key_path + ".format",
                          std::string("the ") + ToString(format_) +

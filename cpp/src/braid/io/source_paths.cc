@@ -250,10 +250,11 @@ Status ResolveFormatFiles(const std::string& path, const std::string& key_path,
                            [&](const std::string& n) { return HasFormatSuffix(n, f); });
       };
       if (!any(SourceFormat::kParquet)) {
-        // (A save_to_disk folder holds state.json and dataset_info.json beside its
-        // .arrow files: Arrow before JSON Lines.)
-        for (SourceFormat f : {SourceFormat::kMegatron, SourceFormat::kHfArrow,
-                               SourceFormat::kJsonl}) {
+        // (An Energon-prepared WebDataset folder holds a .tar.idx beside each shard:
+        // tar before Megatron. A save_to_disk folder holds state.json and
+        // dataset_info.json beside its .arrow files: Arrow before JSON Lines.)
+        for (SourceFormat f : {SourceFormat::kWebDataset, SourceFormat::kMegatron,
+                               SourceFormat::kHfArrow, SourceFormat::kJsonl}) {
           if (any(f)) {
             *format = f;
             break;
@@ -281,8 +282,10 @@ Status ResolveFormatFiles(const std::string& path, const std::string& key_path,
     if (*format == SourceFormat::kParquet) {
       return DataError(path, where + ": directory holds no .parquet files (nor " +
                                  FormatSuffixList(SourceFormat::kMegatron) + ", " +
-                                 FormatSuffixList(SourceFormat::kJsonl) + " or " +
-                                 FormatSuffixList(SourceFormat::kHfArrow) + " files)");
+                                 FormatSuffixList(SourceFormat::kJsonl) + ", " +
+                                 FormatSuffixList(SourceFormat::kHfArrow) + " or " +
+                                 FormatSuffixList(SourceFormat::kWebDataset) +
+                                 " files)");
     }
     return DataError(path, where + ": directory holds no " +
                                FormatSuffixList(*format) + " files");

@@ -1,0 +1,692 @@
+// A source's WebDataset tar shards behind SourceFiles (format_reader_internal.h:
+// OpenWebDatasetFiles): `.tar` (or `.tar.gz`, `.tgz`) files read with libarchive, whose
+// bytes come from an Arrow RandomAccessFile of the source's filesystem (a local file, a
+// ranged GET on S3 or GCS) through libarchive's read and skip callbacks.
+//
+// Samples. Members are grouped as the `webdataset` package groups them: a member's key
+// is its name up to the first dot of its last path component, its extension the rest,
+// lowercased (`a/000123.seg.png`: key `a/000123`, extension `seg.png`); consecutive
+// members with one key are one sample; names without such a dot, `__...__` metadata
+// members and entries that are not regular files are passed over. Two members of one
+// extension in a sample are a data error. A sample is a row; a column names a member:
+//   EXT         its bytes: a binary column (images), a string (text; UTF-8 checked) or an
+//               integer (`cls`: decimal text), whichever the transform reads
+//   A;B;C       alternatives: the first of them the sample has (`jpg;png;webp`)
+//   json        a JSON member parsed whole (Arrow's JSON reader), e.g. a list of ids
+//   EXT:FIELD   a field of a JSON member (`json:input_ids`, `json:messages`)
+//
+// Units. A tar has no index, so a shard is one unit (the shuffle unit, like a JSON Lines
+// file: shards are permuted, and a shard larger than the source's shuffle_window_bytes is
+// read in consecutive blocks of samples); a position inside it is (shard, sample).
+// Opening a source reads every shard's member headers once (member data is skipped: a
+// seek, no read, in an uncompressed tar) to count its samples and the bytes of the
+// members its columns read; runtime.length_cache keeps those counts (keyed by the path,
+// size, modification time and the extensions read). A block is read by a stream that
+// stays open, so a shard's blocks read in order read it once, and a block behind it (a
+// resume) reopens the shard and skips the samples before.
+//
+// Errors. A failed read of the underlying file is a storage error (retried by
+// SourceFiles); a shard that is not a readable tar (truncated, a bad header checksum, not
+// gzip) is a data error naming it: at open, an unreadable shard under on_error: skip.
+// A sample without a member a column reads, a member that is not valid UTF-8, a decimal
+// integer or JSON of the expected shape, is a data error naming the shard, the sample's
+// key and row and the member under on_error: fail, and a null (a counted skip of that
+// sample) under skip.
+//
+// Thread-compatible (format_reader_internal.h).
+#include <archive.h>
+#include <archive_entry.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <set>
+
+#include <arrow/api.h>
+#include <arrow/io/api.h>
+#include <arrow/json/api.h>
+#include <arrow/util/utf8.h>
+
+#include "braid/io/format_reader_internal.h"
+#include "braid/io/read_memory.h"
+#include "braid/io/retry_internal.h"
+#include "braid/io/source_files_internal.h"
+#include "braid/util/hash_internal.h"
+
+namespace braid::internal {
+namespace {
+
+constexpr int64_t kReadChunkBytes = int64_t{1} << 20;
+
+// A tar archive read member by member from an Arrow file. Not copyable.
+class TarStream {
+ public:
+  TarStream(const TarStream&) = delete;
+  TarStream& operator=(const TarStream&) = delete;
+  ~TarStream() {
+    if (archive_ != nullptr) archive_read_free(archive_);
+  }
+
+  static Result<std::unique_ptr<TarStream>> Open(arrow::fs::FileSystem* fs,
+                                                 const std::string& path) {
+    std::unique_ptr<TarStream> t(new TarStream(path));
+    auto file = fs->OpenInputFile(path);
+    if (!file.ok()) return StorageError(path, OneLine(file.status().message()));
+    t->file_ = std::move(*file);
+    auto size = t->file_->GetSize();
+    if (!size.ok()) return StorageError(path, OneLine(size.status().message()));
+    t->size_ = *size;
+    t->archive_ = archive_read_new();
+    if (t->archive_ == nullptr) return Status::OutOfMemory("libarchive");
+    archive_read_support_format_tar(t->archive_);
+    archive_read_support_filter_gzip(t->archive_);
+    if (archive_read_open2(t->archive_, t.get(), nullptr, &TarStream::ReadCallback,
+                           &TarStream::SkipCallback, nullptr) != ARCHIVE_OK) {
+      return t->Error("cannot open");
+    }
+    return t;
+  }
+
+  /// The next regular member's name and size; false at the end of the archive.
+  Result<bool> Next(std::string* name, int64_t* size) {
+    while (true) {
+      archive_entry* entry = nullptr;
+      const int r = archive_read_next_header(archive_, &entry);
+      if (r == ARCHIVE_EOF) return false;
+      if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
+        return Error("cannot read a member header");
+      }
+      ++members_;
+      if (archive_entry_filetype(entry) != AE_IFREG) continue;
+      const char* n = archive_entry_pathname(entry);
+      if (n == nullptr) n = archive_entry_pathname_utf8(entry);
+      if (n == nullptr) continue;
+      *name = n;
+      *size = archive_entry_size(entry);
+      return true;
+    }
+  }
+
+  /// The bytes of the member Next returned last (`size` of them).
+  Status Read(int64_t size, std::string* out) {
+    out->resize(size_t(size));
+    int64_t got = 0;
+    while (got < size) {
+      const la_ssize_t n =
+          archive_read_data(archive_, out->data() + got, size_t(size - got));
+      if (n < 0) return Error("cannot read a member");
+      if (n == 0) return Error("a member ends early");
+      got += n;
+    }
+    return Status::OK();
+  }
+
+  /// Members read so far (every entry, for messages).
+  int64_t members() const { return members_; }
+
+ private:
+  explicit TarStream(std::string path) : path_(std::move(path)) {}
+
+  static la_ssize_t ReadCallback(archive* a, void* self_ptr, const void** buffer) {
+    auto* self = static_cast<TarStream*>(self_ptr);
+    if (self->pos_ >= self->size_) return 0;
+    const int64_t want = std::min(kReadChunkBytes, self->size_ - self->pos_);
+    auto chunk = self->file_->ReadAt(self->pos_, want);
+    if (!chunk.ok()) {
+      self->io_error_ = chunk.status();
+      archive_set_error(a, EIO, "%s", chunk.status().message().c_str());
+      return ARCHIVE_FATAL;
+    }
+    self->chunk_ = std::move(*chunk);
+    self->pos_ += self->chunk_->size();
+    *buffer = self->chunk_->data();
+    return static_cast<la_ssize_t>(self->chunk_->size());
+  }
+
+  // Skips forward without reading (libarchive calls it for member data it does not
+  // need, in an uncompressed tar).
+  static la_int64_t SkipCallback(archive*, void* self_ptr, la_int64_t request) {
+    auto* self = static_cast<TarStream*>(self_ptr);
+    const int64_t n =
+        std::max<int64_t>(0, std::min<int64_t>(request, self->size_ - self->pos_));
+    self->pos_ += n;
+    return n;
+  }
+
+  Status Error(const std::string& what) {
+    if (!io_error_.ok()) {
+      return StorageError(path_, what + ": " + OneLine(io_error_.message()));
+    }
+    const char* why = archive_error_string(archive_);
+    return DataError(path_, "not a readable tar (" + what + " after " +
+                                std::to_string(members_) + " members: " +
+                                (why != nullptr ? why : "unknown error") + ")");
+  }
+
+  std::string path_;
+  std::shared_ptr<arrow::io::RandomAccessFile> file_;
+  int64_t size_ = 0;
+  int64_t pos_ = 0;  // the next byte the read callback reads
+  std::shared_ptr<arrow::Buffer> chunk_;  // what libarchive reads now
+  Status io_error_;  // a failed read of file_ (the storage's failure)
+  int64_t members_ = 0;
+  archive* archive_ = nullptr;
+};
+
+// webdataset's base_plus_ext: the key is the name up to the first dot of its last path
+// component (which must not start with it), the extension the rest, lowercased; false
+// for a name without such a dot.
+bool SplitName(const std::string& name, std::string* key, std::string* ext) {
+  const size_t slash = name.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t dot = name.find('.', base);
+  if (dot == std::string::npos || dot == base) return false;
+  *key = name.substr(0, dot);
+  *ext = name.substr(dot + 1);
+  std::transform(ext->begin(), ext->end(), ext->begin(),
+                 [](unsigned char c) { return char(std::tolower(c)); });
+  return true;
+}
+
+// webdataset's skip_meta (`__[^/]*__($|/)` at the name's start): metadata members.
+bool IsMetaName(const std::string& name) {
+  if (name.size() < 4 || name.compare(0, 2, "__") != 0) return false;
+  const size_t slash = name.find('/');
+  const std::string head = name.substr(0, slash);
+  return head.size() >= 4 && head.compare(head.size() - 2, 2, "__") == 0;
+}
+
+// One sample: its key and the members read (data only for the extensions wanted).
+struct Sample {
+  std::string key;
+  std::vector<std::string> extensions;  // every member's, in the tar's order
+  std::vector<std::pair<std::string, std::string>> data;  // (extension, bytes) wanted
+  int64_t wanted_bytes = 0;  // the sizes of the members wanted
+  const std::string* Member(const std::string& ext) const {
+    for (const auto& [e, bytes] : data) {
+      if (e == ext) return &bytes;
+    }
+    return nullptr;
+  }
+  std::string ExtensionList() const {
+    std::string s;
+    for (const auto& e : extensions) s += (s.empty() ? "" : ", ") + e;
+    return s;
+  }
+};
+
+// The samples of one shard in order.
+class SampleStream {
+ public:
+  SampleStream(std::unique_ptr<TarStream> tar, const std::set<std::string>* wanted,
+               std::string path)
+      : tar_(std::move(tar)), wanted_(wanted), path_(std::move(path)) {}
+
+  /// The next sample; false at the end of the shard. With `read` false no data is read.
+  Result<bool> Next(bool read, Sample* out) {
+    out->key.clear();
+    out->extensions.clear();
+    out->data.clear();
+    out->wanted_bytes = 0;
+    if (done_) return false;
+    while (true) {
+      if (!pending_) {
+        ARROW_ASSIGN_OR_RAISE(const bool more, tar_->Next(&name_, &size_));
+        if (!more) {
+          done_ = true;
+          break;
+        }
+        if (IsMetaName(name_) || !SplitName(name_, &key_, &ext_)) continue;
+      }
+      if (!out->key.empty() && key_ != out->key) {
+        pending_ = true;  // the next sample's first member (its data not read yet)
+        return true;
+      }
+      pending_ = false;
+      if (out->key.empty()) out->key = key_;
+      if (std::find(out->extensions.begin(), out->extensions.end(), ext_) !=
+          out->extensions.end()) {
+        return DataError(path_, "sample '" + out->key + "' has two members '" + name_ +
+                                    "' (extension '" + ext_ + "')");
+      }
+      out->extensions.push_back(ext_);
+      if (wanted_->count(ext_) > 0) {
+        out->wanted_bytes += size_;
+        if (read) {
+          out->data.emplace_back(ext_, std::string());
+          ARROW_RETURN_NOT_OK(tar_->Read(size_, &out->data.back().second));
+        }
+      }
+    }
+    return !out->key.empty();
+  }
+
+ private:
+  std::unique_ptr<TarStream> tar_;
+  const std::set<std::string>* wanted_;
+  std::string path_;
+  bool pending_ = false;  // name_, key_, ext_, size_: a member read but not yet taken
+  bool done_ = false;
+  std::string name_, key_, ext_;
+  int64_t size_ = 0;
+};
+
+// A column of the source: the member(s) it reads and how.
+struct MemberColumn {
+  std::string name;  // as the config gave it
+  std::string key;   // its config key
+  std::vector<std::string> extensions;  // alternatives: the first a sample has
+  std::string field;                    // of a JSON member; "" the whole member
+  bool json = false;
+  std::shared_ptr<arrow::DataType> type;
+};
+
+Result<MemberColumn> ColumnOf(const ColumnSpec& spec) {
+  MemberColumn c;
+  c.name = spec.name;
+  c.key = spec.key;
+  std::string members = spec.name;
+  const size_t colon = members.find(':');
+  if (colon != std::string::npos) {
+    c.field = members.substr(colon + 1);
+    members = members.substr(0, colon);
+    c.json = true;
+    if (c.field.empty()) return ConfigError(spec.key, "names no field after ':'");
+  }
+  size_t at = 0;
+  while (at <= members.size()) {
+    const size_t end = std::min(members.find(';', at), members.size());
+    std::string ext = members.substr(at, end - at);
+    std::transform(ext.begin(), ext.end(), ext.begin(),
+                   [](unsigned char ch) { return char(std::tolower(ch)); });
+    if (!ext.empty() && ext.front() == '.') ext.erase(0, 1);
+    if (ext.empty()) {
+      return ConfigError(spec.key, "'" + spec.name + "' names an empty member extension");
+    }
+    c.extensions.push_back(std::move(ext));
+    at = end + 1;
+  }
+  if (!c.json) {
+    c.json = std::all_of(c.extensions.begin(), c.extensions.end(), [](const auto& e) {
+      return e == "json" || (e.size() > 5 && e.compare(e.size() - 5, 5, ".json") == 0);
+    });
+  }
+  if (c.json) {
+    c.type = JsonColumnType(spec);
+  } else {
+    for (const auto& t : {arrow::binary(), arrow::utf8(), arrow::int64()}) {
+      if (spec.check(*t).empty()) {
+        c.type = t;
+        break;
+      }
+    }
+  }
+  if (c.type == nullptr) {
+    return ConfigError(spec.key,
+                       "cannot be read from WebDataset member '" + spec.name +
+                           "' (a member is read as bytes, a string or a decimal integer; "
+                           "a token list or chat messages come from a JSON member or a "
+                           "field of one: json, json:FIELD)");
+  }
+  return c;
+}
+
+struct TarFile {
+  std::string path;
+  int64_t samples = 0;
+};
+
+class WebDatasetReader : public FormatReader {
+ public:
+  WebDatasetReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::vector<TarFile> files,
+                   std::vector<MemberColumn> columns, std::set<std::string> wanted,
+                   bool skip)
+      : fs_(std::move(fs)),
+        files_(std::move(files)),
+        columns_(std::move(columns)),
+        wanted_(std::move(wanted)),
+        skip_(skip) {}
+
+  Result<Columns> ReadColumns(int file, int unit) override {
+    ARROW_ASSIGN_OR_RAISE(auto chunks,
+                          ReadRows(file, unit, 0, files_[size_t(file)].samples));
+    return std::move(chunks.front());
+  }
+
+  // A token source's counts: its lists' lengths (the members are read: JSON has no way
+  // to skip a list's values).
+  Result<std::vector<RowLength>> ReadLengths(int file, int unit) override {
+    ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, unit));
+    return ListLengths(*cols.front());
+  }
+
+  Result<std::vector<Columns>> ReadRows(int file, int /*unit*/, int64_t first,
+                                        int64_t rows) override {
+    const TarFile& f = files_[size_t(file)];
+    if (file_ != file || stream_ == nullptr || next_ > first) {
+      stream_.reset();
+      ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs_.get(), f.path));
+      stream_ = std::make_unique<SampleStream>(std::move(tar), &wanted_, f.path);
+      file_ = file;
+      next_ = 0;
+    }
+    std::vector<Sample> samples(size_t(std::max<int64_t>(rows, 0)));
+    Sample passed;
+    while (next_ < first + rows) {
+      const bool keep = next_ >= first;
+      auto more = stream_->Next(/*read=*/keep, keep ? &samples[size_t(next_ - first)]
+                                                    : &passed);
+      if (!more.ok() || !*more) {
+        stream_.reset();
+        file_ = -1;
+        if (!more.ok()) return more.status();
+        return DataError(f.path, "has " + std::to_string(next_) +
+                                     " samples where opening counted " +
+                                     std::to_string(f.samples) + " (changed?)");
+      }
+      ++next_;
+    }
+    Columns out;
+    for (const auto& c : columns_) {
+      ARROW_ASSIGN_OR_RAISE(auto array, Build(f, c, samples, first));
+      out.push_back(std::move(array));
+    }
+    return std::vector<Columns>{std::move(out)};
+  }
+
+ private:
+  // "sample 'KEY' (row R)".
+  static std::string Where(const Sample& s, int64_t row) {
+    return "sample '" + s.key + "' (row " + std::to_string(row) + ")";
+  }
+
+  // The member of `c` that `s` has (the first of the alternatives), or null: under
+  // on_error: fail its absence is an error naming the sample, else a null row.
+  Result<const std::string*> MemberOf(const TarFile& f, const MemberColumn& c,
+                                      const Sample& s, int64_t row, std::string* ext) {
+    for (const auto& e : c.extensions) {
+      if (const std::string* bytes = s.Member(e)) {
+        *ext = e;
+        return bytes;
+      }
+    }
+    if (skip_) return nullptr;
+    return DataError(f.path, Where(s, row) + ": no member '" + c.extensions.front() +
+                                 "'" +
+                                 (c.extensions.size() > 1
+                                      ? " (nor any of '" + c.name + "')"
+                                      : std::string()) +
+                                 " for " + c.key + "; its members: " + s.ExtensionList());
+  }
+
+  Result<std::shared_ptr<arrow::Array>> Build(const TarFile& f, const MemberColumn& c,
+                                              const std::vector<Sample>& samples,
+                                              int64_t first) {
+    if (c.json) return BuildJson(f, c, samples, first);
+    std::unique_ptr<arrow::ArrayBuilder> builder;
+    ARROW_RETURN_NOT_OK(arrow::MakeBuilder(ReadMemoryPool(), c.type, &builder));
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const int64_t row = first + int64_t(i);
+      std::string ext;
+      ARROW_ASSIGN_OR_RAISE(const std::string* bytes,
+                            MemberOf(f, c, samples[i], row, &ext));
+      std::string bad;
+      if (bytes == nullptr) {
+        ARROW_RETURN_NOT_OK(builder->AppendNull());
+        continue;
+      }
+      if (c.type->id() == arrow::Type::BINARY) {
+        ARROW_RETURN_NOT_OK(static_cast<arrow::BinaryBuilder&>(*builder).Append(*bytes));
+        continue;
+      }
+      if (c.type->id() == arrow::Type::STRING) {
+        if (arrow::util::ValidateUTF8(reinterpret_cast<const uint8_t*>(bytes->data()),
+                                      int64_t(bytes->size()))) {
+          ARROW_RETURN_NOT_OK(
+              static_cast<arrow::StringBuilder&>(*builder).Append(*bytes));
+          continue;
+        }
+        bad = "is not valid UTF-8 text";
+      } else {  // int64: decimal text, as webdataset writes `.cls`
+        const char* b = bytes->data();
+        const char* e = b + bytes->size();
+        while (b < e && std::isspace(static_cast<unsigned char>(*b))) ++b;
+        while (e > b && std::isspace(static_cast<unsigned char>(e[-1]))) --e;
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(b, e, v);
+        if (ec == std::errc() && end == e && b < e) {
+          ARROW_RETURN_NOT_OK(static_cast<arrow::Int64Builder&>(*builder).Append(v));
+          continue;
+        }
+        bad = "is not a decimal integer";
+      }
+      if (!skip_) {
+        return DataError(f.path, Where(samples[i], row) + ": member '" + ext + "' (" +
+                                     c.key + ") " + bad);
+      }
+      ARROW_RETURN_NOT_OK(builder->AppendNull());
+    }
+    std::shared_ptr<arrow::Array> out;
+    ARROW_RETURN_NOT_OK(builder->Finish(&out));
+    return out;
+  }
+
+  // Parses `lines` (one `{"v": MEMBER}` object each) under `c`'s schema: the column.
+  Result<std::shared_ptr<arrow::Array>> ParseJson(const MemberColumn& c,
+                                                  const std::string& lines) {
+    auto type = c.field.empty()
+                    ? c.type
+                    : arrow::struct_({arrow::field(c.field, c.type)});
+    auto read_options = arrow::json::ReadOptions::Defaults();
+    read_options.use_threads = false;
+    read_options.block_size = int32_t(std::clamp<int64_t>(int64_t(lines.size()) + 1,
+                                                          int64_t{1} << 20,
+                                                          int64_t{1} << 30));
+    auto parse_options = arrow::json::ParseOptions::Defaults();
+    parse_options.explicit_schema = arrow::schema({arrow::field("v", type)});
+    parse_options.unexpected_field_behavior =
+        arrow::json::UnexpectedFieldBehavior::Ignore;
+    parse_options.newlines_in_values = true;
+    auto input =
+        std::make_shared<arrow::io::BufferReader>(arrow::Buffer::FromString(lines));
+    ARROW_ASSIGN_OR_RAISE(auto reader,
+                          arrow::json::TableReader::Make(ReadMemoryPool(), input,
+                                                         read_options, parse_options));
+    ARROW_ASSIGN_OR_RAISE(auto table, reader->Read());
+    auto column = table->GetColumnByName("v");
+    if (column == nullptr) return Status::Invalid("no value parsed");
+    std::shared_ptr<arrow::Array> v;
+    if (column->num_chunks() == 1) {
+      v = column->chunk(0);
+    } else {
+      ARROW_ASSIGN_OR_RAISE(v, arrow::Concatenate(column->chunks(), ReadMemoryPool()));
+    }
+    if (c.field.empty()) return v;
+    return static_cast<const arrow::StructArray&>(*v).GetFlattenedField(0,
+                                                                        ReadMemoryPool());
+  }
+
+  Result<std::shared_ptr<arrow::Array>> BuildJson(const TarFile& f, const MemberColumn& c,
+                                                  const std::vector<Sample>& samples,
+                                                  int64_t first) {
+    std::vector<const std::string*> members(samples.size());
+    std::vector<std::string> exts(samples.size());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      ARROW_ASSIGN_OR_RAISE(members[i],
+                            MemberOf(f, c, samples[i], first + int64_t(i), &exts[i]));
+    }
+    auto line = [&](size_t i) {
+      return members[i] == nullptr ? std::string("{}\n")
+                                   : "{\"v\":" + *members[i] + "\n}\n";
+    };
+    std::string lines;
+    for (size_t i = 0; i < samples.size(); ++i) lines += line(i);
+    auto parsed = ParseJson(c, lines);
+    if (!parsed.ok()) {
+      // Which sample: each alone (the cost of an error only). Under skip a bad member is
+      // a null row and the rest are parsed again.
+      lines.clear();
+      for (size_t i = 0; i < samples.size(); ++i) {
+        if (members[i] != nullptr) {
+          auto one = ParseJson(c, line(i));
+          if (!one.ok() || (*one)->length() != 1) {
+            if (!skip_) {
+              return DataError(
+                  f.path, Where(samples[i], first + int64_t(i)) + ": member '" + exts[i] +
+                              "' (" + c.key + ") is not JSON of the expected shape: " +
+                              (one.ok() ? std::string("not one value")
+                                        : OneLine(one.status().message())));
+            }
+            members[i] = nullptr;
+          }
+        }
+        lines += line(i);
+      }
+      parsed = ParseJson(c, lines);
+      if (!parsed.ok()) {
+        return DataError(f.path, "samples " + std::to_string(first) + ".." +
+                                     std::to_string(first + int64_t(samples.size())) +
+                                     ": " + OneLine(parsed.status().message()));
+      }
+    }
+    const auto& array = *parsed;
+    if (array->length() != int64_t(samples.size())) {
+      return DataError(f.path, "samples " + std::to_string(first) + ": parsed " +
+                                   std::to_string(array->length()) + " JSON values for " +
+                                   std::to_string(samples.size()) + " samples");
+    }
+    if (!skip_ && array->null_count() > 0) {
+      for (size_t i = 0; i < samples.size(); ++i) {
+        if (array->IsNull(int64_t(i))) {
+          return DataError(f.path, Where(samples[i], first + int64_t(i)) + ": member '" +
+                                       exts[i] + "' (" + c.key + ") " +
+                                       (c.field.empty() ? std::string("is null")
+                                                        : "has no field '" + c.field +
+                                                              "' (or it is null)"));
+        }
+      }
+    }
+    return array;
+  }
+
+  std::shared_ptr<arrow::fs::FileSystem> fs_;
+  std::vector<TarFile> files_;
+  std::vector<MemberColumn> columns_;
+  std::set<std::string> wanted_;  // every extension a column reads
+  bool skip_ = false;
+  // The open stream: shard file_, samples [0, next_) read.
+  int file_ = -1;
+  int64_t next_ = 0;
+  std::unique_ptr<SampleStream> stream_;
+};
+
+// The samples of one shard and the bytes of the members wanted.
+Status CountSamples(arrow::fs::FileSystem* fs, const std::string& path,
+                    const std::set<std::string>& wanted, int64_t* samples,
+                    int64_t* bytes) {
+  *samples = 0;
+  *bytes = 0;
+  ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs, path));
+  SampleStream stream(std::move(tar), &wanted, path);
+  Sample s;
+  while (true) {
+    ARROW_ASSIGN_OR_RAISE(const bool more, stream.Next(/*read=*/false, &s));
+    if (!more) break;
+    ++*samples;
+    *bytes += s.wanted_bytes;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                       const std::vector<std::string>& paths,
+                                       const SourceConfig& source,
+                                       const std::string& /*key_path*/,
+                                       const std::vector<ColumnSpec>& columns) {
+  std::vector<MemberColumn> members;
+  std::set<std::string> wanted;
+  std::string tag = "webdataset-count 1";
+  for (const auto& spec : columns) {
+    ARROW_ASSIGN_OR_RAISE(auto c, ColumnOf(spec));
+    for (const auto& e : c.extensions) {
+      wanted.insert(e);
+    }
+    members.push_back(std::move(c));
+  }
+  for (const auto& e : wanted) tag += ' ' + e;
+  FormatOpen out;
+  std::vector<TarFile> files;
+  const bool skip = source.on_error == OnError::kSkip;
+  for (const auto& path : paths) {
+    TarFile f;
+    f.path = path;
+    SourceFiles::File file;
+    file.path = path;
+    int64_t samples = 0, bytes = 0;
+    int tries = 0;
+    arrow::fs::FileInfo info;
+    std::string key;
+    if (!source.length_cache_dir.empty()) {
+      auto got = fs->GetFileInfo(path);
+      if (got.ok() && got->IsFile()) {
+        info = *got;
+        key = KeptCountKey(tag, path, info);
+      }
+    }
+    Status st;
+    if (key.empty() || !ReadKeptCount(source.length_cache_dir, key, &samples, &bytes)) {
+      st = RetryStorage(
+          [&] { return CountSamples(fs.get(), path, wanted, &samples, &bytes); },
+          kStorageRetryDelaysMs, &tries);
+      if (st.ok() && !key.empty()) {
+        WriteKeptCount(source.length_cache_dir, key, samples, bytes);
+      }
+    }
+    if (!st.ok()) {
+      if (!skip) return RefuseUnreadable(st, tries);
+      if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
+      out.KeepUnreadable(std::move(file), st, path);
+      files.push_back(std::move(f));
+      continue;
+    }
+    f.samples = samples;
+    file.row_group_rows = {samples};
+    file.row_group_first_row = {0};
+    file.row_group_bytes = {bytes};
+    if (!key.empty()) {
+      file.row_group_digest = {Fnv1a(key + '|' + std::to_string(samples) + '|' +
+                                     std::to_string(bytes))};
+    }
+    file.column = 0;
+    file.num_rows = samples;
+    out.files.push_back(std::move(file));
+    files.push_back(std::move(f));
+  }
+  out.reader = std::make_unique<WebDatasetReader>(std::move(fs), std::move(files),
+                                                  std::move(members), std::move(wanted),
+                                                  skip);
+  return out;
+}
+
+Result<std::vector<std::string>> WebDatasetExtensions(arrow::fs::FileSystem* fs,
+                                                      const std::string& path,
+                                                      int64_t samples) {
+  ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs, path));
+  const std::set<std::string> none;
+  SampleStream stream(std::move(tar), &none, path);
+  std::vector<std::string> out;
+  Sample s;
+  for (int64_t i = 0; i < samples; ++i) {
+    ARROW_ASSIGN_OR_RAISE(const bool more, stream.Next(/*read=*/false, &s));
+    if (!more) break;
+    for (const auto& e : s.extensions) {
+      if (std::find(out.begin(), out.end(), e) == out.end()) out.push_back(e);
+    }
+  }
+  return out;
+}
+
+}  // namespace braid::internal
