@@ -263,7 +263,7 @@ def test_with_ranks_keeps_each_ranks_share(mix: Path):
 
 
 def test_with_ranks_puts_ranks_in_tp_pp_groups_at_the_same_global_batch(mix: Path):
-    config = baseline.load_braid_config(str(mix))
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
     flat = run.with_ranks(config, 8)
     grouped = run.with_ranks(config, 8, tp=4)
     assert grouped["topology"] == {"dp": 2, "tp": 4, "pp": 1}
