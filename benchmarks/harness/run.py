@@ -309,14 +309,18 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
                          args.sample_ms, progress, env=mode.env(mode.state))
 
 
-def summarize(run: dict, none_peak: float, warmup: int, scale: float) -> Dict[str, Any]:
-    """One loader's figures from its run (`scale`: seconds per cost unit)."""
+def summarize(run: dict, none_peak: float, warmup: int, scale: float,
+              group: int = 1) -> Dict[str, Any]:
+    """One loader's figures from its run (`scale`: seconds per cost unit; `group`: tp *
+    pp, the ranks that share a DP group's compute, trainer.py)."""
     reports = run["reports"]
     steps = len(reports[0]["steps"])
     per_step_costs = [[r["steps"][k]["cost"] for r in reports] for k in range(steps)]
     ends = reports[0]["steps"]
     span = ends[-1]["end_s"] - ends[warmup - 1]["end_s"] if warmup else ends[-1]["end_s"]
-    compute_s = scale * sum(max(c) for c in per_step_costs[warmup:])
+    # Each rank computes 1/group of its DP group's cost (with pp > 1 the vision term is
+    # the first stage's alone, trainer.py: there this bound is approximate).
+    compute_s = scale * sum(max(c) for c in per_step_costs[warmup:]) / group
     tokens = sum(r["tokens"] for r in reports)
     elapsed = max(r["elapsed_s"] for r in reports)
     return {
@@ -546,7 +550,8 @@ def main(args: argparse.Namespace) -> int:
         memory_by_ranks[ranks] = {}
         for mode_name in loaders:
             none_peak = none_peaks[MODES[mode_name].python(args)]
-            s = summarize(runs[mode_name], none_peak, args.warmup, scale)
+            s = summarize(runs[mode_name], none_peak, args.warmup, scale,
+                          group=args.tp * args.pp)
             s["python"] = MODES[mode_name].python(args)
             memory_by_ranks[ranks][mode_name] = s["added_pss_bytes"]
             if ranks == top:
