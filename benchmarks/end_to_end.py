@@ -4,7 +4,10 @@ baseline (and its average over the workloads), memory ratio, imbalance at dp=64.
 
     .venv/bin/python benchmarks/end_to_end.py [--ranks 8] [--dir out/workloads] \
         [--out out/bench] [--tokens 2000000] [--schedule-steps 12] [--runtime embedded] \
-        [-- BENCH OPTIONS...]
+        [--names longtail,...] [--tp 1] [--pp 1] [-- BENCH OPTIONS...]
+
+`--names heavy_vlm_photo` runs the heavy mix at real image cost (benchmarks/workloads.py);
+`--tp T --pp P` puts the ranks in tp x pp groups (bench.py's options of the same name).
 
 Prints one line per workload, then the average; the JSON of each run is
 OUT/NAME/bench.json.
@@ -34,6 +37,8 @@ def main(argv=None) -> int:
                    "the bench's steps)")
     p.add_argument("--runtime", default="embedded", choices=["embedded", "ray"])
     p.add_argument("--names", default=",".join(NAMES))
+    p.add_argument("--tp", type=int, default=1, help="bench.py --tp")
+    p.add_argument("--pp", type=int, default=1, help="bench.py --pp")
     p.add_argument("bench", nargs=argparse.REMAINDER, help="after --: bench.py options")
     args = p.parse_args(argv)
     extra = [a for a in args.bench if a != "--"]
@@ -47,12 +52,14 @@ def main(argv=None) -> int:
         out = os.path.join(args.out, name)
         subprocess.run([sys.executable, os.path.join(HERE, "bench.py"),
                         os.path.join(args.dir, name, f"{name}.json"), "--ranks", args.ranks,
-                        "--runtime", args.runtime, "--out", out, *extra], check=True)
+                        "--runtime", args.runtime, "--tp", str(args.tp), "--pp",
+                        str(args.pp), "--out", out, *extra], check=True)
         with open(os.path.join(out, "bench.json")) as f:
             rows[name] = json.load(f)
     braid = "braid" if args.runtime == "embedded" else "braid-ray"
-    print(f"\n{'workload':<12} {'end-to-end':>11} {'costs alone':>12} {'balance':>8} "
-          f"{'memory':>8} {'dp=64 braid':>12} {'dp=64 base':>11}")
+    print(f"\n{'workload':<16} {'end-to-end':>11} {'costs alone':>12} {'balance':>8} "
+          f"{'memory':>8} {'wait braid':>11} {'wait base':>10} {'dp=64 braid':>12} "
+          f"{'dp=64 base':>11}")
     speedups, alone, balance = [], [], []
     for name, r in rows.items():
         speedup = r["speedup_over_baseline"][braid]
@@ -60,10 +67,11 @@ def main(argv=None) -> int:
         alone.append(r["speedup_costs_alone_over_baseline"][braid])
         balance.append(r["speedup_balance_only_over_baseline"][braid])
         dp = r["imbalance_dp"]["mean"]
-        print(f"{name:<12} {speedup:>10.2f}x {alone[-1]:>11.2f}x {balance[-1]:>7.2f}x "
-              f"{r['memory_ratio_baseline_over'][braid]:>7.2f}x {dp[braid]:>12.4f} "
-              f"{dp['baseline']:>11.4f}")
-    print(f"{'average':<12} {statistics.fmean(speedups):>10.2f}x "
+        wait = {n: r["loaders"][n]["wait_fraction"] for n in (braid, "baseline")}
+        print(f"{name:<16} {speedup:>10.2f}x {alone[-1]:>11.2f}x {balance[-1]:>7.2f}x "
+              f"{r['memory_ratio_baseline_over'][braid]:>7.2f}x {wait[braid]:>10.1%} "
+              f"{wait['baseline']:>10.1%} {dp[braid]:>12.4f} {dp['baseline']:>11.4f}")
+    print(f"{'average':<16} {statistics.fmean(speedups):>10.2f}x "
           f"{statistics.fmean(alone):>11.2f}x {statistics.fmean(balance):>7.2f}x")
     return 0
 

@@ -8,6 +8,11 @@
                8192 (global_tokens constant, so micro-batches per rank change)
   heavy_vlm    text plus an image-caption source (PNG images of many sizes, captions
                tokenized with a SentencePiece model trained here): the vision cost term
+  heavy_vlm_photo
+               the heavy mix at real image cost (not one of end_to_end.py's four):
+               photographic-like JPEGs of 512-1,024 px a side, decoded and resized to
+               the patch grid, beside pre-tokenized text; the image weight rises from
+               0.05 to 0.2 over --schedule-steps
 
 Each is written under --dir/NAME (data reused when present) with NAME.json, a config any
 `braid run`, `braid plan` or `braid.Loader` takes. Sizes scale with --tokens (per source).
@@ -104,10 +109,10 @@ def _png(rng: random.Random) -> bytes:
     return out.getvalue()
 
 
-def heavy_vlm(root: str, args) -> dict:
+def _captions(root: str, rng: random.Random) -> tuple:
+    """400 captions and a SentencePiece model trained on them (once) under `root`."""
     from braid import _core
 
-    rng = random.Random(7)
     words = ("a photo of the loader planner constructor with arrows boxes colours and "
              "many small parts on a table").split()
     captions = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) + "."
@@ -115,6 +120,12 @@ def heavy_vlm(root: str, args) -> dict:
     model = os.path.join(root, "tok.model")
     if not os.path.exists(model):
         _core.train_tiny_sentencepiece(captions, os.path.join(root, "tok"), 200)
+    return captions, model
+
+
+def heavy_vlm(root: str, args) -> dict:
+    rng = random.Random(7)
+    captions, model = _captions(root, rng)
     images_dir = os.path.join(root, "captions")
     os.makedirs(images_dir, exist_ok=True)
     path = os.path.join(images_dir, "part-000.parquet")
@@ -135,10 +146,82 @@ def heavy_vlm(root: str, args) -> dict:
                                "image": {"patch_size": 14, "image_token_id": 200}}]}
 
 
+def photo_jpeg(rng: np.random.Generator, quality: int = 90) -> bytes:
+    """A photographic-like JPEG of 512-1,024 pixels a side: a smooth colour field (a
+    coarse random grid upsampled bicubically), soft-edged shapes and sensor-like noise,
+    so that it compresses (and decodes) like a photo rather than a flat drawing."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    w, h = (int(v) for v in rng.integers(512, 1025, size=2))
+    coarse = rng.integers(0, 256, size=(int(rng.integers(3, 7)), int(rng.integers(3, 7)), 3),
+                          dtype=np.uint8)
+    img = Image.fromarray(coarse, "RGB").resize((w, h), Image.BICUBIC)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(4, 12))):
+        x0, y0 = int(rng.integers(0, w)), int(rng.integers(0, h))
+        x1, y1 = x0 + int(rng.integers(20, w // 2)), y0 + int(rng.integers(20, h // 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        if rng.random() < 0.5:
+            draw.ellipse([x0, y0, x1, y1], fill=colour)
+        else:
+            draw.rectangle([x0, y0, x1, y1], fill=colour)
+    img = img.filter(ImageFilter.GaussianBlur(radius=float(rng.uniform(1.0, 3.0))))
+    pixels = np.asarray(img, dtype=np.int16)
+    pixels = pixels + rng.normal(0.0, 6.0, size=pixels.shape).astype(np.int16)
+    img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
+    out = io.BytesIO()
+    img.save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def heavy_vlm_photo(root: str, args) -> dict:
+    """The heavy mix at the cost of real images (issue 21): one JPEG of 512-1,024 px per
+    row (scaled to max_pixels 262,144 and cut into 14-px patches: up to 1,369 image
+    tokens), a caption, beside pre-tokenized text; the image source's token weight
+    rises from 0.05 to 0.2 over --schedule-steps. The vision term prices an image token
+    at a tenth of a language token's linear cost (a vision tower a tenth of the language
+    model per token)."""
+    rng = random.Random(8)
+    captions, model = _captions(root, rng)
+    images_dir = os.path.join(root, "photos")
+    os.makedirs(images_dir, exist_ok=True)
+    path = os.path.join(images_dir, "part-000.parquet")
+    if not os.path.exists(path):
+        rows = max(100, args.tokens // 5000)
+        gen = np.random.default_rng(21)
+        writer = None
+        for start in range(0, rows, 32):
+            chunk = range(start, min(rows, start + 32))
+            table = pa.table({
+                "image": pa.array([[photo_jpeg(gen)] for _ in chunk],
+                                  pa.list_(pa.binary())),
+                "caption": [rng.choice(captions) for _ in chunk]})
+            if writer is None:
+                writer = pq.ParquetWriter(path + ".tmp", table.schema)
+            writer.write_table(table, row_group_size=32)
+        writer.close()
+        os.replace(path + ".tmp", path)
+    end = args.schedule_steps
+    text = _tokens_source(root, "text", args.tokens, 3000, 411,
+                          {"schedule": [[0, 0.95], [end, 0.8]]})
+    linear = 8192
+    return {"seed": 5, "topology": {"dp": args.dp}, "batch": _batch(args.dp, 8192, 2),
+            "balance": {"cost": {"attn": 1.0, "linear": linear, "vision": linear // 10}},
+            "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+            "sources": [text, {"name": "photos", "path": images_dir,
+                               "weight": {"schedule": [[0, 0.05], [end, 0.2]]},
+                               "image_column": "image", "text_column": "caption",
+                               "oversize": "skip",
+                               "image": {"patch_size": 14, "max_pixels": 262144,
+                                         "image_token_id": 200}}]}
+
+
 WORKLOADS: Dict[str, Callable[[str, argparse.Namespace], dict]] = {
     "longtail": longtail, "curriculum": curriculum, "phases": phases,
-    "heavy_vlm": heavy_vlm,
+    "heavy_vlm": heavy_vlm, "heavy_vlm_photo": heavy_vlm_photo,
 }
+# What `workloads.py` with no names writes, and benchmarks/end_to_end.py runs.
+DEFAULT = ("longtail", "curriculum", "phases", "heavy_vlm")
 
 
 def make(name: str, args) -> str:
@@ -154,7 +237,7 @@ def make(name: str, args) -> str:
 
 def main(argv: List[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", help=f"of {', '.join(WORKLOADS)} (default: all)")
+    ap.add_argument("names", nargs="*", help=f"of {', '.join(WORKLOADS)} (default: {', '.join(DEFAULT)})")
     ap.add_argument("--dir", default=os.path.join("out", "workloads"))
     ap.add_argument("--tokens", type=int, default=2_000_000, help="per source")
     ap.add_argument("--dp", type=int, default=8)
@@ -164,7 +247,7 @@ def main(argv: List[str] = None) -> int:
     for name in args.names:
         if name not in WORKLOADS:
             ap.error(f"unknown workload {name!r}")
-    for name in args.names or list(WORKLOADS):
+    for name in args.names or list(DEFAULT):
         print(make(name, args), flush=True)
     return 0
 

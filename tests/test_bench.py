@@ -262,6 +262,63 @@ def test_with_ranks_keeps_each_ranks_share(mix: Path):
     assert "runtime" not in run.with_ranks(config, 4)
 
 
+def test_with_ranks_puts_ranks_in_tp_pp_groups_at_the_same_global_batch(mix: Path):
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    flat = run.with_ranks(config, 8)
+    grouped = run.with_ranks(config, 8, tp=4)
+    assert grouped["topology"] == {"dp": 2, "tp": 4, "pp": 1}
+    assert grouped["batch"]["global_tokens"] == flat["batch"]["global_tokens"]
+    assert run.with_ranks(config, 8, tp=2, pp=2)["topology"] == {"dp": 2, "tp": 2, "pp": 2}
+    with pytest.raises(ValueError, match="not a multiple of --tp 3"):
+        run.with_ranks(config, 8, tp=3)
+    # The peers that run DP ranks only are listed as skipped with the reason.
+    assert "--tp/--pp" in run.cannot_express("litdata", grouped)
+    assert run.cannot_express("baseline", grouped) is None
+
+
+def test_baseline_tp_peers_load_the_same_data_and_dp_ranks_their_own(mix: Path,
+                                                                     tmp_path: Path):
+    from harness.modes import MODES
+
+    config = run.with_ranks(run._rebase(baseline.load_braid_config(str(mix)),
+                                        str(mix.parent)), 4, tp=2)
+    path = write_config(tmp_path / "tp.json", config)
+
+    class Args:
+        workers, shuffle_buffer, tp, pp = 0, 8, 2, 1
+
+    def first(rank: int, n: int = 3):
+        it, close = MODES["baseline"].start(str(path), rank, 4, Args())
+        try:
+            return [next(it)["input_ids"].tolist() for _ in range(n)]
+        finally:
+            close()
+
+    # Ranks 0 and 1 form DP group 0 (tp fastest), 2 and 3 group 1.
+    assert first(0) == first(1)
+    assert first(2) == first(3)
+    assert first(0) != first(2)
+
+
+def test_bench_runs_tp_groups(mix: Path, tmp_path: Path):
+    result = bench(mix, tmp_path, "--ranks", "4", "--tp", "2", "--steps", "4",
+                   "--workers", "1", "--step-ms", "40", "--imbalance-dp", "4",
+                   "--imbalance-steps", "2", "--sample-ms", "50")
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert figures["layout"] == {"dp": 2, "tp": 2, "pp": 1}
+    for name, f in figures["loaders"].items():
+        # The global batch of 4 DP ranks (2 micro-batches each): each DP group, and so
+        # each of its 2 TP ranks, receives 4 micro-batches of 512 per step; 4 steps.
+        assert f["tokens"] == 4 * 4 * (4 * 512), name
+    # Braid's trainers received the plan at dp=2, its TP peers the same micro-batches.
+    config = run._rebase(baseline.load_braid_config(str(mix)), str(mix.parent))
+    planned = run.imbalance(run.braid_plan(run.with_ranks(config, 4, tp=2), 4))
+    assert figures["loaders"]["braid"]["imbalance_per_step"] == pytest.approx(planned,
+                                                                              rel=1e-9)
+    assert "dp=2 x tp=2 x pp=1" in result.stdout
+
+
 def baseline_items(config, n: int, rank: int = 0, world: int = 2, metadata=False):
     data = baseline.BaselineDataset.from_braid_config(config, rank=rank, world_size=world,
                                                       shuffle_buffer=8, metadata=metadata)

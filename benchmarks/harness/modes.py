@@ -63,7 +63,12 @@ def _start_none(config_path, rank, world_size, args):
 def _start_baseline(config_path, rank, world_size, args):
     from harness.baseline import make_loader
 
-    loader = make_loader(config_path, rank=rank, world_size=world_size,
+    # One loader per rank; in tp x pp groups (Megatron's order: tp fastest, then dp,
+    # then pp) the ranks of a DP group load the same data, as torchtitan- and FSDP-style
+    # trainers do: the loader of DP rank `dp` of `world / (tp * pp)`.
+    tp, pp = getattr(args, "tp", 1), getattr(args, "pp", 1)
+    dp_size = world_size // (tp * pp)
+    loader = make_loader(config_path, rank=(rank // tp) % dp_size, world_size=dp_size,
                          workers=args.workers, shuffle_buffer=args.shuffle_buffer)
     it = iter(loader)
 

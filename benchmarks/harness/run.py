@@ -70,9 +70,15 @@ def _rebase(config: dict, base_dir: str) -> dict:
     return out
 
 
-def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) -> dict:
-    """The config at dp = `ranks`, each rank receiving the same micro-batches per step as
-    in `config` (or `micro_batches` at batch.seq_len), on the embedded runtime."""
+def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None,
+               tp: int = 1, pp: int = 1) -> dict:
+    """The config at `ranks` trainer ranks in groups of `tp` x `pp` (dp = ranks / (tp *
+    pp)), on the embedded runtime. The global batch is the one of `ranks` DP ranks each
+    receiving the config's micro-batches per step (or `micro_batches` at batch.seq_len),
+    whatever the layout: the same job on the same ranks, so each DP group of a tp x pp
+    layout receives tp * pp times a DP rank's micro-batches."""
+    if tp < 1 or pp < 1 or ranks % (tp * pp):
+        raise ValueError(f"--ranks {ranks} is not a multiple of --tp {tp} x --pp {pp}")
     out = copy.deepcopy(config)
     batch = out["batch"]
     dp = int(out.get("topology", {}).get("dp", 1))
@@ -81,7 +87,8 @@ def with_ranks(config: dict, ranks: int, micro_batches: Optional[int] = None) ->
     per_rank = int(batch.get("global_tokens", dp * mbs * seq_len)) // dp
     if micro_batches:
         per_rank = micro_batches * mbs * seq_len
-    out.setdefault("topology", {})["dp"] = ranks
+    topology = out.setdefault("topology", {})
+    topology.update(dp=ranks // (tp * pp), tp=tp, pp=pp)
     batch["global_tokens"] = per_rank * ranks
     # The config's runtime settings stay (threads, memory budget...); which runtime runs
     # is the bench's choice (--runtime), not the config's.
@@ -118,6 +125,9 @@ def cannot_express(name: str, config: dict) -> Optional[str]:
         return None
     if name not in ("litdata", "energon", "mosaic"):
         return None
+    topology = config.get("topology", {})
+    if int(topology.get("tp", 1)) * int(topology.get("pp", 1)) > 1:
+        return f"--tp/--pp: {name} runs data-parallel ranks only here"
     for i, s in enumerate(config["sources"]):
         if "tokens_column" not in s:
             return f"sources[{i}]: {name} reads pre-tokenized token lists only"
@@ -299,14 +309,18 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
                          args.sample_ms, progress, env=mode.env(mode.state))
 
 
-def summarize(run: dict, none_peak: float, warmup: int, scale: float) -> Dict[str, Any]:
-    """One loader's figures from its run (`scale`: seconds per cost unit)."""
+def summarize(run: dict, none_peak: float, warmup: int, scale: float,
+              group: int = 1) -> Dict[str, Any]:
+    """One loader's figures from its run (`scale`: seconds per cost unit; `group`: tp *
+    pp, the ranks that share a DP group's compute, trainer.py)."""
     reports = run["reports"]
     steps = len(reports[0]["steps"])
     per_step_costs = [[r["steps"][k]["cost"] for r in reports] for k in range(steps)]
     ends = reports[0]["steps"]
     span = ends[-1]["end_s"] - ends[warmup - 1]["end_s"] if warmup else ends[-1]["end_s"]
-    compute_s = scale * sum(max(c) for c in per_step_costs[warmup:])
+    # Each rank computes 1/group of its DP group's cost (with pp > 1 the vision term is
+    # the first stage's alone, trainer.py: there this bound is approximate).
+    compute_s = scale * sum(max(c) for c in per_step_costs[warmup:]) / group
     tokens = sum(r["tokens"] for r in reports)
     elapsed = max(r["elapsed_s"] for r in reports)
     return {
@@ -418,6 +432,11 @@ def parser() -> argparse.ArgumentParser:
                    help="Braid's runtime (ray: a Ray head of its own, node delivery)")
     p.add_argument("--against", default="baseline",
                    help=f"comma list of {', '.join(PEERS)} (none: '')")
+    p.add_argument("--tp", type=int, default=1,
+                   help="trainer ranks in tensor-parallel groups of this size: TP peers "
+                   "receive the same data (dp = ranks / (tp * pp); the global batch "
+                   "stays that of dp = ranks)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages, likewise")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--warmup", type=int, default=4, help="steps not timed")
     p.add_argument("--step-ms", type=float, default=200.0,
@@ -464,6 +483,12 @@ def main(args: argparse.Namespace) -> int:
     for a in against:
         if a not in PEERS:
             raise ValueError(f"--against: unknown loader {a!r} (of {', '.join(PEERS)})")
+    if args.tp < 1 or args.pp < 1:
+        raise ValueError("--tp and --pp must be positive")
+    for r in ranks_list:
+        if r % (args.tp * args.pp):
+            raise ValueError(f"--ranks {r} is not a multiple of --tp {args.tp} x "
+                             f"--pp {args.pp}")
     if not 0 <= args.warmup < args.steps:
         raise ValueError("--warmup must be below --steps")
     config = _rebase(load_braid_config(args.config),
@@ -475,7 +500,8 @@ def main(args: argparse.Namespace) -> int:
     os.makedirs(out_dir, exist_ok=True)
     args.dir = out_dir  # where modes put converted data
     braid_mode = "braid" if args.runtime == "embedded" else "braid-ray"
-    skipped = {a: why for a in against if (why := cannot_express(a, config))}
+    layout = with_ranks(config, max(ranks_list), tp=args.tp, pp=args.pp)
+    skipped = {a: why for a in against if (why := cannot_express(a, layout))}
     if "mosaic" in against and "mosaic" not in skipped:
         why = mosaic_unavailable(args)
         if why:
@@ -499,9 +525,10 @@ def main(args: argparse.Namespace) -> int:
     figures: Dict[str, dict] = {}
     for ranks in ranks_list:
         args.ranks = ranks
-        base = with_ranks(config, ranks)
+        base = with_ranks(config, ranks, tp=args.tp, pp=args.pp)
         dp = base["topology"]["dp"]
         spec = {"ranks": ranks, "steps": args.steps, "scale": scale, **model,
+                "dp": dp, "tp": args.tp, "pp": args.pp,
                 "tokens_per_rank_step": base["batch"]["global_tokens"] // dp,
                 "workers": args.workers, "shuffle_buffer": args.shuffle_buffer}
         runs, none_peaks = {}, {}
@@ -523,7 +550,8 @@ def main(args: argparse.Namespace) -> int:
         memory_by_ranks[ranks] = {}
         for mode_name in loaders:
             none_peak = none_peaks[MODES[mode_name].python(args)]
-            s = summarize(runs[mode_name], none_peak, args.warmup, scale)
+            s = summarize(runs[mode_name], none_peak, args.warmup, scale,
+                          group=args.tp * args.pp)
             s["python"] = MODES[mode_name].python(args)
             memory_by_ranks[ranks][mode_name] = s["added_pss_bytes"]
             if ranks == top:
@@ -542,6 +570,7 @@ def main(args: argparse.Namespace) -> int:
 
     result = {
         "config": os.path.abspath(args.config), "ranks": top, "runtime": args.runtime,
+        "layout": {"dp": top // (args.tp * args.pp), "tp": args.tp, "pp": args.pp},
         "steps": args.steps, "warmup": args.warmup, "step_ms": args.step_ms,
         "scale_s": scale, "cost": model, "workers": args.workers, "overrides": overrides,
         "loaders": figures, "skipped": skipped,
@@ -571,7 +600,8 @@ def main(args: argparse.Namespace) -> int:
     path = os.path.join(out_dir, "bench.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{name}: {top} ranks, {args.steps} steps ({args.warmup} warm-up) of "
+    print(f"{name}: {top} ranks (dp={top // (args.tp * args.pp)} x tp={args.tp} x "
+          f"pp={args.pp}), {args.steps} steps ({args.warmup} warm-up) of "
           f"{args.step_ms:g} ms at Braid's mean rank cost; dp={args.imbalance_dp} "
           f"imbalance over {args.imbalance_steps} planned steps")
     print(table(result))

@@ -8,7 +8,12 @@ the CPUs), then waits at a barrier for the slowest rank: a step ends when the sl
 rank ends, as with an all-reduce of gradients.
 
 A micro-batch's time is its cost (cost.py: the planner's cost model) times `scale`
-seconds.
+seconds. In a layout of tp x pp groups (spec `tp`, `pp`; ranks in Megatron's order, tp
+fastest, then dp, then pp) every rank of a DP group receives that group's micro-batches
+and computes its share of them: the language part of the cost divided by tp * pp (each
+rank holds 1/tp of a stage, each stage 1/pp of the layers), the vision part divided by
+tp on the first stage only (the vision encoder runs there), so a step at a DP group's
+cost takes each rank as long as a DP rank's step at dp = ranks.
 
 Protocol with the harness (stdout JSON lines, stdin words): prints {"event": "ready"},
 waits for "go", prints {"event": "step", ...} after each step on rank 0, then
@@ -48,6 +53,8 @@ def main(spec: dict) -> int:
         return 1
     attn, linear, vision = spec["attn"], spec["linear"], spec["vision"]
     scale = spec["scale"]
+    tp, pp = int(spec.get("tp", 1)), int(spec.get("pp", 1))
+    first_stage = rank // (world // pp) == 0
     per_step = spec["tokens_per_rank_step"]
     dist.barrier()
     start = time.monotonic()
@@ -68,11 +75,13 @@ def main(spec: dict) -> int:
             batch = next(it)
             wait += time.monotonic() - t
             c = batch_cost(batch, attn, linear, vision)
+            c_vision = batch_cost(batch, 0.0, 0.0, vision) if vision else 0.0
             n = batch_tokens(batch)
             got += n
             cost += c
             del batch
-            time.sleep(c * scale)  # the simulated forward and backward
+            compute = (c - c_vision) / (tp * pp) + (c_vision / tp if first_stage else 0.0)
+            time.sleep(compute * scale)  # the simulated forward and backward
         tokens += got
         t = time.monotonic()
         dist.barrier()  # the gradients' all-reduce: the slowest rank ends the step
@@ -95,6 +104,8 @@ class _Args:
     def __init__(self, spec: dict):
         self.workers = spec["workers"]
         self.shuffle_buffer = spec["shuffle_buffer"]
+        self.tp = int(spec.get("tp", 1))
+        self.pp = int(spec.get("pp", 1))
 
 
 if __name__ == "__main__":

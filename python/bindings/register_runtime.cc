@@ -19,6 +19,21 @@
 namespace nb = nanobind;
 
 namespace braid::python {
+nb::dict ProfileToDict(const SourceProfile& p) {
+  nb::dict d;
+  d["samples"] = p.samples;
+  d["tokens"] = p.tokens;
+  d["rows_read"] = p.rows_read;
+  d["bytes_read"] = p.bytes_read;
+  d["read_cpu_s"] = 1e-9 * double(p.read_cpu_ns);
+  d["payloads_finished"] = p.payloads_finished;
+  d["finish_cpu_s"] = 1e-9 * double(p.finish_cpu_ns);
+  d["cpu_s_per_sample"] = p.cpu_s_per_sample();
+  d["cpu_s_per_token"] = p.cpu_s_per_token();
+  d["bytes_per_sample"] = p.bytes_per_sample();
+  return d;
+}
+
 nb::dict SummaryToDict(const RunSummary& s) {
   nb::dict d;
   d["steps"] = s.steps;
@@ -53,6 +68,13 @@ nb::dict SummaryToDict(const RunSummary& s) {
   d["blanked"] = blanked;
   d["skipped_files"] = skipped_files;
   d["skipped_files_rows_unknown"] = rows_unknown;
+  if (!s.source_profile.empty()) {  // the embedded runtime's (Ray's: the planner host's)
+    nb::dict profile;
+    for (size_t i = 0; i < s.source_names.size() && i < s.source_profile.size(); ++i) {
+      profile[s.source_names[i].c_str()] = ProfileToDict(s.source_profile[i]);
+    }
+    d["source_profile"] = profile;
+  }
   d["step_imbalance"] = s.step_imbalance;
   d["step_seconds"] = s.step_seconds;
   // Planner: per source, mean context / bound and share drift (docs/plan-format.md).

@@ -397,9 +397,11 @@ void RegisterService(nb::module_& m) {
       .def("figures",
            [](const PlannerHandle& h) {
              PlannerService::Figures f;
+             std::vector<SourceProfile> profiles;
              {
                GilRelease release;
                f = h.service->figures();
+               profiles = h.service->sources().profiles();
              }
              nb::dict d;
              d["planned_through"] = f.planned_through;
@@ -407,6 +409,12 @@ void RegisterService(nb::module_& m) {
              d["replayed_steps"] = f.replayed_steps;
              d["restored_from"] = f.restored_from;
              d["clients"] = f.clients;
+             // The planner's source streams: what reading each source has cost here.
+             nb::dict profile;
+             for (size_t i = 0; i < profiles.size() && i < h.config->sources.size(); ++i) {
+               profile[h.config->sources[i].name.c_str()] = ProfileToDict(profiles[i]);
+             }
+             d["source_profile"] = profile;
              return d;
            })
       .def("stop", [](PlannerHandle& h) {

@@ -59,6 +59,9 @@ void RegisterInspect(nanobind::module_& m);
 void RegisterPlan(nanobind::module_& m);
 void RegisterService(nanobind::module_& m);
 // A run's summary as the CLI and report.json read it (register_runtime.cc).
-nanobind::dict SummaryToDict(const RunSummary& summary);  // the roles as services (register_service.cc)  // data plane builder (register_plan.cc)
+nanobind::dict SummaryToDict(const RunSummary& summary);
+// One source's profile (source/profile.h) as report.json and `braid status` show it
+// (register_runtime.cc).
+nanobind::dict ProfileToDict(const SourceProfile& profile);  // the roles as services (register_service.cc)  // data plane builder (register_plan.cc)
 
 }  // namespace braid::python

@@ -102,6 +102,20 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
               + (f", blanked {summary['blanked'][name]}" if summary["blanked"][name] else "")
               + _skipped_files(summary, name), file=out)
     _print_context(summary, out)
+    _print_profile(summary.get("source_profile"), out)
+
+
+def _print_profile(profile: Optional[dict], out, indent: str = "  ") -> None:
+    """Per source: what loading it cost (CPU per sample and per token of read, decode and
+    transform; bytes read per sample; samples produced)."""
+    if not profile:
+        return
+    print(f"{indent}source cost      CPU per sample, per token; bytes read per sample; "
+          "samples (this process's loaders)", file=out)
+    for name, p in profile.items():
+        print(f"{indent}  {name:<14} {p['cpu_s_per_sample'] * 1e6:>10,.1f} us  "
+              f"{p['cpu_s_per_token'] * 1e9:>9,.1f} ns  "
+              f"{_fmt_bytes(p['bytes_per_sample']):>9}  {p['samples']:,}", file=out)
 
 
 def _print_context(summary: dict, out) -> None:
@@ -205,10 +219,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 print(f"  {a['name']:<48} not answering: {a['error']}")
                 continue
             extra = {k: v for k, v in a.items()
-                     if k not in ("name", "role", "pid", "rss_bytes", "node")}
+                     if k not in ("name", "role", "pid", "rss_bytes", "node",
+                                  "source_profile")}
             print(f"  {a['name']:<48} node {a['node'][:12]} pid {a['pid']:<7} "
                   f"rss {_fmt_bytes(a['rss_bytes']):>9}  "
                   + " ".join(f"{k}={v}" for k, v in extra.items()))
+            _print_profile(a.get("source_profile"), sys.stdout, indent="    ")
     if args.job and not jobs.actor_names(args.job, args.namespace):
         print(f"braid: error: no actors of job {args.job!r} in namespace "
               f"{args.namespace!r}", file=sys.stderr)

@@ -48,6 +48,10 @@ def run_job(config: "_core.Config", steps: int,
         summary["runtime"] = "ray"
         summary["job"] = job.name
         summary["actors"] = actors
+        # What reading each source cost the planner's streams (source/profile.h).
+        for a in actors:
+            if a.get("role") == "planner" and "source_profile" in a:
+                summary["source_profile"] = a["source_profile"]
         return summary
     finally:
         for stream in streams:

@@ -156,6 +156,7 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     last = now;
     RunSummary& summary = recorder.summary();
     summary.blanked = engine->blanked_payloads();
+    summary.source_profile = engine->source_profiles();
     summary.skipped_files = engine->skipped_files();
     summary.skipped_files_rows_unknown = engine->unreadable_files();
     if (progress) progress(summary);

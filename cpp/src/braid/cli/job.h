@@ -10,6 +10,7 @@
 
 #include "braid/config/config.h"
 #include "braid/plan/step_plan.h"
+#include "braid/source/profile.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -45,6 +46,8 @@ struct RunSummary {
   /// Per source: those of skipped_files whose footer did not read, so their rows are
   /// unknown (not among `skipped`).
   std::vector<int64_t> skipped_files_rows_unknown;
+  /// Per source: what loading it cost this process (source/profile.h), whole run.
+  std::vector<SourceProfile> source_profile;
   int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
   int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)
   /// Multimodal documents deferred to a later step (StepPlan::multimodal_deferred).

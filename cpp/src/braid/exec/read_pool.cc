@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "braid/util/cpu_time_internal.h"
+
 namespace braid {
 namespace {
 
@@ -94,6 +96,7 @@ struct ForLoop {
   int64_t next = 0;     // GUARDED_BY(mu)
   int64_t running = 0;  // GUARDED_BY(mu) helpers inside fn
   bool closed = false;  // GUARDED_BY(mu)
+  int64_t helper_cpu_ns = 0;  // GUARDED_BY(mu) thread CPU of the helpers' Drain calls
 
   // Runs indices until none is left. REQUIRES: lock holds mu.
   void Drain(std::unique_lock<std::mutex>& lock) {
@@ -111,12 +114,12 @@ struct ForLoop {
 
 }  // namespace
 
-void ReadPool::ParallelFor(int64_t n, int64_t max_threads,
-                           const std::function<void(int64_t)>& fn) {
+int64_t ReadPool::ParallelFor(int64_t n, int64_t max_threads,
+                              const std::function<void(int64_t)>& fn) {
   const int64_t helpers = std::min({max_threads - 1, n - 1, threads()});
   if (helpers <= 0) {
     for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
+    return 0;
   }
   auto loop = std::make_shared<ForLoop>();
   loop->fn = &fn;
@@ -127,7 +130,9 @@ void ReadPool::ParallelFor(int64_t n, int64_t max_threads,
           std::unique_lock<std::mutex> lock(loop->mu);
           if (loop->closed || loop->next >= loop->n) return;
           ++loop->running;
+          const int64_t start_ns = internal::ThreadCpuNs();
           loop->Drain(lock);
+          loop->helper_cpu_ns += internal::ThreadCpuNs() - start_ns;
           if (--loop->running == 0) loop->cv.notify_all();
         },
         /*urgent=*/true);
@@ -136,6 +141,7 @@ void ReadPool::ParallelFor(int64_t n, int64_t max_threads,
   loop->Drain(lock);
   loop->closed = true;
   loop->cv.wait(lock, [&] { return loop->running == 0; });
+  return loop->helper_cpu_ns;
 }
 
 }  // namespace braid

@@ -169,6 +169,10 @@ Result<std::vector<std::shared_ptr<const Batch>>> Engine::NextViews(
 
 std::string Engine::StateJson() const { return impl_->StateJson(); }
 
+std::vector<SourceProfile> Engine::source_profiles() const {
+  return impl_->planner_->sources().profiles();
+}
+
 std::vector<int64_t> Engine::blanked_payloads() const {
   return impl_->planner_->sources().blanked_payloads();
 }

@@ -32,6 +32,7 @@
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
 #include "braid/plan/step_plan.h"
+#include "braid/source/profile.h"
 #include "braid/status.h"
 
 namespace braid {
@@ -77,6 +78,10 @@ class Engine {
   /// continues the stream exactly there.
   std::string StateJson() const;
 
+  /// Per source, what loading it has cost this process so far (source/profile.h): CPU
+  /// of its read steps and deferred payloads, bytes read, samples and tokens produced.
+  /// Thread-safe.
+  std::vector<SourceProfile> source_profiles() const;
   /// Per source, payloads blanked after their metadata was published (an image whose
   /// body did not decode, on_error: skip). Thread-safe.
   std::vector<int64_t> blanked_payloads() const;

@@ -83,6 +83,10 @@ int64_t SourceService::blanked_payloads() const {
   return stream_ ? stream_->blanked_payloads() : 0;
 }
 
+SourceProfile SourceService::profile() const {
+  return stream_ ? stream_->profile() : SourceProfile{};
+}
+
 int64_t SourceService::skipped_files() const {
   return stream_ ? static_cast<int64_t>(stream_->skipped_files().size()) : 0;
 }
@@ -349,6 +353,12 @@ SourceService* SourceSet::find(int32_t source) const {
     if (s->source_index() == source) return s.get();
   }
   return nullptr;
+}
+
+std::vector<SourceProfile> SourceSet::profiles() const {
+  std::vector<SourceProfile> out;
+  for (const auto& s : services_) out.push_back(s ? s->profile() : SourceProfile{});
+  return out;
 }
 
 std::vector<int64_t> SourceSet::blanked_payloads() const {

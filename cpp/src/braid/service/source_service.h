@@ -41,6 +41,7 @@
 #include "braid/config/config.h"
 #include "braid/io/source_files.h"
 #include "braid/plan/step_plan.h"
+#include "braid/source/profile.h"
 #include "braid/service/wire.h"
 #include "braid/source/sample.h"
 #include "braid/status.h"
@@ -101,6 +102,9 @@ class SourceService {
   /// The stream's payloads blanked after their metadata was published (an image whose
   /// body did not decode, on_error: skip). Thread-safe.
   int64_t blanked_payloads() const;
+  /// The stream's loading cost so far (source/profile.h); zeros without a stream.
+  /// Thread-safe.
+  SourceProfile profile() const;
   /// The stream's files skipped so far under on_error: skip, in whole or part (a footer
   /// or a row group that did not read). Thread-safe.
   int64_t skipped_files() const;
@@ -171,6 +175,7 @@ class SourceSet {
   const std::vector<std::unique_ptr<SourceService>>& services() const { return services_; }
   /// Per source of the set, in order: SourceService::blanked_payloads() and the others.
   std::vector<int64_t> blanked_payloads() const;
+  std::vector<SourceProfile> profiles() const;
   std::vector<int64_t> skipped_files() const;
   std::vector<int64_t> unreadable_files() const;
 

@@ -61,6 +61,12 @@ class ShardedSource : public SampleStream {
     for (const auto& l : loaders_) n += l->blanked_payloads();
     return n;
   }
+  /// The loading cost so far, summed over every loader (SourceLoader::profile).
+  SourceProfile profile() const {
+    SourceProfile p;
+    for (const auto& l : loaders_) p += l->profile();
+    return p;
+  }
   /// Files skipped so far under on_error: skip, over every loader (indexes in sorted path
   /// order; SourceLoader::skipped_files). Thread-safe.
   std::vector<int32_t> skipped_files() const;

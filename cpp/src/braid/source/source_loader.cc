@@ -5,9 +5,11 @@
 #include <string_view>
 
 #include <arrow/api.h>
+#include <arrow/util/byte_size.h>
 
 #include "braid/transform/transform.h"
 #include "braid/exec/read_pool.h"
+#include "braid/util/cpu_time_internal.h"
 #include "braid/util/rng_internal.h"
 
 namespace braid {
@@ -247,7 +249,12 @@ void SourceLoader::ReadTask(uint64_t ticket) {
     }
     running_ = true;
   }
+  const int64_t start_ns = internal::ThreadCpuNs();
+  helper_cpu_ns_ = 0;
+  step_rows_ = step_samples_ = step_tokens_ = 0;
   const Status st = ReadStep();
+  profile_.AddReadStep(internal::ThreadCpuNs() - start_ns + helper_cpu_ns_, step_rows_,
+                       step_samples_, step_tokens_);
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -395,7 +402,9 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
     ref.Set(Status::Cancelled("source '", source_.name, "' stopped"));
     return;
   }
+  const int64_t start_ns = internal::ThreadCpuNs();
   const Status st = transform_->Finish(d.cols, d.index, d.where, d.payload.get());
+  profile_.AddFinish(internal::ThreadCpuNs() - start_ns);
   if (st.ok()) {
     ref.Set(TokenPayload(d.payload));
   } else if (source_.on_error == OnError::kSkip) {
@@ -542,6 +551,9 @@ Status SourceLoader::LoadWindow() {
     }
     for (auto& cols : chunks) {
       const int64_t n = cols.front()->length();
+      int64_t bytes = 0;
+      for (const auto& array : cols) bytes += arrow::util::TotalBufferSize(*array);
+      profile_.AddBytesRead(bytes);
       for (int64_t i = 0; i < n; ++i) {
         rows_.push_back(RowRef{file, row + i, rg, i, static_cast<int64_t>(arrays_.size())});
       }
@@ -593,7 +605,8 @@ Status SourceLoader::LoadWindow() {
     const int64_t workers = std::max<int64_t>(1, source_.workers);
     const int64_t chunk = std::clamp<int64_t>(
         (n + workers - 1) / workers, 1, std::max<int64_t>(1, transform_->batch_rows()));
-    pool_->ParallelFor((n + chunk - 1) / chunk, workers, [&](int64_t c) {
+    const int64_t n_chunks = (n + chunk - 1) / chunk;
+    helper_cpu_ns_ += pool_->ParallelFor(n_chunks, workers, [&](int64_t c) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
       std::vector<BatchRow> batch;
       std::vector<int64_t> is;
@@ -700,7 +713,8 @@ Status SourceLoader::ReadStep() {
     // transform encodes batches: Hugging Face tokenizers), spread over the workers.
     const int64_t chunk = std::clamp<int64_t>((m + workers - 1) / workers, 1,
                                               std::max<int64_t>(1, transform_->batch_rows()));
-    pool_->ParallelFor((m + chunk - 1) / chunk, workers, [&](int64_t c) {
+    const int64_t n_chunks = (m + chunk - 1) / chunk;
+    helper_cpu_ns_ += pool_->ParallelFor(n_chunks, workers, [&](int64_t c) {
       if (stop_requested_.load(std::memory_order_relaxed)) return;
       std::vector<BatchRow> batch;
       std::vector<int64_t> js;
@@ -766,6 +780,8 @@ Status SourceLoader::ReadStep() {
     if (o.skip == SkipReason::kNone) {
       s.meta.tokens = o.tokens;
       s.meta.image_tokens = o.image_tokens;
+      ++step_samples_;
+      step_tokens_ += o.tokens;
       if (o.payload && o.deferred) {
         s.payload = PayloadRef::OnDemand(
             [gate = gate_, d = Deferred{std::move(o.payload), arrays_[size_t(r.arrays_slot)],
@@ -789,6 +805,7 @@ Status SourceLoader::ReadStep() {
                                    : s.payload.bytes());
     samples.push_back(std::move(s));
   }
+  step_rows_ += static_cast<int64_t>(samples.size());
   if (!PushBatch(&samples, charges)) return Status::Cancelled("stopping");
   ARROW_RETURN_NOT_OK(error);
   loaded_pos_.offset = end;

@@ -83,6 +83,7 @@
 
 #include "braid/config/config.h"
 #include "braid/io/length_cache.h"
+#include "braid/source/profile.h"
 #include "braid/source/sample.h"
 #include "braid/io/source_files.h"
 #include "braid/transform/transform.h"
@@ -179,6 +180,10 @@ class SourceLoader : public SampleStream {
     return length_cache_hits_.load(std::memory_order_relaxed);
   }
 
+  /// What loading this loader's share of the source has cost so far (source/profile.h).
+  /// Thread-safe.
+  SourceProfile profile() const { return profile_.Snapshot(); }
+
   /// Samples published with a payload that then failed to finish (an image whose header
   /// read but whose body did not decode) and were blanked under on_error: skip.
   int64_t blanked_payloads() const { return blanked_.load(std::memory_order_relaxed); }
@@ -258,6 +263,10 @@ class SourceLoader : public SampleStream {
   std::shared_ptr<ReadPool> pool_;        // set before the first step is submitted
   std::shared_ptr<DecodeGate> gate_;      // shared with the on-demand payloads' producers
   std::atomic<int64_t> blanked_{0};
+  ProfileCounters profile_;
+  // The running read step's figures for profile_ (read steps run one at a time).
+  int64_t helper_cpu_ns_ = 0;  // its transform loops' helper threads
+  int64_t step_rows_ = 0, step_samples_ = 0, step_tokens_ = 0;
   std::shared_ptr<internal::LogEveryN> skip_log_;
   int64_t total_rows_ = 0;
   std::atomic<bool> stop_requested_{false};  // Stop() was called; workers cut short
