@@ -131,6 +131,31 @@ def assert_loader_resumes(config: dict, rank: int, n: int, split: int) -> None:
         assert torch.equal(a["input_ids"], b["input_ids"])
 
 
+def assert_every_token_once(config: dict, docs: Dict[int, List[int]], span: int,
+                            steps: int, seq_len: int = 256) -> None:
+    """Two ranks' first `steps` steps of `braid.Loader` (one sequence of `seq_len` per
+    micro-batch) hold every token at most once, each piece a run of its document as the
+    format's own reader gave it: `docs[d]`, whose tokens are consecutive and start in
+    `[d * span, (d + 1) * span)`."""
+    import braid
+
+    seen: Dict[int, int] = {}
+    for rank in (0, 1):
+        loader = braid.Loader(config, rank=rank, world_size=2)
+        it = iter(loader)
+        for _ in range(steps * loader.micro_batches_per_step):
+            batch = next(it)
+            ids = batch["input_ids"][0].tolist()
+            cu = batch["cu_seqlens"].tolist()
+            for a, b in zip(cu, cu[1:]):
+                doc = docs[ids[a] // span]
+                first = ids[a] - doc[0]
+                assert ids[a:b] == doc[first:first + b - a]
+            for t in ids:
+                seen[t] = seen.get(t, 0) + 1
+    assert sum(seen.values()) == steps * seq_len and set(seen.values()) == {1}
+
+
 def take_batches(loaders, n: int, on_micro_batch=None) -> List[List[Dict]]:
     """n micro-batches per loader (NumPy copies), taken in turn as trainer ranks in
     lockstep would; `on_micro_batch(i)` runs before the i-th round."""

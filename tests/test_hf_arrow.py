@@ -6,13 +6,13 @@ columns, resume, and errors naming the file."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 
 import numpy as np
 import pytest
 
 import braid
-from conftest import assert_loader_resumes, assert_plan_resumes, braid_cli, write_config
+from conftest import (assert_every_token_once, assert_loader_resumes, assert_plan_resumes,
+                      braid_cli, write_config)
 
 try:
     import datasets
@@ -48,28 +48,12 @@ def config_for(path, **extra) -> dict:
     }
 
 
-def take(loader, n):
-    it = iter(loader)
-    return [next(it) for _ in range(n)]
-
-
 def test_every_row_arrives_once_as_load_from_disk_reads_it(saved):
     ref = {row[0] // SPAN: row for row in datasets.load_from_disk(str(saved))["input_ids"]}
     total = sum(len(r) for r in ref.values())
     config = config_for(saved)
     steps = total // 256 - 1
-    seen = defaultdict(int)
-    for rank in (0, 1):
-        loader = braid.Loader(config, rank=rank, world_size=2)
-        for batch in take(loader, steps * loader.micro_batches_per_step):
-            ids = batch["input_ids"][0].tolist()
-            cu = batch["cu_seqlens"].tolist()
-            for a, b in zip(cu, cu[1:]):
-                row, first = divmod(ids[a], SPAN)
-                assert ids[a:b] == ref[row][first:first + b - a]
-            for t in ids:
-                seen[t] += 1
-    assert sum(seen.values()) == steps * 256 and set(seen.values()) == {1}
+    assert_every_token_once(config, ref, SPAN, steps)
 
 
 def test_resume_and_loaders_keep_the_plan(saved, tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,8 @@ import pytest
 import torch
 
 import braid
-from conftest import assert_loader_resumes, assert_plan_resumes, braid_cli, write_config
+from conftest import (assert_every_token_once, assert_loader_resumes, assert_plan_resumes,
+                      braid_cli, write_config)
 
 try:
     import zstandard
@@ -95,18 +95,7 @@ def test_every_record_arrives_once_as_pyarrow_json_reads_it(corpus):
     total = sum(len(x) for x in ref.values())
     config = config_for(folder)
     steps = total // 256 - 1
-    seen = defaultdict(int)
-    for rank in (0, 1):
-        loader = braid.Loader(config, rank=rank, world_size=2)
-        for batch in take(loader, steps * loader.micro_batches_per_step):
-            ids = batch["input_ids"][0].tolist()
-            cu = batch["cu_seqlens"].tolist()
-            for a, b in zip(cu, cu[1:]):
-                rec, first = divmod(ids[a], SPAN)
-                assert ids[a:b] == ref[rec][first - ref[rec][0] % SPAN:][:b - a]
-            for t in ids:
-                seen[t] += 1
-    assert sum(seen.values()) == steps * 256 and set(seen.values()) == {1}
+    assert_every_token_once(config, ref, SPAN, steps)
 
 
 def test_resume_loaders_and_a_glob_keep_the_plan(corpus, tmp_path):

@@ -6,7 +6,6 @@ either file, resume, loaders, inspect, errors under both policies, and S3."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,8 @@ import pytest
 import torch
 
 import braid
-from conftest import assert_loader_resumes, assert_plan_resumes, braid_cli, write_config
+from conftest import (assert_every_token_once, assert_loader_resumes, assert_plan_resumes,
+                      braid_cli, write_config)
 
 # Megatron-Core's builder warns about NumPy 2's copy keyword, and its import about
 # Transformer Engine and Apex, which these tests do not use.
@@ -89,19 +89,7 @@ def test_every_token_arrives_once_as_indexed_dataset_reads_it(tmp_path, dtype, s
     assert [len(ref[d]) for d in range(len(lengths))] == lengths
     config = config_for(prefix)
     steps = sum(lengths) // 256 - 1  # inside the first epoch
-    seen = defaultdict(int)
-    for rank in (0, 1):
-        loader = braid.Loader(config, rank=rank, world_size=2)
-        for batch in take(loader, steps * loader.micro_batches_per_step):
-            ids = batch["input_ids"][0].tolist()
-            cu = batch["cu_seqlens"].tolist()
-            for a, b in zip(cu, cu[1:]):
-                doc, first = divmod(ids[a], SPAN)
-                assert ids[a:b] == ref[doc][first:first + b - a]
-            for t in ids:
-                seen[t] += 1
-    assert sum(seen.values()) == steps * 256
-    assert set(seen.values()) == {1}
+    assert_every_token_once(config, ref, SPAN, steps)
 
 
 def test_the_prefix_and_either_file_plan_alike_from_the_index(dataset, tmp_path):
