@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from braid import _core
+from harness import format_reads
 
 
 def write_files(root: str, suffix: str, records: int, files: int, seed: int) -> int:
@@ -78,42 +78,10 @@ def main() -> None:
             root = os.path.join(top, "data")
             os.makedirs(root)
             tokens = write_files(root, suffix, args.records, args.files, seed=4)
-            paths = sorted(os.path.join(root, p) for p in os.listdir(root))
             rows = args.records // args.files * args.files
-            def config(**runtime):
-                return _core.parse_config(json.dumps({
-                    "seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
-                    "runtime": runtime,
-                    "sources": [{"name": "j", "path": root, "tokens_column": "input_ids",
-                                 "workers": 1}]}), "/")
-
-            def braid_read(cfg):
-                r = _core.read_source(cfg, 0, rows)
-                assert r["samples"] == rows and r["payload_tokens"] == tokens
-                return r["payload_tokens"], r["seconds"]
-
-            counted = config()
-            kept = config(length_cache=os.path.join(top, "counts"))
-            braid_read(kept)  # keeps the record counts
-            # The three readers take turns, so a change in the machine's load falls on
-            # all of them; each keeps its best run.
-            runs = {"ref": [], "counted": [], "kept": []}
-            for _ in range(args.repeat):
-                runs["ref"].append(reference(paths))
-                runs["counted"].append(braid_read(counted))
-                runs["kept"].append(braid_read(kept))
-            ref_tok, ref_s = min(runs["ref"], key=lambda r: r[1])
-            mb = sum(os.path.getsize(p) for p in paths) / 1e6
-            print(f"jsonl{suffix or ' (plain)'}: {rows:,} records, {tokens / 1e6:.1f}M "
-                  f"tokens, {mb:.0f} MB on disk, one thread")
-            print(f"    {'pyarrow.json':<36}{ref_tok / ref_s / 1e6:8.2f} M tokens/s")
-            for name, key in (("Braid, counting the records", "counted"),
-                              ("Braid, counts in runtime.length_cache", "kept")):
-                br_tok, br_s = min(runs[key], key=lambda r: r[1])
-                assert ref_tok == br_tok == tokens
-                print(f"    {name:<36}{br_tok / br_s / 1e6:8.2f} M tokens/s   ratio "
-                      f"{(br_tok / br_s) / (ref_tok / ref_s):6.3f}   (target >= 1.0)")
-
+            format_reads.compare(top, root, "input_ids", rows, tokens, reference,
+                                 args.repeat, f"jsonl{suffix or ' (plain)'}",
+                                 "pyarrow.json", "records")
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from braid import _core
+from harness import format_reads
 
 
 def write_shards(root: str, samples: int, shards: int, image_bytes: int, seed: int) -> int:
@@ -70,43 +70,9 @@ def main() -> None:
         root = os.path.join(top, "data")
         os.makedirs(root)
         tokens = write_shards(root, args.samples, args.shards, args.image_bytes, seed=4)
-        paths = sorted(os.path.join(root, p) for p in os.listdir(root))
         rows = args.samples // args.shards * args.shards
-
-        def config(**runtime):
-            return _core.parse_config(json.dumps({
-                "seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
-                "runtime": runtime,
-                "sources": [{"name": "w", "path": root, "tokens_column": "json:input_ids",
-                             "workers": 1}]}), "/")
-
-        def braid_read(cfg):
-            r = _core.read_source(cfg, 0, rows)
-            assert r["samples"] == rows and r["payload_tokens"] == tokens
-            return r["payload_tokens"], r["seconds"]
-
-        counted = config()
-        kept = config(length_cache=os.path.join(top, "counts"))
-        braid_read(kept)  # keeps the sample counts
-        # The readers take turns, so a change in the machine's load falls on all of
-        # them; each keeps its best run.
-        runs = {"ref": [], "counted": [], "kept": []}
-        for _ in range(args.repeat):
-            runs["ref"].append(reference(paths))
-            runs["counted"].append(braid_read(counted))
-            runs["kept"].append(braid_read(kept))
-        ref_tok, ref_s = min(runs["ref"], key=lambda r: r[1])
-        mb = sum(os.path.getsize(p) for p in paths) / 1e6
-        print(f"webdataset: {rows:,} samples in {len(paths)} shards, {tokens / 1e6:.1f}M "
-              f"tokens, {mb:.0f} MB of tar, one thread")
-        print(f"    {'webdataset package':<36}{ref_tok / ref_s / 1e6:8.2f} M tokens/s")
-        for name, key in (("Braid, counting the samples", "counted"),
-                          ("Braid, counts in runtime.length_cache", "kept")):
-            br_tok, br_s = min(runs[key], key=lambda r: r[1])
-            assert ref_tok == br_tok == tokens
-            print(f"    {name:<36}{br_tok / br_s / 1e6:8.2f} M tokens/s   ratio "
-                  f"{(br_tok / br_s) / (ref_tok / ref_s):6.3f}   (target >= 1.0)")
-
+        format_reads.compare(top, root, "json:input_ids", rows, tokens, reference,
+                             args.repeat, "webdataset", "webdataset package", "samples")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,56 @@
+"""One file format read through Braid's source loader against the format's own reader,
+on the same files, one thread each (benchmarks/formats_*.py).
+
+Braid reads twice per round: counting the rows when the source opens, and with
+runtime.length_cache holding the counts of an earlier open. The readers take turns, so a
+change in the machine's load falls on all of them; each keeps its best run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, List, Tuple
+
+from braid import _core
+
+
+def compare(top: str, root: str, tokens_column: str, rows: int, tokens: int,
+            reference: Callable[[List[str]], Tuple[int, float]], repeat: int,
+            title: str, ref_name: str, unit: str) -> None:
+    """Reads the source at `root` (its files hold `rows` rows of `tokens` token ids in
+    `tokens_column`) and `reference(paths)` (-> tokens, seconds) `repeat` times in turn and
+    prints each rate and Braid's ratio to the reference. `top` holds the length cache."""
+    paths = sorted(os.path.join(root, p) for p in os.listdir(root))
+
+    def config(**runtime):
+        return _core.parse_config(json.dumps({
+            "seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
+            "runtime": runtime,
+            "sources": [{"name": "s", "path": root, "tokens_column": tokens_column,
+                         "workers": 1}]}), "/")
+
+    def braid_read(cfg):
+        r = _core.read_source(cfg, 0, rows)
+        assert r["samples"] == rows and r["payload_tokens"] == tokens
+        return r["payload_tokens"], r["seconds"]
+
+    counted = config()
+    kept = config(length_cache=os.path.join(top, "counts"))
+    braid_read(kept)  # keeps the counts
+    runs = {"ref": [], "counted": [], "kept": []}
+    for _ in range(repeat):
+        runs["ref"].append(reference(paths))
+        runs["counted"].append(braid_read(counted))
+        runs["kept"].append(braid_read(kept))
+    ref_tok, ref_s = min(runs["ref"], key=lambda r: r[1])
+    mb = sum(os.path.getsize(p) for p in paths) / 1e6
+    print(f"{title}: {rows:,} {unit} in {len(paths)} files, {tokens / 1e6:.1f}M tokens, "
+          f"{mb:.0f} MB on disk, one thread")
+    print(f"    {ref_name:<36}{ref_tok / ref_s / 1e6:8.2f} M tokens/s")
+    for name, key in ((f"Braid, counting the {unit}", "counted"),
+                      ("Braid, counts in runtime.length_cache", "kept")):
+        br_tok, br_s = min(runs[key], key=lambda r: r[1])
+        assert ref_tok == br_tok == tokens
+        print(f"    {name:<36}{br_tok / br_s / 1e6:8.2f} M tokens/s   ratio "
+              f"{(br_tok / br_s) / (ref_tok / ref_s):6.3f}   (target >= 1.0)")
