@@ -10,6 +10,7 @@
 #include <arrow/api.h>
 
 #include "braid/io/format_reader_internal.h"
+#include "braid/io/retry_internal.h"
 #include "braid/util/hash_internal.h"
 
 namespace braid::internal {
@@ -28,6 +29,43 @@ void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
   if (first_unreadable.empty()) first_unreadable = error.message();
   ++unreadable;
   files.push_back(std::move(file));
+}
+
+Result<int64_t> FormatOpen::AddWholeFile(
+    arrow::fs::FileSystem* fs, const std::string& path, const SourceConfig& source,
+    const std::string& tag, const std::function<Status(int64_t*, int64_t*)>& count) {
+  SourceFiles::File file;
+  file.path = path;
+  int64_t rows = 0, bytes = 0;
+  int tries = 0;
+  std::string key;  // with runtime.length_cache: the counts of an unchanged file
+  if (!source.length_cache_dir.empty()) {
+    auto info = fs->GetFileInfo(path);
+    if (info.ok() && info->IsFile()) key = KeptCountKey(tag, path, *info);
+  }
+  Status st;
+  if (key.empty() || !ReadKeptCount(source.length_cache_dir, key, &rows, &bytes)) {
+    st = RetryStorage([&] { return count(&rows, &bytes); }, kStorageRetryDelaysMs, &tries);
+    if (st.ok() && !key.empty()) WriteKeptCount(source.length_cache_dir, key, rows, bytes);
+  }
+  if (!st.ok()) {
+    if (source.on_error != OnError::kSkip) return RefuseUnreadable(st, tries);
+    if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
+    KeepUnreadable(std::move(file), st, path);
+    return -1;
+  }
+  file.row_group_rows = {rows};
+  file.row_group_first_row = {0};
+  file.row_group_bytes = {bytes};
+  if (!key.empty()) {
+    // What keys the file's cached token lengths: the same file, counted the same.
+    file.row_group_digest = {
+        Fnv1a(key + '|' + std::to_string(rows) + '|' + std::to_string(bytes))};
+  }
+  file.column = 0;
+  file.num_rows = rows;
+  files.push_back(std::move(file));
+  return rows;
 }
 
 Status RefuseUnreadable(const Status& error, int tries) {

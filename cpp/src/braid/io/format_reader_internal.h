@@ -13,6 +13,7 @@
 #include <arrow/filesystem/filesystem.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,15 @@ struct FormatOpen {
   /// Keeps `file` as unreadable (on_error: skip) with `error`'s message, less a leading
   /// "`path`: " when `path` is given (File::unreadable is shown after the path).
   void KeepUnreadable(SourceFiles::File file, const Status& error, const std::string& path);
+
+  /// Adds `path`, a file that is one unit (JSON Lines, WebDataset): its rows and decoded
+  /// bytes counted by `count` (retried on storage errors) or, with runtime.length_cache,
+  /// read from there for the unchanged file (`tag`: the format and what was counted;
+  /// kept there after a count). Returns its rows, or -1 when it is kept as unreadable
+  /// (on_error: skip); fails (RefuseUnreadable) when it cannot be counted otherwise.
+  Result<int64_t> AddWholeFile(arrow::fs::FileSystem* fs, const std::string& path,
+                               const SourceConfig& source, const std::string& tag,
+                               const std::function<Status(int64_t* rows, int64_t* bytes)>& count);
 };
 
 /// `error` of an unreadable file under on_error: raise, with the hint that says how to

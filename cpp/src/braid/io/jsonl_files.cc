@@ -33,9 +33,7 @@
 
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/read_memory.h"
-#include "braid/io/retry_internal.h"
 #include "braid/io/source_files_internal.h"
-#include "braid/util/hash_internal.h"
 
 namespace braid::internal {
 namespace {
@@ -310,54 +308,18 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   auto schema = arrow::schema(fields);
   FormatOpen out;
   std::vector<JsonlFile> files;
-  const bool skip = source.on_error == OnError::kSkip;
   for (const auto& path : paths) {
     JsonlFile f;
     f.path = path;
     if (EndsWith(path, ".gz")) f.compression = arrow::Compression::GZIP;
     if (EndsWith(path, ".zst")) f.compression = arrow::Compression::ZSTD;
-    SourceFiles::File file;
-    file.path = path;
-    int64_t records = 0, bytes = 0;
-    int tries = 0;
-    // With runtime.length_cache, the counts of an unchanged file are kept there.
-    std::string key;
-    if (!source.length_cache_dir.empty()) {
-      auto info = fs->GetFileInfo(path);
-      if (info.ok() && info->IsFile()) key = KeptCountKey("jsonl-count 1", path, *info);
-    }
-    Status st;
-    if (key.empty() || !ReadKeptCount(source.length_cache_dir, key, &records, &bytes)) {
-      st = RetryStorage([&] { return CountRecords(fs.get(), f, &records, &bytes); },
-                        kStorageRetryDelaysMs, &tries);
-      if (st.ok() && !key.empty()) {
-        WriteKeptCount(source.length_cache_dir, key, records, bytes);
-      }
-    }
-    if (!st.ok()) {
-      if (!skip) return RefuseUnreadable(st, tries);
-      if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
-      out.KeepUnreadable(std::move(file), st, path);
-      files.push_back(std::move(f));
-      continue;
-    }
-    f.records = records;
-    file.row_group_rows = {records};
-    file.row_group_first_row = {0};
-    file.row_group_bytes = {bytes};
-    if (!source.length_cache_dir.empty()) {
-      auto info = fs->GetFileInfo(path);
-      const int64_t size = info.ok() ? info->size() : -1;
-      const int64_t mtime =
-          info.ok() ? int64_t(info->mtime().time_since_epoch().count()) : -1;
-      file.row_group_digest = {Fnv1a(path + '|' + std::to_string(size) + '|' +
-                                     std::to_string(mtime) + '|' +
-                                     std::to_string(records) + '|' +
-                                     std::to_string(bytes))};
-    }
-    file.column = 0;
-    file.num_rows = records;
-    out.files.push_back(std::move(file));
+    ARROW_ASSIGN_OR_RAISE(
+        const int64_t records,
+        out.AddWholeFile(fs.get(), path, source, "jsonl-count 1",
+                         [&](int64_t* n, int64_t* bytes) {
+                           return CountRecords(fs.get(), f, n, bytes);
+                         }));
+    f.records = std::max<int64_t>(records, 0);
     files.push_back(std::move(f));
   }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(files), columns,

@@ -50,9 +50,7 @@
 
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/read_memory.h"
-#include "braid/io/retry_internal.h"
 #include "braid/io/source_files_internal.h"
-#include "braid/util/hash_internal.h"
 
 namespace braid::internal {
 namespace {
@@ -623,46 +621,12 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
   for (const auto& path : paths) {
     TarFile f;
     f.path = path;
-    SourceFiles::File file;
-    file.path = path;
-    int64_t samples = 0, bytes = 0;
-    int tries = 0;
-    arrow::fs::FileInfo info;
-    std::string key;
-    if (!source.length_cache_dir.empty()) {
-      auto got = fs->GetFileInfo(path);
-      if (got.ok() && got->IsFile()) {
-        info = *got;
-        key = KeptCountKey(tag, path, info);
-      }
-    }
-    Status st;
-    if (key.empty() || !ReadKeptCount(source.length_cache_dir, key, &samples, &bytes)) {
-      st = RetryStorage(
-          [&] { return CountSamples(fs.get(), path, wanted, &samples, &bytes); },
-          kStorageRetryDelaysMs, &tries);
-      if (st.ok() && !key.empty()) {
-        WriteKeptCount(source.length_cache_dir, key, samples, bytes);
-      }
-    }
-    if (!st.ok()) {
-      if (!skip) return RefuseUnreadable(st, tries);
-      if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
-      out.KeepUnreadable(std::move(file), st, path);
-      files.push_back(std::move(f));
-      continue;
-    }
-    f.samples = samples;
-    file.row_group_rows = {samples};
-    file.row_group_first_row = {0};
-    file.row_group_bytes = {bytes};
-    if (!key.empty()) {
-      file.row_group_digest = {Fnv1a(key + '|' + std::to_string(samples) + '|' +
-                                     std::to_string(bytes))};
-    }
-    file.column = 0;
-    file.num_rows = samples;
-    out.files.push_back(std::move(file));
+    ARROW_ASSIGN_OR_RAISE(
+        const int64_t samples,
+        out.AddWholeFile(fs.get(), path, source, tag, [&](int64_t* n, int64_t* bytes) {
+          return CountSamples(fs.get(), path, wanted, n, bytes);
+        }));
+    f.samples = std::max<int64_t>(samples, 0);
     files.push_back(std::move(f));
   }
   out.reader = std::make_unique<WebDatasetReader>(std::move(fs), std::move(files),
