@@ -132,12 +132,14 @@ def assert_loader_resumes(config: dict, rank: int, n: int, split: int) -> None:
 
 
 def assert_every_token_once(config: dict, docs: Dict[int, List[int]], span: int,
-                            steps: int, seq_len: int = 256) -> None:
-    """Two ranks' first `steps` steps of `braid.Loader` (one sequence of `seq_len` per
-    micro-batch) hold every token at most once, each piece a run of its document as the
-    format's own reader gave it: `docs[d]`, whose tokens are consecutive and start in
-    `[d * span, (d + 1) * span)`."""
+                            seq_len: int = 256) -> None:
+    """Two ranks' steps of `braid.Loader` (one sequence of `seq_len` per micro-batch)
+    inside the first epoch hold every token at most once, each piece a run of its
+    document as the format's own reader gave it: `docs[d]`, whose tokens are consecutive
+    and start in `[d * span, (d + 1) * span)`."""
     import braid
+
+    steps = sum(len(d) for d in docs.values()) // seq_len - 1
 
     seen: Dict[int, int] = {}
     for rank in (0, 1):
