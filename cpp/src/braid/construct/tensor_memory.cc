@@ -57,9 +57,9 @@ Tensor ZerosIn(TensorFile* file, std::string name, DType dtype, std::vector<int6
   t.name = std::move(name);
   t.dtype = dtype;
   t.shape = std::move(shape);
-  auto bytes = file->Allocate(size_t(t.num_elements()) * DTypeSize(dtype));
-  t.storage = bytes.ok() ? *std::move(bytes)
-                         : std::make_shared<Bytes>(size_t(t.num_elements()) * DTypeSize(dtype));
+  const size_t size = size_t(t.num_elements()) * DTypeSize(dtype);
+  auto bytes = file->Allocate(size);
+  t.storage = bytes.ok() ? *std::move(bytes) : std::make_shared<Bytes>(size);
   return t;
 }
 

@@ -1,8 +1,9 @@
 #include "braid/transport/view_file.h"
 
-#include <sys/mman.h>
+#include <sys/mman.h>  // memfd_create
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
