@@ -34,6 +34,26 @@ nb::dict ProfileToDict(const SourceProfile& p) {
   return d;
 }
 
+nb::list SharesToList(const std::vector<ShareChange>& changes,
+                      const std::vector<std::string>& names) {
+  nb::list out;
+  for (const ShareChange& c : changes) {
+    nb::dict sources;
+    for (size_t i = 0; i < c.shares.size() && i < names.size(); ++i) {
+      nb::dict share;
+      share["workers"] = c.shares[i].workers;
+      share["read_ahead_bytes"] = c.shares[i].read_ahead_bytes;
+      share["active"] = c.shares[i].active;
+      sources[names[i].c_str()] = share;
+    }
+    nb::dict entry;
+    entry["step"] = c.step;
+    entry["sources"] = sources;
+    out.append(entry);
+  }
+  return out;
+}
+
 nb::dict SummaryToDict(const RunSummary& s) {
   nb::dict d;
   d["steps"] = s.steps;
@@ -74,6 +94,9 @@ nb::dict SummaryToDict(const RunSummary& s) {
       profile[s.source_names[i].c_str()] = ProfileToDict(s.source_profile[i]);
     }
     d["source_profile"] = profile;
+  }
+  if (!s.share_changes.empty()) {
+    d["source_allocation"] = SharesToList(s.share_changes, s.source_names);
   }
   d["step_imbalance"] = s.step_imbalance;
   d["step_seconds"] = s.step_seconds;

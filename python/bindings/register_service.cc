@@ -398,10 +398,12 @@ void RegisterService(nb::module_& m) {
            [](const PlannerHandle& h) {
              PlannerService::Figures f;
              std::vector<SourceProfile> profiles;
+             std::vector<ShareChange> shares;
              {
                GilRelease release;
                f = h.service->figures();
                profiles = h.service->sources().profiles();
+               shares = h.service->share_changes();
              }
              nb::dict d;
              d["planned_through"] = f.planned_through;
@@ -415,6 +417,11 @@ void RegisterService(nb::module_& m) {
                profile[h.config->sources[i].name.c_str()] = ProfileToDict(profiles[i]);
              }
              d["source_profile"] = profile;
+             if (!shares.empty()) {
+               std::vector<std::string> names;
+               for (const auto& src : h.config->sources) names.push_back(src.name);
+               d["source_allocation"] = SharesToList(shares, names);
+             }
              return d;
            })
       .def("stop", [](PlannerHandle& h) {

@@ -62,6 +62,11 @@ void RegisterService(nanobind::module_& m);
 nanobind::dict SummaryToDict(const RunSummary& summary);
 // One source's profile (source/profile.h) as report.json and `braid status` show it
 // (register_runtime.cc).
-nanobind::dict ProfileToDict(const SourceProfile& profile);  // the roles as services (register_service.cc)  // data plane builder (register_plan.cc)
+nanobind::dict ProfileToDict(const SourceProfile& profile);
+// The sources' shares each time runtime.autoscale changed them (exec/allocation.h), as
+// report.json's and `braid status`'s `source_allocation`: [{step, sources: {name:
+// {workers, read_ahead_bytes, active}}}] (register_runtime.cc).
+nanobind::list SharesToList(const std::vector<ShareChange>& changes,
+                            const std::vector<std::string>& names);
 
 }  // namespace braid::python

@@ -103,6 +103,26 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
               + _skipped_files(summary, name), file=out)
     _print_context(summary, out)
     _print_profile(summary.get("source_profile"), out)
+    _print_allocation(summary.get("source_allocation"), out)
+
+
+def _print_allocation(changes: Optional[list], out, indent: str = "  ") -> None:
+    """Per source: the threads and read-ahead runtime.autoscale gave it, first and last,
+    and how many times they changed (report.json has every change)."""
+    if not changes:
+        return
+    print(f"{indent}source threads   workers and read-ahead (runtime.autoscale), at step "
+          f"{changes[0]['step']} -> step {changes[-1]['step']}; {len(changes) - 1} changes",
+          file=out)
+
+    def share(s: dict) -> str:
+        if not s["active"]:
+            return "idle"
+        return f"{s['workers']} x {_fmt_bytes(s['read_ahead_bytes'])}"
+
+    for name, first in changes[0]["sources"].items():
+        last = changes[-1]["sources"][name]
+        print(f"{indent}  {name:<14} {share(first):>14} -> {share(last)}", file=out)
 
 
 def _print_profile(profile: Optional[dict], out, indent: str = "  ") -> None:
@@ -225,6 +245,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                   f"rss {_fmt_bytes(a['rss_bytes']):>9}  "
                   + " ".join(f"{k}={v}" for k, v in extra.items()))
             _print_profile(a.get("source_profile"), sys.stdout, indent="    ")
+            _print_allocation(a.get("source_allocation"), sys.stdout, indent="    ")
     if args.job and not jobs.actor_names(args.job, args.namespace):
         print(f"braid: error: no actors of job {args.job!r} in namespace "
               f"{args.namespace!r}", file=sys.stderr)

@@ -52,6 +52,8 @@ def run_job(config: "_core.Config", steps: int,
         for a in actors:
             if a.get("role") == "planner" and "source_profile" in a:
                 summary["source_profile"] = a["source_profile"]
+            if a.get("role") == "planner" and "source_allocation" in a:
+                summary["source_allocation"] = a["source_allocation"]
         return summary
     finally:
         for stream in streams:

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/exec/allocation.h"
 #include "braid/plan/step_plan.h"
 #include "braid/source/profile.h"
 #include "braid/status.h"
@@ -48,6 +49,8 @@ struct RunSummary {
   std::vector<int64_t> skipped_files_rows_unknown;
   /// Per source: what loading it cost this process (source/profile.h), whole run.
   std::vector<SourceProfile> source_profile;
+  /// The sources' shares each time runtime.autoscale changed them (exec/allocation.h).
+  std::vector<ShareChange> share_changes;
   int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
   int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)
   /// Multimodal documents deferred to a later step (StepPlan::multimodal_deferred).

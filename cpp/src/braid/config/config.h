@@ -251,6 +251,10 @@ struct RuntimeConfig {
   int64_t prefetch_steps = 2;  ///< step plans computed ahead
   /// Reader/transform threads shared by every source loader; 0: the machine's cores.
   int64_t threads = 0;
+  /// runtime.autoscale: share the threads and the memory budget by each source's
+  /// measured cost and its weights over the steps ahead (exec/allocation.h); false: the
+  /// fixed allocation (configured workers, the budget by the weights at step 0).
+  bool autoscale = true;
   /// The source loaders' memory budget, shared by weight (exec/budget.h); 0: derived
   /// from the job (DefaultMemoryBytes).
   int64_t memory_bytes = 0;

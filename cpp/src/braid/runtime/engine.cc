@@ -173,6 +173,10 @@ std::vector<SourceProfile> Engine::source_profiles() const {
   return impl_->planner_->sources().profiles();
 }
 
+std::vector<ShareChange> Engine::share_changes() const {
+  return impl_->planner_->share_changes();
+}
+
 std::vector<int64_t> Engine::blanked_payloads() const {
   return impl_->planner_->sources().blanked_payloads();
 }

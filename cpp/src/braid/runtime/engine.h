@@ -31,6 +31,7 @@
 #include "braid/batch.h"
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
+#include "braid/exec/allocation.h"
 #include "braid/plan/step_plan.h"
 #include "braid/source/profile.h"
 #include "braid/status.h"
@@ -82,6 +83,9 @@ class Engine {
   /// of its read steps and deferred payloads, bytes read, samples and tokens produced.
   /// Thread-safe.
   std::vector<SourceProfile> source_profiles() const;
+  /// The sources' shares of threads and memory each time runtime.autoscale changed
+  /// them (service/planner_service.h); empty with autoscale off. Thread-safe.
+  std::vector<ShareChange> share_changes() const;
   /// Per source, payloads blanked after their metadata was published (an image whose
   /// body did not decode, on_error: skip). Thread-safe.
   std::vector<int64_t> blanked_payloads() const;

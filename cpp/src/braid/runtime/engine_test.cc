@@ -258,6 +258,47 @@ TEST_F(EngineTest, BatchesAreTheSameWithOneOrThreeLoadersPerSource) {
   for (size_t i = 0; i < more.size(); ++i) ExpectSameBatch(*resumed[i], *more[i]);
 }
 
+TEST_F(EngineTest, AutoscaleKeepsTheStreamAndAWeightZeroSourceReadsNothingBeforeItsRise) {
+  // The last source is drawn from step 10 on; the lookahead (2 + 2 + 2 steps) starts
+  // its read-ahead when step 4 is planned.
+  Config off = *config_;
+  off.runtime.autoscale = false;
+  const size_t late = off.sources.size() - 1;
+  WeightSchedule rise;
+  rise.stepwise = true;
+  rise.points = {{0, 0.0}, {10, off.sources[late].weight.At(0)}};
+  off.sources[late].weight = rise;
+  Config on = off;
+  on.runtime.autoscale = true;
+  const int64_t per_step = on.sequences_per_step() / on.batch.micro_batch_size;
+  auto a = MakeEngine(off);
+  auto b = MakeEngine(on);
+  ASSERT_TRUE(a && b);
+  const auto first = Take(b.get(), per_step);  // step 0: planned through step 2 or so
+  EXPECT_EQ(b->source_profiles()[late].rows_read, 0);
+  const auto changes = b->share_changes();
+  ASSERT_FALSE(changes.empty());
+  EXPECT_EQ(changes.front().step, 0);
+  EXPECT_FALSE(changes.front().shares[late].active);
+  EXPECT_EQ(changes.front().shares[late].workers, 0);
+  const auto rest = Take(b.get(), 13 * per_step);
+  const auto expected = Take(a.get(), 14 * per_step);
+  ASSERT_EQ(first.size() + rest.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ExpectSameBatch(i < first.size() ? *first[i] : *rest[i - first.size()], *expected[i]);
+  }
+  bool started = false;
+  for (const auto& c : b->share_changes()) {
+    if (!c.shares[late].active) continue;
+    EXPECT_EQ(c.step, 4);  // six steps ahead of its first draw
+    started = true;
+    break;
+  }
+  EXPECT_TRUE(started);
+  EXPECT_GT(b->source_profiles()[late].samples, 0);
+  EXPECT_TRUE(a->share_changes().empty());  // autoscale off: the fixed allocation
+}
+
 struct ResumeCase {
   int64_t taken;  // micro-batches received before the state is saved
   std::vector<int64_t> dp_ranks;

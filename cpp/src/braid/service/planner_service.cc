@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "braid/exec/allocation.h"
+#include "braid/exec/budget.h"
 #include "braid/plan/planner.h"
 #include "braid/service/wire.h"
 
@@ -55,7 +57,9 @@ Result<std::unique_ptr<PlannerService>> PlannerService::Make(const Config& confi
   ARROW_ASSIGN_OR_RAISE(service->sources_, service->open_(from));
   ARROW_ASSIGN_OR_RAISE(service->planner_,
                         Planner::Make(config, service->sources_->streams(), from));
-  // Every source's first read is queued now, in the order the planner asks.
+  // Every source's first read is queued now, in the order the planner asks (an inactive
+  // source's at its first Next()).
+  service->Rescale(from.step);
   service->sources_->Start();
   if (service->options_.background) {
     service->thread_ = std::thread([s = service.get()] { s->Loop(); });
@@ -83,7 +87,27 @@ void PlannerService::Stop() {
   if (sources_) sources_->Stop();
 }
 
+void PlannerService::Rescale(int64_t step) {
+  if (!config_.runtime.autoscale) return;
+  std::vector<SourceShare> shares =
+      AllocateSources(config_, step, sources_->profiles(), sources_->threads(),
+                      MemoryBudgetBytes(config_));
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  if (shares == shares_) return;
+  sources_->SetShares(shares);
+  shares_ = shares;
+  if (share_changes_.size() < kMaxShareChanges) {
+    share_changes_.push_back(ShareChange{step, std::move(shares)});
+  }
+}
+
+std::vector<ShareChange> PlannerService::share_changes() const {
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  return share_changes_;
+}
+
 Result<std::shared_ptr<const PlannedStep>> PlannerService::PlanNext() {
+  Rescale(planner_->state().step);
   ARROW_ASSIGN_OR_RAISE(StepPlan plan, planner_->PlanStep());
   if (options_.on_plan) options_.on_plan(plan);
   return MakePlanned(std::move(plan), config_, options_);

@@ -15,6 +15,12 @@
 // In-process consumers receive the plan itself (payload handles included); consumers in
 // other processes its wire message (Options::encode: EncodeStepPlan, states as JSON).
 //
+// Auto-partitioning (runtime.autoscale): before it plans each step, the service shares
+// its streams' pool threads and memory budget among the sources by their measured costs
+// and their weights over the steps ahead (exec/allocation.h), so a source is given
+// threads before its weight rises and a source of weight 0 reads nothing ahead; the
+// changes are kept (share_changes()). The stream is the same either way.
+//
 // Thread-safe. The destructor stops the planning thread and the streams.
 #pragma once
 
@@ -28,6 +34,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/exec/allocation.h"
 #include "braid/plan/step_plan.h"
 #include "braid/service/planner_service_state.h"
 #include "braid/service/source_service.h"
@@ -101,6 +108,11 @@ class PlannerService {
     int64_t clients = 0;
   };
   Figures figures() const;
+  /// The sources' shares each time they changed (runtime.autoscale): the step about to
+  /// be planned and every source's share, in config order. The first entry is the
+  /// start's. At most kMaxShareChanges are kept (the newest dropped after).
+  static constexpr size_t kMaxShareChanges = 1024;
+  std::vector<ShareChange> share_changes() const;
 
   /// The sources the planner draws from (their skip counts). Valid until destruction.
   const SourceSet& sources() const { return *sources_; }
@@ -116,6 +128,9 @@ class PlannerService {
   void ApplyAndCommit(const PlannerServiceState::Update& update,
                       std::unique_lock<std::mutex>* lock);
   void Loop();
+  // Shares the pool and the budget for planning `step` (runtime.autoscale). REQUIRES:
+  // plan_mu_ held, or no planning started yet.
+  void Rescale(int64_t step);
   // Plans `step` again from the newest checkpoint before it.
   Result<std::shared_ptr<const PlannedStep>> Replay(int64_t step, PlannerState from);
 
@@ -136,6 +151,9 @@ class PlannerService {
   int64_t committed_version_ = 0;  // GUARDED_BY(commit_mu_)
   std::thread thread_;
   int64_t next_ = 0;  // the step Next() returns next
+  mutable std::mutex shares_mu_;
+  std::vector<SourceShare> shares_;         // GUARDED_BY(shares_mu_) the ones applied
+  std::vector<ShareChange> share_changes_;  // GUARDED_BY(shares_mu_)
 };
 
 }  // namespace braid

@@ -67,6 +67,10 @@ SourceService::~SourceService() {
 
 SampleStream* SourceService::stream() { return stream_.get(); }
 
+void SourceService::SetShare(const SourceShare& share) {
+  if (stream_) stream_->SetShare(share);
+}
+
 void SourceService::Start() {
   if (stream_) stream_->Start();
 }
@@ -338,6 +342,14 @@ std::vector<SampleStream*> SourceSet::streams() const {
 void SourceSet::Start() {
   for (auto& s : services_) s->Start();
 }
+
+void SourceSet::SetShares(const std::vector<SourceShare>& shares) {
+  for (auto& s : services_) {
+    if (size_t(s->source_index()) < shares.size()) s->SetShare(shares[size_t(s->source_index())]);
+  }
+}
+
+int64_t SourceSet::threads() const { return pool_ ? pool_->threads() : 1; }
 
 void SourceSet::Stop() {
   for (auto& s : services_) {

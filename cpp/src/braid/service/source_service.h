@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/exec/allocation.h"
 #include "braid/io/source_files.h"
 #include "braid/plan/step_plan.h"
 #include "braid/source/profile.h"
@@ -84,6 +85,9 @@ class SourceService {
   SampleStream* stream();
   /// Starts the stream's read-ahead now rather than at its first Next().
   void Start();
+  /// The stream's share of threads and memory (ShardedSource::SetShare); no stream:
+  /// nothing.
+  void SetShare(const SourceShare& share);
   /// Asks the stream to stop without waiting (the destructor waits).
   void RequestStop();
   /// Stops the stream and waits for its reads; later Next() calls return Cancelled.
@@ -165,8 +169,14 @@ class SourceSet {
   /// The streams, one per source in config order. REQUIRES: opened with a stream and
   /// every source.
   std::vector<SampleStream*> streams() const;
-  /// Starts every stream's read-ahead, in config order (the order the planner asks).
+  /// Starts every stream's read-ahead, in config order (the order the planner asks); a
+  /// stream whose share (SetShares) is inactive starts at its first Next() instead.
   void Start();
+  /// Each stream's share of threads and memory, per source in config order
+  /// (exec/allocation.h AllocateSources); sources this set does not hold are ignored.
+  void SetShares(const std::vector<SourceShare>& shares);
+  /// The pool's threads (runtime.threads, else the machine's cores).
+  int64_t threads() const;
   /// Stops every stream (RequestStop on all, then Stop on each).
   void Stop();
 

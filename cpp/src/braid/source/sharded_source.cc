@@ -79,6 +79,14 @@ void ShardedSource::Start() {
   for (auto& loader : loaders_) loader->Start();
 }
 
+void ShardedSource::SetShare(const SourceShare& share) {
+  const auto n = static_cast<int64_t>(loaders_.size());
+  for (auto& loader : loaders_) {
+    loader->SetShare((share.workers + n - 1) / n, std::max<int64_t>(1, share.read_ahead_bytes / n),
+                     share.active, /*start=*/false);
+  }
+}
+
 void ShardedSource::RequestStop() {
   for (auto& loader : loaders_) loader->RequestStop();
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/exec/allocation.h"
 #include "braid/source/sample.h"
 #include "braid/source/source_loader.h"
 #include "braid/status.h"
@@ -49,6 +50,10 @@ class ShardedSource : public SampleStream {
 
   /// Stops every loader (see SourceLoader::Stop).
   void Stop();
+  /// The source's share of threads and memory (exec/allocation.h), divided among the
+  /// loaders: each gets the workers / n (rounded up) and the read-ahead / n
+  /// (SourceLoader::SetShare). Never changes the stream.
+  void SetShare(const SourceShare& share);
   /// Asks every loader to stop without waiting (SourceLoader::RequestStop).
   void RequestStop();
 

@@ -121,6 +121,8 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       lengths_only_(!options_.read_payloads && transform_->metadata_from_lengths()) {
   gate_->loader = this;
   gate_->source_name = source_.name;
+  workers_.store(std::max<int64_t>(1, source_.workers), std::memory_order_relaxed);
+  read_ahead_bytes_.store(options_.read_ahead_bytes, std::memory_order_relaxed);
 }
 
 Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
@@ -211,8 +213,25 @@ void SourceLoader::ScheduleLocked(bool urgent) {
 
 void SourceLoader::Start() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!started_ && !stopping_) {
+  start_asked_ = true;
+  if (!started_ && !stopping_ && ahead_) {
     started_ = true;
+    ScheduleLocked(/*urgent=*/false);
+  }
+}
+
+void SourceLoader::SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead,
+                            bool start) {
+  std::lock_guard<std::mutex> lock(mu_);
+  workers_.store(std::max<int64_t>(1, workers), std::memory_order_relaxed);
+  read_ahead_bytes_.store(std::max<int64_t>(1, read_ahead_bytes), std::memory_order_relaxed);
+  ahead_ = ahead;
+  if (!ahead || stopping_) return;
+  if (!started_) {
+    if (!start && !start_asked_) return;
+    started_ = true;
+    ScheduleLocked(/*urgent=*/false);
+  } else if (!reading_ && !finished_ && error_.ok() && queued_bytes_ < read_ahead_bytes_) {
     ScheduleLocked(/*urgent=*/false);
   }
 }
@@ -264,7 +283,7 @@ void SourceLoader::ReadTask(uint64_t ticket) {
       finished_ = true;
       reading_ = false;
       wake = true;
-    } else if (!stopping_ && (queue_.empty() || queued_bytes_ < options_.read_ahead_bytes)) {
+    } else if (!stopping_ && (queue_.empty() || (ahead_ && queued_bytes_ < read_ahead_bytes_))) {
       // Keep reading; urgently while the consumer waits.
       ScheduleLocked(/*urgent=*/consumer_waiting_ && queue_.empty());
     } else {
@@ -297,7 +316,8 @@ Result<Sample> SourceLoader::Next() {
     queue_.pop_front();
     // Resume reading once the queue is half empty (not per sample: a task per sample
     // costs more than the sample).
-    if (!reading_ && !finished_ && queued_bytes_ <= options_.read_ahead_bytes / 2) {
+    if (!reading_ && !finished_ &&
+        (ahead_ ? queued_bytes_ <= read_ahead_bytes_ / 2 : queue_.empty())) {
       ScheduleLocked(/*urgent=*/queue_.empty());
     }
     return s;
@@ -602,7 +622,7 @@ Status SourceLoader::LoadWindow() {
     }
     // Chunks of consecutive rows, one ApplyBatch call each, as in ReadStep (a Hugging
     // Face tokenizer or a Python transform then enters Python once per chunk).
-    const int64_t workers = std::max<int64_t>(1, source_.workers);
+    const int64_t workers = workers_.load(std::memory_order_relaxed);
     const int64_t chunk = std::clamp<int64_t>(
         (n + workers - 1) / workers, 1, std::max<int64_t>(1, transform_->batch_rows()));
     const int64_t n_chunks = (n + chunk - 1) / chunk;
@@ -679,9 +699,10 @@ Status SourceLoader::ReadStep() {
   const int64_t window = loaded_pos_.window;
   const int64_t n = static_cast<int64_t>(rows_.size());
   const int64_t k = loaded_pos_.offset;
-  const int64_t workers = std::max<int64_t>(1, source_.workers);
+  const int64_t workers = workers_.load(std::memory_order_relaxed);
   const int64_t max_rows = kBatchRowsPerWorker * workers;
-  const int64_t max_bytes = std::max<int64_t>(1, options_.read_ahead_bytes / 4);
+  const int64_t max_bytes =
+      std::max<int64_t>(1, read_ahead_bytes_.load(std::memory_order_relaxed) / 4);
   // The batch [k, end): at most max_rows rows and about max_bytes of payload.
   int64_t end = k, bytes = 0;
   std::vector<int64_t> estimate;

@@ -1,4 +1,4 @@
-// The source loader: one source's seeded sample stream, read ahead on its own thread.
+// The source loader: one source's seeded sample stream, read ahead on the job's pool.
 //
 // Order. Each epoch has its own seeded order: the files are permuted, then the row groups
 // within each file; consecutive row groups form shuffle windows of at least
@@ -170,6 +170,13 @@ class SourceLoader : public SampleStream {
   /// Stops reading and waits for the loader's tasks on the pool. Later Next() calls
   /// return Cancelled.
   void Stop();
+  /// The loader's share of the job's threads and memory from now on (exec/allocation.h):
+  /// its transform loop's workers (at least 1) and the bytes it reads ahead. `ahead`
+  /// false: it reads only while the consumer's queue is empty (one batch at a time) and
+  /// Start() does not start it; true: it starts (if Start() was called or, with
+  /// `start`, now) and resumes reading ahead when its queue has room. Never changes the
+  /// stream. Thread-safe.
+  void SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead, bool start);
   /// Stop() without the wait: the loader's queued tasks return at once when they run.
   /// Stopping many loaders: RequestStop() each, then Stop() each.
   void RequestStop();
@@ -318,6 +325,11 @@ class SourceLoader : public SampleStream {
   Status error_;                 // GUARDED_BY(mu_); set once, after the queued samples
   bool stopping_ = false;        // GUARDED_BY(mu_)
   bool started_ = false;         // GUARDED_BY(mu_)
+  bool ahead_ = true;            // GUARDED_BY(mu_) read ahead of the consumer (SetShare)
+  bool start_asked_ = false;     // GUARDED_BY(mu_) Start() was called
+  // The share (SetShare): read by read steps without mu_.
+  std::atomic<int64_t> workers_{1};
+  std::atomic<int64_t> read_ahead_bytes_{0};
   bool finished_ = false;        // GUARDED_BY(mu_) reading ended (error or stop)
   bool reading_ = false;         // GUARDED_BY(mu_) a read step is submitted or running
   bool running_ = false;         // GUARDED_BY(mu_) a read step is running

@@ -1,0 +1,86 @@
+#include "braid/exec/allocation.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "braid/exec/budget.h"
+
+namespace braid {
+
+int64_t AllocationLookahead(const Config& config) {
+  return config.runtime.prefetch_steps + config.runtime.steps_in_flight + 2;
+}
+
+std::vector<SourceShare> UniformAllocation(const Config& config) {
+  const std::vector<int64_t> bytes = SourceShares(config);
+  std::vector<SourceShare> out(config.sources.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].workers = std::max<int64_t>(1, config.sources[i].workers);
+    out[i].read_ahead_bytes = bytes[i];
+  }
+  return out;
+}
+
+std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
+                                         const std::vector<SourceProfile>& profiles,
+                                         int64_t threads, int64_t budget_bytes) {
+  const size_t n = config.sources.size();
+  threads = std::max<int64_t>(1, threads);
+  budget_bytes = std::max<int64_t>(1, budget_bytes);
+  // The largest fraction of a step each source is owed over the horizon.
+  std::vector<double> share(n, 0.0);
+  const int64_t end = step + AllocationLookahead(config);
+  for (int64_t t = std::max<int64_t>(0, step); t <= end; ++t) {
+    double total = 0;
+    std::vector<double> w(n);
+    for (size_t i = 0; i < n; ++i) total += (w[i] = std::max(0.0, config.WeightAt(i, t)));
+    if (total <= 0) continue;
+    for (size_t i = 0; i < n; ++i) share[i] = std::max(share[i], w[i] / total);
+  }
+  double active_share = 0;
+  for (double s : share) active_share += s;
+  if (active_share <= 0) return UniformAllocation(config);  // nothing drawn: as if off
+
+  // CPU of read steps per token, measured; unmeasured sources at the measured mean.
+  std::vector<double> cost(n, -1.0);
+  double known = 0;
+  int64_t measured = 0;
+  for (size_t i = 0; i < n && i < profiles.size(); ++i) {
+    const SourceProfile& p = profiles[i];
+    if (p.samples < kMinProfiledSamples || p.tokens <= 0) continue;
+    cost[i] = 1e-9 * double(p.read_cpu_ns) / double(p.tokens);
+    known += cost[i];
+    ++measured;
+  }
+  const double mean_cost = measured > 0 ? known / double(measured) : 0.0;
+  std::vector<double> demand(n, 0.0);
+  double total_demand = 0;
+  for (size_t i = 0; i < n; ++i) {
+    demand[i] = share[i] * (cost[i] >= 0 ? cost[i] : mean_cost);
+    total_demand += demand[i];
+  }
+
+  std::vector<SourceShare> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    SourceShare& s = out[i];
+    const int64_t floor = std::max<int64_t>(1, config.sources[i].workers);
+    if (share[i] <= 0) {
+      s.active = false;
+      s.workers = 0;
+      // What it reads when asked is sized as at its configured floor.
+      s.read_ahead_bytes = std::min(config.runtime.read_ahead_bytes, kMinSourceBytes);
+      continue;
+    }
+    const auto bytes = static_cast<int64_t>(share[i] / active_share * double(budget_bytes));
+    s.read_ahead_bytes = std::max<int64_t>(1, std::min(bytes, config.runtime.read_ahead_bytes));
+    s.workers = floor;
+    if (total_demand > 0) {
+      const auto want =
+          static_cast<int64_t>(std::ceil(double(threads) * demand[i] / total_demand - 1e-9));
+      s.workers = std::clamp<int64_t>(want, floor, std::max(floor, threads));
+    }
+  }
+  return out;
+}
+
+}  // namespace braid
