@@ -8,6 +8,10 @@
                8192 (global_tokens constant, so micro-batches per rank change)
   heavy_vlm    text plus an image-caption source (PNG images of many sizes, captions
                tokenized with a SentencePiece model trained here): the vision cost term
+  hetero       a mix whose sources cost orders of magnitude apart (not one of end_to_end.py's
+               four): two pre-tokenized sources and long raw-text books tokenized in the
+               loader (>= 20x the CPU per sample), the books' weight rising from 0.1 to
+               0.5 over --schedule-steps: what runtime.autoscale sizes threads for
   heavy_vlm_photo
                the heavy mix at real image cost (not one of end_to_end.py's four):
                photographic-like JPEGs of 512-1,024 px a side, decoded and resized to
@@ -216,9 +220,51 @@ def heavy_vlm_photo(root: str, args) -> dict:
                                          "image_token_id": 200}}]}
 
 
+def hetero(root: str, args) -> dict:
+    """Cheap and costly sources side by side (issue 21): `web` and `code` are token lists
+    (microseconds a sample), `books` raw text of 2,000-40,000 characters that the loader
+    tokenizes with a SentencePiece model trained here (milliseconds a sample); the books'
+    weight rises from 0.1 to 0.5 over --schedule-steps."""
+    from braid import _core
+
+    rng = random.Random(12)
+    words = [''.join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+             for _ in range(3000)]
+    folder = os.path.join(root, "books")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "part-000.parquet")
+    model = os.path.join(root, "tok.model")
+    if not os.path.exists(path):
+        chars = 0
+        texts = []
+        while chars < args.tokens * 4:
+            n = int(min(40_000, max(2_000, rng.lognormvariate(np.log(9_000), 0.8))))
+            text = []
+            size = 0
+            while size < n:
+                w = rng.choice(words)
+                text.append(w)
+                size += len(w) + 1
+            texts.append(" ".join(text) + ".")
+            chars += size
+        if not os.path.exists(model):
+            _core.train_tiny_sentencepiece(texts[:200], os.path.join(root, "tok"), 2000)
+        pq.write_table(pa.table({"text": texts}), path + ".tmp", row_group_size=64)
+        os.replace(path + ".tmp", path)
+    end = args.schedule_steps
+    web = _tokens_source(root, "web", args.tokens, 1500, 121,
+                         {"schedule": [[0, 0.6], [end, 0.3]]})
+    code = _tokens_source(root, "code", args.tokens, 400, 122,
+                          {"schedule": [[0, 0.3], [end, 0.2]]})
+    return {"seed": 9, "topology": {"dp": args.dp}, "batch": _batch(args.dp, 16384, 2),
+            "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+            "sources": [web, code, {"name": "books", "path": folder, "text_column": "text",
+                                    "weight": {"schedule": [[0, 0.1], [end, 0.5]]}}]}
+
+
 WORKLOADS: Dict[str, Callable[[str, argparse.Namespace], dict]] = {
     "longtail": longtail, "curriculum": curriculum, "phases": phases,
-    "heavy_vlm": heavy_vlm, "heavy_vlm_photo": heavy_vlm_photo,
+    "heavy_vlm": heavy_vlm, "heavy_vlm_photo": heavy_vlm_photo, "hetero": hetero,
 }
 # What `workloads.py` with no names writes, and benchmarks/end_to_end.py runs.
 DEFAULT = ("longtail", "curriculum", "phases", "heavy_vlm")

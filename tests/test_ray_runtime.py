@@ -386,6 +386,38 @@ def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, t
     assert jobs.actor_names("procs", NAMESPACE) == []
 
 
+def test_autoscale_changes_no_tensor_on_either_runtime(ray_cluster, small_dataset, tmp_path):
+    """runtime.autoscale re-shares threads and read-ahead before every step (a source of
+    weight 0 until step 8 idle until step 2): every rank's tensors on Ray with it equal
+    the embedded runtime's without it, and `braid run` reports the shares it chose."""
+    from conftest import braid_cli, write_config
+
+    config = copy.deepcopy(small_dataset["config"])
+    config["sources"][1]["weight"] = {"steps": [[0, 0.0], [8, 0.3]]}
+    world = 2
+    fixed = copy.deepcopy(config)
+    fixed["runtime"] = {"autoscale": False}
+    embedded = take_batches([braid.Loader(fixed, r, world) for r in range(world)], 24)
+    loaders = [braid.Loader(ray_config(config, job="autoscale"), r, world)
+               for r in range(world)]
+    got = take_batches(loaders, 24)
+    for r in range(world):
+        assert_same_batches(got[r], embedded[r])
+    for l in loaders:
+        l.close()
+    run = braid_cli("run", write_config(tmp_path / "job.json", config), "--steps", "12",
+                    "--report", tmp_path / "report")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "source threads" in run.stdout
+    changes = json.loads((tmp_path / "report" / "report.json").read_text())[
+        "source_allocation"]
+    assert changes[0]["step"] == 0 and not changes[0]["sources"]["code"]["active"]
+    first_active = next(c["step"] for c in changes if c["sources"]["code"]["active"])
+    assert first_active == 8 - (2 + 2 + 2)  # the lookahead: prefetch + in flight + 2
+    off = braid_cli("run", write_config(tmp_path / "fixed.json", fixed), "--steps", "12")
+    assert off.returncode == 0 and "source threads" not in off.stdout
+
+
 def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
     from conftest import braid_cli, write_config
 

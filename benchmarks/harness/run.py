@@ -330,6 +330,10 @@ def summarize(run: dict, none_peak: float, warmup: int, scale: float,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
         "wait_fraction": (sum(s["wait_s"] for r in reports for s in r["steps"]) /
                           sum(r["elapsed_s"] for r in reports)),
+        # The same over the timed steps (after --warmup), each rank's share of its span.
+        "wait_fraction_timed": (
+            sum(s["wait_s"] for r in reports for s in r["steps"][warmup:]) /
+            (len(reports) * span) if span > 0 else 0.0),
         "imbalance_per_step": imbalance(per_step_costs),
         "mean_rank_cost": statistics.fmean(x for c in per_step_costs for x in c),
         "steps_per_s": (steps - warmup) / span if span > 0 else 0.0,

@@ -34,7 +34,7 @@
 // (exec/read_pool.h) that the job's loaders share (Options::pool; without one the loader
 // makes a private pool of `workers` + 1 threads). A read step loads the next window's row
 // groups when the window before is done, transforms a batch of its rows (on up to
-// `sources[].workers` pool threads, each result in its own slot) and queues them in the
+// `sources[].workers` pool threads, or what SetShare gives it, each result in its own slot) and queues them in the
 // seeded order, so the stream is the same for any thread and worker count. At most one
 // read step of a loader runs at a time; it resubmits itself while the queue holds less
 // than `read_ahead_bytes` (the source's share of the job's memory budget) and otherwise
