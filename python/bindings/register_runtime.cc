@@ -28,6 +28,7 @@ nb::dict ProfileToDict(const SourceProfile& p) {
   d["read_cpu_s"] = 1e-9 * double(p.read_cpu_ns);
   d["payloads_finished"] = p.payloads_finished;
   d["finish_cpu_s"] = 1e-9 * double(p.finish_cpu_ns);
+  d["consumer_wait_s"] = 1e-9 * double(p.consumer_wait_ns);
   d["cpu_s_per_sample"] = p.cpu_s_per_sample();
   d["cpu_s_per_token"] = p.cpu_s_per_token();
   d["bytes_per_sample"] = p.bytes_per_sample();

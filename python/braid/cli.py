@@ -127,15 +127,17 @@ def _print_allocation(changes: Optional[list], out, indent: str = "  ") -> None:
 
 def _print_profile(profile: Optional[dict], out, indent: str = "  ") -> None:
     """Per source: what loading it cost (CPU per sample and per token of read, decode and
-    transform; bytes read per sample; samples produced)."""
+    transform; bytes read per sample; samples produced; how long the planner waited for
+    it)."""
     if not profile:
         return
     print(f"{indent}source cost      CPU per sample, per token; bytes read per sample; "
-          "samples (this process's loaders)", file=out)
+          "samples; planner's wait on it (this process's loaders)", file=out)
     for name, p in profile.items():
         print(f"{indent}  {name:<14} {p['cpu_s_per_sample'] * 1e6:>10,.1f} us  "
               f"{p['cpu_s_per_token'] * 1e9:>9,.1f} ns  "
-              f"{_fmt_bytes(p['bytes_per_sample']):>9}  {p['samples']:,}", file=out)
+              f"{_fmt_bytes(p['bytes_per_sample']):>9}  {p['samples']:,}  "
+              f"{p.get('consumer_wait_s', 0.0):.3f} s", file=out)
 
 
 def _print_context(summary: dict, out) -> None:

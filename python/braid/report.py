@@ -71,4 +71,18 @@ def _plots(summary: dict, directory: str) -> List[str]:
     ax.set_ylabel("ms to deliver the step")
     ax.set_title("Loader time per step (all simulated ranks)")
     save(fig, "step_time.png")
+
+    changes = summary.get("source_allocation")
+    if changes:  # runtime.autoscale: each source's workers from each change to the next
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        last = max(len(steps) - 1, changes[-1]["step"])
+        for name in changes[0]["sources"]:
+            xs = [c["step"] for c in changes] + [last]
+            ys = [c["sources"][name]["workers"] for c in changes]
+            ax.step(xs, ys + ys[-1:], where="post", lw=1, label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("pool threads (workers)")
+        ax.set_title("Threads per source (runtime.autoscale; 0: idle)")
+        ax.legend(fontsize="small")
+        save(fig, "source_threads.png")
     return paths

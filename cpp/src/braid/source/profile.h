@@ -4,7 +4,7 @@
 // steps (reading and decompressing row groups, the transform of each row: token column,
 // tokenizer, chat template, a user function, image headers) and of its deferred payloads
 // (image decode, resize and patches), the bytes of the columns it read, and the samples
-// and tokens it produced. The clock is read once per read step and once per helper
+// and tokens it produced, and how long its consumer waited for it. The clock is read once per read step and once per helper
 // thread of its transform loop (exec/read_pool.h ParallelFor), and once per deferred
 // payload, never per row. A ShardedSource and a SourceSet sum their loaders'; the
 // embedded Engine, `braid run` (report.json `source_profile`) and the Ray planner host's
@@ -33,6 +33,9 @@ struct SourceProfile {
   int64_t read_cpu_ns = 0;   ///< thread CPU of read steps (read, decode, transform)
   int64_t payloads_finished = 0;  ///< deferred payloads finished (images decoded)
   int64_t finish_cpu_ns = 0;      ///< thread CPU of those payloads
+  /// Wall time the stream's consumer (the planner) waited in Next() for a sample that
+  /// was not read yet: the source held the planning up.
+  int64_t consumer_wait_ns = 0;
 
   SourceProfile& operator+=(const SourceProfile& o) {
     samples += o.samples;
@@ -42,6 +45,7 @@ struct SourceProfile {
     read_cpu_ns += o.read_cpu_ns;
     payloads_finished += o.payloads_finished;
     finish_cpu_ns += o.finish_cpu_ns;
+    consumer_wait_ns += o.consumer_wait_ns;
     return *this;
   }
 
@@ -84,6 +88,10 @@ class ProfileCounters {
     finish_cpu_ns_.fetch_add(cpu_ns, std::memory_order_relaxed);
     payloads_finished_.fetch_add(1, std::memory_order_relaxed);
   }
+  /// The consumer waited `ns` for a sample.
+  void AddConsumerWait(int64_t ns) {
+    consumer_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
+  }
   SourceProfile Snapshot() const {
     SourceProfile p;
     p.samples = samples_.load(std::memory_order_relaxed);
@@ -93,12 +101,14 @@ class ProfileCounters {
     p.read_cpu_ns = read_cpu_ns_.load(std::memory_order_relaxed);
     p.payloads_finished = payloads_finished_.load(std::memory_order_relaxed);
     p.finish_cpu_ns = finish_cpu_ns_.load(std::memory_order_relaxed);
+    p.consumer_wait_ns = consumer_wait_ns_.load(std::memory_order_relaxed);
     return p;
   }
 
  private:
   std::atomic<int64_t> samples_{0}, tokens_{0}, rows_read_{0}, bytes_read_{0};
   std::atomic<int64_t> read_cpu_ns_{0}, payloads_finished_{0}, finish_cpu_ns_{0};
+  std::atomic<int64_t> consumer_wait_ns_{0};
 };
 
 }  // namespace braid

@@ -1,6 +1,7 @@
 #include "braid/source/source_loader.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <string_view>
 
@@ -304,9 +305,13 @@ Result<Sample> SourceLoader::Next() {
     // The consumer waits: a submitted step that has not started goes first.
     if (!reading_ || (!running_ && !urgent_)) ScheduleLocked(/*urgent=*/true);
     consumer_waiting_ = true;
+    const auto waited_from = std::chrono::steady_clock::now();
     cv_.wait(lock, [this] {
       return !queue_.empty() || !error_.ok() || finished_ || stopping_;
     });
+    profile_.AddConsumerWait(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - waited_from)
+                                 .count());
     consumer_waiting_ = false;
   }
   if (!queue_.empty() && !stopping_) {
