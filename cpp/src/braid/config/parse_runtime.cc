@@ -102,16 +102,16 @@ Status ParseRayRuntime(const YAML::Node& rt, RuntimeConfig* runtime) {
 }  // namespace
 
 Status ParseRuntime(const YAML::Node& rt, RuntimeConfig* runtime) {
-  ARROW_RETURN_NOT_OK(
-      CheckMap(rt, "runtime",
-               {"kind", "read_ahead_bytes", "prefetch_steps", "cache", "length_cache",
-                "threads", "memory_bytes", "address", "namespace", "job", "source_actors",
-                "steps_in_flight", "timeout_s", "actor_resources", "shadow", "delivery",
-                "autoscale"}));
+  ARROW_RETURN_NOT_OK(CheckMap(
+      rt, "runtime",
+      {"kind", "read_ahead_bytes", "prefetch_steps", "cache", "length_cache", "threads",
+       "memory_bytes", "address", "namespace", "job", "source_actors", "steps_in_flight",
+       "timeout_s", "actor_resources", "shadow", "delivery", "autoscale"}));
   ARROW_RETURN_NOT_OK(ParseRayRuntime(rt, runtime));
   if (rt["autoscale"]) {
-    ARROW_ASSIGN_OR_RAISE(runtime->autoscale, Scalar<bool>(rt["autoscale"], "runtime.autoscale",
-                                                           "true or false"));
+    ARROW_ASSIGN_OR_RAISE(
+        runtime->autoscale,
+        Scalar<bool>(rt["autoscale"], "runtime.autoscale", "true or false"));
   }
   if (rt["read_ahead_bytes"]) {
     ARROW_ASSIGN_OR_RAISE(runtime->read_ahead_bytes,

@@ -71,12 +71,14 @@ std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
       s.read_ahead_bytes = std::min(config.runtime.read_ahead_bytes, kMinSourceBytes);
       continue;
     }
-    const auto bytes = static_cast<int64_t>(share[i] / active_share * double(budget_bytes));
-    s.read_ahead_bytes = std::max<int64_t>(1, std::min(bytes, config.runtime.read_ahead_bytes));
+    const auto bytes =
+        static_cast<int64_t>(share[i] / active_share * double(budget_bytes));
+    s.read_ahead_bytes =
+        std::max<int64_t>(1, std::min(bytes, config.runtime.read_ahead_bytes));
     s.workers = floor;
     if (total_demand > 0) {
-      const auto want =
-          static_cast<int64_t>(std::ceil(double(threads) * demand[i] / total_demand - 1e-9));
+      const auto want = static_cast<int64_t>(
+          std::ceil(double(threads) * demand[i] / total_demand - 1e-9));
       s.workers = std::clamp<int64_t>(want, floor, std::max(floor, threads));
     }
   }

@@ -4,8 +4,8 @@
 //
 // Inputs: the sources' weights at every step of the horizon [step, step + lookahead]
 // (schedules and phases are known ahead), each source's measured cost (source/profile.h:
-// the CPU of its read steps per token, the part that more worker threads parallelize), the
-// pool's threads and the memory budget (exec/budget.h). Per source:
+// the CPU of its read steps per token, the part that more worker threads parallelize),
+// the pool's threads and the memory budget (exec/budget.h). Per source:
 //
 // - its horizon share: the largest fraction of a step's tokens it is owed at any step of
 //   the horizon, so a source is scaled up `lookahead` steps before its weight rises and
@@ -21,10 +21,10 @@
 //   measured, every source keeps its configured workers.
 //
 // Workers above a source's need cost nothing: a transform loop's helpers are pool threads
-// that are free (exec/read_pool.h ParallelFor), so the decision needs relative demand only,
-// not the trainers' consumption rate. Deferred payloads (image decodes) are one pool task
-// each and need no workers. None of this changes the sample stream (source/source_loader.h:
-// the stream is the same for any worker count and read-ahead).
+// that are free (exec/read_pool.h ParallelFor), so the decision needs relative demand
+// only, not the trainers' consumption rate. Deferred payloads (image decodes) are one
+// pool task each and need no workers. None of this changes the sample stream
+// (source/source_loader.h: the stream is the same for any worker count and read-ahead).
 //
 // Pure functions; thread-safe.
 #pragma once

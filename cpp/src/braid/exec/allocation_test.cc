@@ -13,7 +13,8 @@ Config MakeConfig(bool autoscale = true) {
   const std::string text = R"(
 seed: 1
 batch: {global_tokens: 4096, seq_len: 1024}
-runtime: {threads: 8, autoscale: )" + std::string(autoscale ? "true" : "false") + R"(}
+runtime: {threads: 8, autoscale: )" +
+                           std::string(autoscale ? "true" : "false") + R"(}
 sources:
   - {name: cheap, path: /d/cheap, tokens_column: t, weight: 1}
   - {name: costly, path: /d/costly, tokens_column: t, workers: 1,
@@ -37,9 +38,10 @@ SourceProfile Profile(int64_t samples, int64_t tokens, double cpu_s) {
 TEST(AllocationTest, ParsesTheSwitch) {
   EXPECT_TRUE(MakeConfig(true).runtime.autoscale);
   EXPECT_FALSE(MakeConfig(false).runtime.autoscale);
-  auto bad = ParseConfig("batch: {global_tokens: 8, seq_len: 8}\nruntime: {autoscale: 3}\n"
-                         "sources: [{name: a, path: /a, tokens_column: t}]\n",
-                         "");
+  auto bad = ParseConfig(
+      "batch: {global_tokens: 8, seq_len: 8}\nruntime: {autoscale: 3}\n"
+      "sources: [{name: a, path: /a, tokens_column: t}]\n",
+      "");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().ToString().find("runtime.autoscale"), std::string::npos);
 }
@@ -68,17 +70,16 @@ TEST(AllocationTest, ThreadsFollowMeasuredCostTimesTheHorizonShare) {
   const Config c = MakeConfig();
   const int64_t budget = MemoryBudgetBytes(c);
   // costly: 40x the CPU per token of cheap.
-  const std::vector<SourceProfile> profiles = {Profile(1000, 1'000'000, 1.0),
-                                               Profile(1000, 1'000'000, 40.0),
-                                               SourceProfile{}};
+  const std::vector<SourceProfile> profiles = {
+      Profile(1000, 1'000'000, 1.0), Profile(1000, 1'000'000, 40.0), SourceProfile{}};
   // Step 0: shares 1/1.1 and 0.1/1.1; demand 0.91 * 1 vs 0.091 * 40 = 3.64: costly gets
   // 8 * 3.64 / 4.55 = 6.4 -> 7 threads, cheap 8 * 0.91 / 4.55 = 1.6 -> 2.
   const auto at0 = AllocateSources(c, 0, profiles, 8, budget);
   EXPECT_EQ(at0[0].workers, 2);
   EXPECT_EQ(at0[1].workers, 7);
   // With equal costs, threads follow the shares, never below the configured workers.
-  const std::vector<SourceProfile> equal = {Profile(1000, 1'000'000, 1.0),
-                                            Profile(1000, 1'000'000, 1.0), SourceProfile{}};
+  const std::vector<SourceProfile> equal = {
+      Profile(1000, 1'000'000, 1.0), Profile(1000, 1'000'000, 1.0), SourceProfile{}};
   const auto eq = AllocateSources(c, 0, equal, 8, budget);
   EXPECT_EQ(eq[0].workers, 8);
   EXPECT_EQ(eq[1].workers, 1);
@@ -94,9 +95,8 @@ TEST(AllocationTest, ThreadsFollowMeasuredCostTimesTheHorizonShare) {
 TEST(AllocationTest, ScalesUpBeforeAWeightRisesAndDownAfterItFell) {
   const Config c = MakeConfig();
   const int64_t budget = MemoryBudgetBytes(c);
-  const std::vector<SourceProfile> profiles = {Profile(1000, 1'000'000, 1.0),
-                                               Profile(1000, 1'000'000, 40.0),
-                                               SourceProfile{}};
+  const std::vector<SourceProfile> profiles = {
+      Profile(1000, 1'000'000, 1.0), Profile(1000, 1'000'000, 40.0), SourceProfile{}};
   const auto before = AllocateSources(c, 10, profiles, 8, budget);
   const auto rising = AllocateSources(c, 24, profiles, 8, budget);  // sees step 30
   EXPECT_GT(rising[1].workers, before[1].workers);

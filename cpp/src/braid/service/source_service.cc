@@ -345,7 +345,8 @@ void SourceSet::Start() {
 
 void SourceSet::SetShares(const std::vector<SourceShare>& shares) {
   for (auto& s : services_) {
-    if (size_t(s->source_index()) < shares.size()) s->SetShare(shares[size_t(s->source_index())]);
+    if (size_t(s->source_index()) < shares.size())
+      s->SetShare(shares[size_t(s->source_index())]);
   }
 }
 

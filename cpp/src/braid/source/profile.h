@@ -4,12 +4,12 @@
 // steps (reading and decompressing row groups, the transform of each row: token column,
 // tokenizer, chat template, a user function, image headers) and of its deferred payloads
 // (image decode, resize and patches), the bytes of the columns it read, and the samples
-// and tokens it produced, and how long its consumer waited for it. The clock is read once per read step and once per helper
-// thread of its transform loop (exec/read_pool.h ParallelFor), and once per deferred
-// payload, never per row. A ShardedSource and a SourceSet sum their loaders'; the
-// embedded Engine, `braid run` (report.json `source_profile`) and the Ray planner host's
-// figures (`braid status`) report them. This is the input the auto-partitioning of issue
-// 21 sizes source loaders from.
+// and tokens it produced, and how long its consumer waited for it. The clock is read once
+// per read step and once per helper thread of its transform loop (exec/read_pool.h
+// ParallelFor), and once per deferred payload, never per row. A ShardedSource and a
+// SourceSet sum their loaders'; the embedded Engine, `braid run` (report.json
+// `source_profile`) and the Ray planner host's figures (`braid status`) report them. This
+// is the input the auto-partitioning of issue 21 sizes source loaders from.
 //
 // What it does not count: the Ray runtime's piece fetches (service/source_service.h
 // Fetch) and the images a constructor decodes from fetched pieces (wire.h AttachPieces)

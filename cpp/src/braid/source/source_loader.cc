@@ -1,15 +1,15 @@
 #include "braid/source/source_loader.h"
 
+#include <arrow/api.h>
+#include <arrow/util/byte_size.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
 #include <string_view>
 
-#include <arrow/api.h>
-#include <arrow/util/byte_size.h>
-
-#include "braid/transform/transform.h"
 #include "braid/exec/read_pool.h"
+#include "braid/transform/transform.h"
 #include "braid/util/cpu_time_internal.h"
 #include "braid/util/rng_internal.h"
 
@@ -225,14 +225,16 @@ void SourceLoader::SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahea
                             bool start) {
   std::lock_guard<std::mutex> lock(mu_);
   workers_.store(std::max<int64_t>(1, workers), std::memory_order_relaxed);
-  read_ahead_bytes_.store(std::max<int64_t>(1, read_ahead_bytes), std::memory_order_relaxed);
+  read_ahead_bytes_.store(std::max<int64_t>(1, read_ahead_bytes),
+                          std::memory_order_relaxed);
   ahead_ = ahead;
   if (!ahead || stopping_) return;
   if (!started_) {
     if (!start && !start_asked_) return;
     started_ = true;
     ScheduleLocked(/*urgent=*/false);
-  } else if (!reading_ && !finished_ && error_.ok() && queued_bytes_ < read_ahead_bytes_) {
+  } else if (!reading_ && !finished_ && error_.ok() &&
+             queued_bytes_ < read_ahead_bytes_) {
     ScheduleLocked(/*urgent=*/false);
   }
 }
@@ -284,7 +286,8 @@ void SourceLoader::ReadTask(uint64_t ticket) {
       finished_ = true;
       reading_ = false;
       wake = true;
-    } else if (!stopping_ && (queue_.empty() || (ahead_ && queued_bytes_ < read_ahead_bytes_))) {
+    } else if (!stopping_ &&
+               (queue_.empty() || (ahead_ && queued_bytes_ < read_ahead_bytes_))) {
       // Keep reading; urgently while the consumer waits.
       ScheduleLocked(/*urgent=*/consumer_waiting_ && queue_.empty());
     } else {

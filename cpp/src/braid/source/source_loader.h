@@ -8,8 +8,8 @@
 // exactly once per epoch; when the source runs out, the next epoch starts with a new
 // order. The order depends only on (seed, source index, epoch), never on other sources.
 //
-// Cursor. A StreamPos (epoch, window, offset) names a point in the order; a loader made at
-// a StreamPos starts there without replaying anything before it.
+// Cursor. A StreamPos (epoch, window, offset) names a point in the order; a loader made
+// at a StreamPos starts there without replaying anything before it.
 //
 // Transforms. Each row goes through the source's Transform (token column pass-through,
 // text tokenization, chat template, a user function; transform/transform.h).
@@ -34,18 +34,19 @@
 // (exec/read_pool.h) that the job's loaders share (Options::pool; without one the loader
 // makes a private pool of `workers` + 1 threads). A read step loads the next window's row
 // groups when the window before is done, transforms a batch of its rows (on up to
-// `sources[].workers` pool threads, or what SetShare gives it, each result in its own slot) and queues them in the
-// seeded order, so the stream is the same for any thread and worker count. At most one
-// read step of a loader runs at a time; it resubmits itself while the queue holds less
-// than `read_ahead_bytes` (the source's share of the job's memory budget) and otherwise
-// stops, and Next() resubmits it once the queue is half empty. A pool thread never blocks
-// on a full queue. The first Next() (or Start()) submits the first step; a Next() that
-// finds the queue empty makes the pending step urgent. A batch holds at most 256 rows per
-// worker and about a quarter of `read_ahead_bytes` of estimated payload. A queued sample
-// is charged its payload bytes, or, without payloads (planning), the bytes its row
-// decoded to, so planning reads ahead as far as a run would. Next() is called from one
-// consumer thread; Stop() and the destructor may be called from any thread, cut the
-// current batch short and wait for the loader's tasks.
+// `sources[].workers` pool threads, or what SetShare gives it, each result in its own
+// slot) and queues them in the seeded order, so the stream is the same for any thread and
+// worker count. At most one read step of a loader runs at a time; it resubmits itself
+// while the queue holds less than `read_ahead_bytes` (the source's share of the job's
+// memory budget) and otherwise stops, and Next() resubmits it once the queue is half
+// empty. A pool thread never blocks on a full queue. The first Next() (or Start())
+// submits the first step; a Next() that finds the queue empty makes the pending step
+// urgent. A batch holds at most 256 rows per worker and about a quarter of
+// `read_ahead_bytes` of estimated payload. A queued sample is charged its payload bytes,
+// or, without payloads (planning), the bytes its row decoded to, so planning reads ahead
+// as far as a run would. Next() is called from one consumer thread; Stop() and the
+// destructor may be called from any thread, cut the current batch short and wait for the
+// loader's tasks.
 //
 // Planning. Without payloads (Options::read_payloads false), a token source reads no
 // token: a window's row groups are read as token counts (SourceFiles::ReadLengths: the
