@@ -111,7 +111,7 @@ class PlannerService {
   /// The sources' shares each time they changed (runtime.autoscale): the step about to
   /// be planned and every source's share, in config order. The first entry is the
   /// start's. At most kMaxShareChanges are kept (the newest dropped after).
-  static constexpr size_t kMaxShareChanges = 1024;
+  static constexpr size_t kMaxShareChanges = 256;
   std::vector<ShareChange> share_changes() const;
 
   /// The sources the planner draws from (their skip counts). Valid until destruction.
