@@ -67,7 +67,7 @@ std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
     if (share[i] <= 0) {
       s.active = false;
       s.workers = 0;
-      // What it reads when asked is sized as at its configured floor.
+      // Sizes the one batch it reads when asked (a quarter of this).
       s.read_ahead_bytes = std::min(config.runtime.read_ahead_bytes, kMinSourceBytes);
       continue;
     }

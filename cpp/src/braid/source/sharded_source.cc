@@ -83,8 +83,7 @@ void ShardedSource::SetShare(const SourceShare& share) {
   const auto n = static_cast<int64_t>(loaders_.size());
   for (auto& loader : loaders_) {
     loader->SetShare((share.workers + n - 1) / n,
-                     std::max<int64_t>(1, share.read_ahead_bytes / n), share.active,
-                     /*start=*/false);
+                     std::max<int64_t>(1, share.read_ahead_bytes / n), share.active);
   }
 }
 

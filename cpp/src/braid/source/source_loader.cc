@@ -221,8 +221,7 @@ void SourceLoader::Start() {
   }
 }
 
-void SourceLoader::SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead,
-                            bool start) {
+void SourceLoader::SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead) {
   std::lock_guard<std::mutex> lock(mu_);
   workers_.store(std::max<int64_t>(1, workers), std::memory_order_relaxed);
   read_ahead_bytes_.store(std::max<int64_t>(1, read_ahead_bytes),
@@ -230,7 +229,7 @@ void SourceLoader::SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahea
   ahead_ = ahead;
   if (!ahead || stopping_) return;
   if (!started_) {
-    if (!start && !start_asked_) return;
+    if (!start_asked_) return;
     started_ = true;
     ScheduleLocked(/*urgent=*/false);
   } else if (!reading_ && !finished_ && error_.ok() &&

@@ -174,10 +174,9 @@ class SourceLoader : public SampleStream {
   /// The loader's share of the job's threads and memory from now on (exec/allocation.h):
   /// its transform loop's workers (at least 1) and the bytes it reads ahead. `ahead`
   /// false: it reads only while the consumer's queue is empty (one batch at a time) and
-  /// Start() does not start it; true: it starts (if Start() was called or, with
-  /// `start`, now) and resumes reading ahead when its queue has room. Never changes the
-  /// stream. Thread-safe.
-  void SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead, bool start);
+  /// Start() does not start it; true: it starts if Start() was called, and resumes
+  /// reading ahead when its queue has room. Never changes the stream. Thread-safe.
+  void SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead);
   /// Stop() without the wait: the loader's queued tasks return at once when they run.
   /// Stopping many loaders: RequestStop() each, then Stop() each.
   void RequestStop();
