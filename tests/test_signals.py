@@ -174,6 +174,49 @@ def test_loader_leaves_a_program_s_own_sigterm_handler_alone(slow_job):
     assert code == 0 and err.strip() == "own handler", err
 
 
+def test_close_from_other_threads_while_next_waits_ends_the_iterator(slow_job):
+    """close() from several threads at once while the trainer's thread waits in next():
+    every close returns, the waiting next() ends the iterator (no error, no crash), and
+    the state is the position after the last batch that thread took."""
+    script = slow_job["dir"] / "close.py"
+    script.write_text(textwrap.dedent("""
+        import sys, threading, time
+        import braid
+
+        loader = braid.Loader(sys.argv[1], rank=0, world_size=2)
+        it = iter(loader)
+        next(it)
+        taken, errors = [1], []
+
+        def consume():
+            try:
+                for _ in it:
+                    taken[0] += 1
+            except BaseException as e:  # noqa: BLE001 - reported to the test
+                errors.append(repr(e))
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        time.sleep(0.3)  # the consumer is inside next(), the transform sleeping
+        closers = [threading.Thread(target=loader.close) for _ in range(4)]
+        for c in closers:
+            c.start()
+        for c in closers:
+            c.join(10)
+        consumer.join(10)
+        alive = consumer.is_alive() or any(c.is_alive() for c in closers)
+        print("alive" if alive else "done", errors, taken[0], loader.state_dict()["step"] >= 0,
+              flush=True)
+    """))
+    result = subprocess.run([sys.executable, str(script), str(slow_job["config"])],
+                            capture_output=True, text=True, env=slow_job["env"],
+                            cwd=slow_job["dir"], timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    words = result.stdout.split()
+    assert words[0] == "done" and words[1] == "[]", result.stdout + result.stderr[-2000:]
+    assert int(words[2]) >= 1 and words[3] == "True"
+
+
 @pytest.mark.parametrize("reader", ["head -c 100", "head -n 1", "true"])
 def test_plan_into_a_closed_pipe_ends_quietly(small_dataset, tmp_path, reader):
     config = write_config(tmp_path / "job.yaml", small_dataset["config"])

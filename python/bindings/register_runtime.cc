@@ -1,4 +1,7 @@
 // The embedded runtime: a rank's stream of micro-batches, and the CLI's whole jobs.
+#include <memory>
+#include <mutex>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -120,6 +123,10 @@ namespace {
 
 // A rank's stream on the embedded runtime (python/braid/stream.py's protocol: next,
 // state, restore, close): an Engine, made again from a state by restore().
+//
+// Thread-safe: close() may come from another thread while next() waits (a launcher's
+// signal handler, a finalizer): next() holds its own reference to the engine, which
+// Stop() makes return Cancelled, and the engine goes when the last holder lets go.
 class EmbeddedStream {
  public:
   EmbeddedStream(const Config& config, Engine::Options options)
@@ -130,26 +137,40 @@ class EmbeddedStream {
     options.state_json = state_json;
     auto engine = Engine::Make(config_, std::move(options));
     if (!engine.ok()) return engine.status();
-    engine_ = std::move(*engine);
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_ = std::shared_ptr<Engine>(std::move(*engine));
     return Status::OK();
   }
-  Engine& engine() {
+  std::shared_ptr<Engine> engine() {
+    std::lock_guard<std::mutex> lock(mu_);
     if (engine_ == nullptr) ThrowStatus(ConfigError("stream", "closed"));
-    return *engine_;
+    return engine_;
   }
-  std::string state() const { return engine_ ? engine_->StateJson() : closed_state_; }
+  std::string state() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return engine_ ? engine_->StateJson() : closed_state_;
+  }
   void Close() {
-    if (engine_ == nullptr) return;
-    engine_->Stop();
-    closed_state_ = engine_->StateJson();
+    std::lock_guard<std::mutex> closing(close_mu_);  // one close at a time
+    std::shared_ptr<Engine> engine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine = engine_;
+    }
+    if (engine == nullptr) return;
+    engine->Stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_state_ = engine->StateJson();
     engine_.reset();
   }
 
  private:
   const Config config_;
   const Engine::Options options_;
-  std::unique_ptr<Engine> engine_;
-  std::string closed_state_;
+  std::mutex close_mu_;
+  mutable std::mutex mu_;
+  std::shared_ptr<Engine> engine_;  // GUARDED_BY(mu_)
+  std::string closed_state_;        // GUARDED_BY(mu_)
 };
 
 nb::dict ToDict(const Batch& batch) {
@@ -167,11 +188,12 @@ void RegisterRuntime(nb::module_& m) {
                              "copy).")
       .def("next",
            [](EmbeddedStream& s) {
-             Engine& e = s.engine();
+             std::shared_ptr<Engine> e = s.engine();
              Result<std::shared_ptr<const Batch>> result;
              {
                GilRelease release;  // at exit, a daemon thread sleeps here
-               result = e.Next();
+               result = e->Next();
+               e.reset();  // the last reference after a close(): torn down here
              }
              return ToDict(*ValueOrThrow(std::move(result)));
            },
@@ -179,7 +201,7 @@ void RegisterRuntime(nb::module_& m) {
       .def("next_views",
            [](EmbeddedStream& s,
               const std::vector<std::tuple<int64_t, int64_t, int64_t>>& coords) {
-             Engine& e = s.engine();
+             std::shared_ptr<Engine> e = s.engine();
              std::vector<RankCoords> ranks;
              for (const auto& [tp, pp, cp] : coords) {
                ranks.push_back(RankCoords{/*dp=*/0, tp, pp, cp});
@@ -187,7 +209,8 @@ void RegisterRuntime(nb::module_& m) {
              Result<std::vector<std::shared_ptr<const Batch>>> result;
              {
                GilRelease release;
-               result = e.NextViews(ranks);
+               result = e->NextViews(ranks);
+               e.reset();
              }
              nb::list out;
              for (const auto& view : ValueOrThrow(std::move(result))) out.append(ToDict(*view));
@@ -212,7 +235,7 @@ void RegisterRuntime(nb::module_& m) {
            nb::arg("state_json"), "Continues the stream from `state_json` instead.")
       .def("local_micro_batches_per_step",
            [](EmbeddedStream& s, int64_t step) {
-             return s.engine().local_micro_batches_per_step(step);
+             return s.engine()->local_micro_batches_per_step(step);
            },
            nb::arg("step"), "Micro-batches this engine yields at `step` (phases change it).")
       .def("close",

@@ -399,11 +399,13 @@ void RegisterService(nb::module_& m) {
              PlannerService::Figures f;
              std::vector<SourceProfile> profiles;
              std::vector<ShareChange> shares;
+             std::vector<int64_t> skipped_files;
              {
                GilRelease release;
                f = h.service->figures();
                profiles = h.service->sources().profiles();
                shares = h.service->share_changes();
+               skipped_files = h.service->sources().skipped_files();
              }
              nb::dict d;
              d["planned_through"] = f.planned_through;
@@ -417,6 +419,13 @@ void RegisterService(nb::module_& m) {
                profile[h.config->sources[i].name.c_str()] = ProfileToDict(profiles[i]);
              }
              d["source_profile"] = profile;
+             // Files skipped in whole or part (on_error: skip), per source, as report.json.
+             nb::dict skipped;
+             for (size_t i = 0; i < skipped_files.size() && i < h.config->sources.size();
+                  ++i) {
+               skipped[h.config->sources[i].name.c_str()] = skipped_files[i];
+             }
+             d["skipped_files"] = skipped;
              if (!shares.empty()) {
                std::vector<std::string> names;
                for (const auto& src : h.config->sources) names.push_back(src.name);

@@ -145,7 +145,12 @@ class Loader(torch.utils.data.IterableDataset):
     def _batches(self, stream: RankStream) -> Iterator[Dict[str, torch.Tensor]]:
         # Ends when close() or a newer iter() replaced this iterator's stream.
         while self._engine is stream:
-            arrays = stream.next()
+            try:
+                arrays = stream.next()
+            except Exception:
+                if self._engine is stream:
+                    raise
+                return  # close() from another thread stopped this next(): the end
             yield {name: torch.from_numpy(array) for name, array in arrays.items()}
 
     def close(self) -> None:

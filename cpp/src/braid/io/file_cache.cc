@@ -19,6 +19,7 @@
 #include <arrow/buffer.h>
 #include <arrow/io/file.h>
 
+#include "braid/io/file_change_internal.h"
 #include "braid/util/hash_internal.h"
 
 namespace braid {
@@ -237,6 +238,11 @@ Status FileCache::Download(arrow::fs::FileSystem* remote, const arrow::fs::FileI
                                            std::to_string(info.size()) +
                                            " bytes (the file changed while it was copied)");
     }
+    // The copy must be of the file the source stamped (io/source_files.h, "Files that
+    // change"): its key says so.
+    auto now = remote->GetFileInfo(info.path());
+    if (!now.ok()) return StorageError(info.path(), now.status().message());
+    if (!internal::SameFile(info, *now)) return internal::ChangedFileError(info, *now);
     stdfs::rename(partial, data, ec);
     if (ec) return StorageError(data, "cannot move into the cache: " + ec.message());
     return Status::OK();

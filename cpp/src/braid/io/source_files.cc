@@ -78,6 +78,11 @@ SourceFiles::~SourceFiles() = default;
 
 Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& key_path,
                                const std::vector<std::string>& paths) {
+  // Stamped before any index or record is read (the header's "Files that change").
+  for (size_t i = 0; i < paths.size(); ++i) {
+    ARROW_RETURN_NOT_OK(internal::RetryStorage([&] { return Stamp(i, paths[i]); },
+                                               internal::kStorageRetryDelaysMs));
+  }
   internal::FormatOpen opened;
   switch (format_) {
     case SourceFormat::kMegatron: {
@@ -124,6 +129,11 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
   }
   format_reader_ = std::move(opened.reader);
   files_ = std::move(opened.files);
+  for (size_t i = 0; i < files_.size(); ++i) {  // each format keeps one file per path
+    if (i >= paths.size() || files_[i].path != paths[i]) {
+      return Status::Invalid("internal: ", key_path, "'s files are not its paths");
+    }
+  }
   unreadable_files_ = opened.unreadable;
   column_index_.assign(files_.size(), {});
   leaf_index_.assign(files_.size(), {});
@@ -139,6 +149,7 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
   }
   if (total_rows_ == 0) return DataError(source.path, key_path + ": the source has no rows");
   lost_.assign(files_.size(), Status::OK());
+  from_copy_.assign(files_.size(), false);
   return Status::OK();
 }
 
@@ -185,8 +196,10 @@ Result<std::unique_ptr<parquet::arrow::FileReader>> SourceFiles::OpenFile(
     const parquet::ReaderProperties* props) {
   if (io_failed == nullptr) io_failed = std::make_shared<std::atomic<bool>>(false);
   if (cache_) {
-    ARROW_ASSIGN_OR_RAISE(auto local, cache_->Open(fs_.get(), infos_[index], download));
+    ARROW_ASSIGN_OR_RAISE(auto local,
+                          cache_->Open(fs_.get(), stamps_[index].front(), download));
     if (local) {
+      if (index < from_copy_.size()) from_copy_[index] = true;
       return internal::OpenWatchedInput(std::move(local), remote, std::move(io_failed),
                                         props);
     }
@@ -236,7 +249,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     File file;
     file.path = path;
     const size_t index = out->files_.size();
-    if (out->cache_) out->infos_.emplace_back();
+
     // The footer and schema; a failure here makes the file unreadable. Storage failures
     // are retried (io/retry_internal.h). A footer is read from the cached copy when
     // there is one, else remotely: copies are made when rows are read, so opening does
@@ -244,11 +257,8 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     int tries = 0;
     auto reader = internal::RetryStorage(
         [&]() -> Result<std::unique_ptr<parquet::arrow::FileReader>> {
-          if (out->cache_) {
-            auto info = out->fs_->GetFileInfo(path);
-            if (!info.ok()) return StorageError(path, info.status().message());
-            out->infos_[index] = *info;
-          }
+          // Stamped before the footer is read (the header's "Files that change").
+          ARROW_RETURN_NOT_OK(out->Stamp(index, path));
           return out->OpenFile(path, index, /*download=*/false);
         },
         internal::kStorageRetryDelaysMs, &tries);
@@ -361,6 +371,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     return DataError(source.path, key_path + ": the source has no rows");
   }
   out->lost_.assign(out->files_.size(), Status::OK());
+  out->from_copy_.assign(out->files_.size(), false);
   return out;
 }
 

@@ -19,6 +19,18 @@
 // for the rest of the run (later reads of it fail at once with the same error). With
 // on_error: fail, both are errors naming the file.
 //
+// Files that change. Each file (a Megatron dataset: its .idx and its .bin) is stamped
+// with its size and modification time before its footer or index is read, and every read
+// (ReadColumns, ReadBlock, ReadLengths) stats it again after it returns: a file rewritten
+// in place, replaced or truncated since the stamp is a data error naming it ("changed
+// since the source opened it"), never read further (lost, as above; under on_error: skip
+// its rows are skipped), so a read never mixes a changed file's bytes with the footer the
+// plan came from. A deleted file is not a change (what was read came through a
+// descriptor opened before); its next open fails and names it. Remote files read from a
+// cached copy are checked when the copy is made (FileCache). What a stamp cannot see: a
+// rewrite of the same size within the timestamp's granularity (a few ms locally, 1 s on
+// S3) of the stamp.
+//
 // Thread-compatible: concurrent ReadTokens calls need external synchronization; the
 // source loader calls it from its one reader thread.
 #pragma once
@@ -201,6 +213,9 @@ class SourceFiles {
       const std::string& remote, size_t index, bool download,
       std::shared_ptr<std::atomic<bool>> io_failed = nullptr,
       const parquet::ReaderProperties* props = nullptr);
+  // ReadBlock of a Parquet file, unchecked.
+  Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> ReadParquetBlock(
+      int file, int row_group, int64_t block_rows, int64_t block);
   // One try of ReadColumns.
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumnsOnce(int file,
                                                                      int row_group);
@@ -214,6 +229,18 @@ class SourceFiles {
   template <typename T>
   Result<T> Retried(int file, int row_group, const std::function<Result<T>()>& read);
 
+  // The files behind file `path` (a Megatron dataset: its .idx and .bin; else itself).
+  std::vector<std::string> Underlying(const std::string& path) const;
+  // Stamps file `index` (stamps_): each underlying file's type, size and modification
+  // time (a storage error when a stat fails; the caller retries).
+  Status Stamp(size_t index, const std::string& path);
+  // After a read of `file`: a data error naming it (and it is lost) when an underlying
+  // file changed since its stamp; a storage error when that cannot be told (retried with
+  // the read).
+  Status CheckUnchanged(int file);
+  // Drops every open reader and what they kept.
+  void CloseReaders();
+
   // Opens the files of a format other than Parquet (format_reader_).
   Status OpenFormat(const SourceConfig& source, const std::string& key_path,
                     const std::vector<std::string>& paths);
@@ -223,7 +250,11 @@ class SourceFiles {
   std::unique_ptr<internal::FormatReader> format_reader_;
   std::shared_ptr<arrow::fs::FileSystem> fs_;
   std::shared_ptr<FileCache> cache_;         // set when remote files are cached
-  std::vector<arrow::fs::FileInfo> infos_;  // per file, when cached: size and mtime
+  // Per file: the stamp of each underlying file (see the header); for a cached Parquet
+  // file the first is also its copy's key. from_copy_: read from a cached copy, which
+  // FileCache checked when it was made.
+  std::vector<std::vector<arrow::fs::FileInfo>> stamps_;
+  std::vector<bool> from_copy_;
   std::vector<ColumnSpec> columns_;
   std::vector<File> files_;
   std::vector<std::vector<int>> column_index_;  // per file, per ColumnSpec

@@ -55,7 +55,14 @@ Result<T> SourceFiles::Retried(int file, int row_group,
                         "not read: the file was lost earlier (" + lost.message() + ")");
   }
   int tries = 0;
-  auto out = internal::RetryStorage(read, internal::kStorageRetryDelaysMs, &tries);
+  auto out = internal::RetryStorage(
+      [&]() -> Result<T> {
+        Result<T> got = read();
+        // Whatever came back, it must come from the stamped file (source_files.h).
+        ARROW_RETURN_NOT_OK(CheckUnchanged(file));
+        return got;
+      },
+      internal::kStorageRetryDelaysMs, &tries);
   if (out.ok() || !out.status().IsIOError()) return out;
   Status st = out.status();
   if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");

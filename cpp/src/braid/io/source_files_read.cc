@@ -101,6 +101,24 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
     });
   }
   const std::string where = DataLocation(f.path, row_group, -1);
+  if (!lost_[size_t(file)].ok()) {
+    return StorageError(where, "not read: the file was lost earlier (" +
+                                   lost_[size_t(file)].message() + ")");
+  }
+  auto out = ReadParquetBlock(file, row_group, block_rows, block);
+  // Whatever came back, it must come from the stamped file (source_files.h).
+  ARROW_RETURN_NOT_OK(CheckUnchanged(file));
+  return out;
+}
+
+Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>>
+SourceFiles::ReadParquetBlock(int file, int row_group, int64_t block_rows, int64_t block) {
+  using Chunk = std::vector<std::shared_ptr<arrow::Array>>;
+  const File& f = files_[static_cast<size_t>(file)];
+  const int64_t rg_rows = f.row_group_rows[size_t(row_group)];
+  const int64_t first = block * block_rows;
+  const int64_t end = std::min(rg_rows, first + block_rows);
+  const std::string where = DataLocation(f.path, row_group, -1);
   auto fail = [&](const std::string& what) {
     block_reader_.reset();
     block_file_reader_.reset();
@@ -130,7 +148,8 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
       std::shared_ptr<arrow::io::RandomAccessFile> input;  // the cached copy, pinned
       if (cache_) {
         ARROW_ASSIGN_OR_RAISE(input,
-                              cache_->Open(fs_.get(), infos_[size_t(file)], true));
+                              cache_->Open(fs_.get(), stamps_[size_t(file)].front(), true));
+        if (input != nullptr) from_copy_[size_t(file)] = true;
       }
       if (input == nullptr) {
         auto remote = fs_->OpenInputFile(f.path);

@@ -10,6 +10,8 @@
 #include <arrow/io/file.h>
 #include <parquet/arrow/writer.h>
 
+#include <chrono>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -482,6 +484,171 @@ TEST(ReadLengthsTest, TheLengthColumnDoesNotMoveTheWindows) {
   auto without = OpenFiles(TokenSource(path));
   ASSERT_TRUE(with && without);
   EXPECT_EQ(with->files()[0].row_group_bytes, without->files()[0].row_group_bytes);
+}
+
+// Files that change under a run (source_files.h): the file is stamped an hour in the
+// past, as a file written before the run is, so the rewrite's timestamp differs whatever
+// the filesystem's granularity.
+void BackdateFile(const std::string& path) {
+  std::filesystem::last_write_time(
+      path, std::filesystem::last_write_time(path) - std::chrono::hours(1));
+}
+
+Docs ShiftedDocs(const Docs& docs, int32_t by) {
+  Docs out = docs;
+  for (auto& d : out) {
+    for (auto& t : d) t += by;
+  }
+  return out;
+}
+
+int32_t FirstToken(const arrow::Array& tokens) {
+  const auto& list = static_cast<const arrow::ListArray&>(tokens);
+  return static_cast<const arrow::Int32Array&>(*list.values()).Value(list.value_offset(0));
+}
+
+TEST(ChangedFileTest, AFileRewrittenInPlaceIsNeverReadAgainByAnyRead) {
+  testing::ScopedTempDir dir("braid-changed");
+  testing::LengthSpec spec;
+  spec.median_tokens = 20;
+  spec.max_tokens = 60;
+  const Docs docs = testing::RandomDocs(60, spec, 5);
+  testing::TokenFileOptions options;
+  options.row_group_rows = 10;
+  for (const std::string read : {"columns", "lengths", "block"}) {
+    SCOPED_TRACE(read);
+    const std::string path = dir.Sub(read + ".parquet");
+    ASSERT_TRUE(testing::WriteTokenFile(path, docs, options).ok());
+    BackdateFile(path);
+    auto files = OpenFiles(TokenSource(path));
+    ASSERT_NE(files, nullptr);
+    auto read_rg = [&](int rg) -> Status {
+      if (read == "columns") return files->ReadTokens(0, rg).status();
+      if (read == "lengths") return files->ReadLengths(0, rg).status();
+      return files->ReadBlock(0, rg, 5, 0).status();
+    };
+    ASSERT_TRUE(read_rg(0).ok());
+    // The same writer, the same lengths, other ids: the same size, the old footer's
+    // offsets still point at pages.
+    const int64_t size = int64_t(std::filesystem::file_size(path));
+    ASSERT_TRUE(testing::WriteTokenFile(path, ShiftedDocs(docs, 1), options).ok());
+    ASSERT_EQ(int64_t(std::filesystem::file_size(path)), size);
+    const Status st = read_rg(1);
+    ASSERT_FALSE(st.ok());
+    EXPECT_FALSE(st.IsIOError()) << st.ToString();  // a data error: not retried
+    EXPECT_THAT(st.message(),
+                AllOf(HasSubstr(path), HasSubstr("changed since the source opened it"),
+                      HasSubstr("size " + std::to_string(size) + " -> " +
+                                std::to_string(size) + " bytes"),
+                      HasSubstr("3600.")));
+    EXPECT_EQ(st.message().find('\n'), std::string::npos);
+    EXPECT_TRUE(files->is_lost(0));
+    EXPECT_EQ(files->lost_files(), 1);
+    // Every read of it fails from now on, also of a row group read before.
+    for (int rg : {0, 1, 2}) {
+      const Status again = read_rg(rg);
+      EXPECT_THAT(again.message(), HasSubstr("changed since the source opened it")) << rg;
+    }
+  }
+}
+
+TEST(ChangedFileTest, ADeletedFileReadsThroughItsOpenReaderThenNamesItsPath) {
+  testing::ScopedTempDir dir("braid-deleted");
+  testing::LengthSpec spec;
+  spec.median_tokens = 20;
+  spec.max_tokens = 60;
+  const Docs a = testing::RandomDocs(30, spec, 6);
+  const Docs b = ShiftedDocs(a, 1000);
+  testing::TokenFileOptions options;
+  options.row_group_rows = 10;
+  ASSERT_TRUE(testing::WriteTokenFile(dir.Sub("src/a.parquet"), a, options).ok());
+  ASSERT_TRUE(testing::WriteTokenFile(dir.Sub("src/b.parquet"), b, options).ok());
+  auto files = OpenFiles(TokenSource(dir.Sub("src/*.parquet")));
+  ASSERT_NE(files, nullptr);
+  ASSERT_TRUE(files->ReadTokens(0, 0).ok());
+  std::filesystem::remove(dir.Sub("src/a.parquet"));
+  // Its reader holds the file: row group 1 is still a's.
+  auto held = files->ReadTokens(0, 1);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(FirstToken(**held), a[10][0]);
+  EXPECT_FALSE(files->is_lost(0));
+  ASSERT_TRUE(files->ReadTokens(1, 0).ok());  // the reader moves to b
+  const Status gone = files->ReadTokens(0, 2).status();
+  EXPECT_TRUE(gone.IsIOError()) << gone.ToString();
+  EXPECT_THAT(gone.message(), AllOf(HasSubstr(dir.Sub("src/a.parquet")),
+                                    HasSubstr("(4 tries)")));
+  EXPECT_EQ(gone.message().find('\n'), std::string::npos);
+  EXPECT_TRUE(files->is_lost(0));
+}
+
+TEST(ChangedFileTest, TheLoaderSkipsOrFailsOnAChangedFileAndNeverDeliversItsNewRows) {
+  testing::ScopedTempDir dir("braid-changed-loader");
+  testing::LengthSpec spec;
+  spec.median_tokens = 20;
+  spec.max_tokens = 60;
+  const Docs docs = testing::RandomDocs(40, spec, 7);
+  testing::TokenFileOptions options;
+  options.row_group_rows = 10;
+  for (OnError on_error : {OnError::kFail, OnError::kSkip}) {
+    SCOPED_TRACE(on_error == OnError::kFail ? "fail" : "skip");
+    for (int f = 0; f < 3; ++f) {
+      const std::string path = dir.Sub("src/part-" + std::to_string(f) + ".parquet");
+      ASSERT_TRUE(testing::WriteTokenFile(path, ShiftedDocs(docs, 100 * f), options).ok());
+      BackdateFile(path);
+    }
+    Config c;
+    c.seed = 4;
+    c.batch.seq_len = 128;
+    c.batch.global_tokens = 128;
+    SourceConfig s = TokenSource(dir.Sub("src/*.parquet"));
+    s.shuffle_window_rows = 10;  // a window per row group: files are read as consumed
+    s.on_error = on_error;
+    c.sources.push_back(s);
+    SourceLoader::Options loader_options;
+    loader_options.read_ahead_bytes = 1;  // one window ahead at most
+    auto loader = SourceLoader::Make(c, 0, {}, loader_options);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    // The new ids are past every old one: a new row delivered would show.
+    const std::string changed = dir.Sub("src/part-1.parquet");
+    ASSERT_TRUE(testing::WriteTokenFile(changed, ShiftedDocs(docs, 100000), options).ok());
+    ::testing::internal::CaptureStderr();
+    Status error;
+    int64_t skipped = 0, delivered = 0;
+    for (int i = 0; i < 120; ++i) {
+      auto sample = (*loader)->Next();
+      if (!sample.ok()) {
+        error = sample.status();
+        break;
+      }
+      if (sample->meta.skip != SkipReason::kNone) {
+        EXPECT_EQ(sample->meta.file, 1);
+        ++skipped;
+        continue;
+      }
+      auto payload = sample->payload.Get();
+      if (!payload.ok()) {
+        error = payload.status();
+        break;
+      }
+      ++delivered;
+      for (int32_t t : (*payload)->tokens) ASSERT_LT(t, 100000) << "a new row";
+    }
+    (*loader)->Stop();
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    if (on_error == OnError::kFail) {
+      ASSERT_FALSE(error.ok());
+      EXPECT_THAT(error.message(),
+                  AllOf(HasSubstr(changed), HasSubstr("changed since the source opened it"),
+                        HasSubstr("set on_error: skip")));
+    } else {
+      ASSERT_TRUE(error.ok()) << error.ToString();
+      EXPECT_EQ(delivered + skipped, 120);
+      EXPECT_GT(skipped, 0);
+      EXPECT_EQ((*loader)->skipped_files(), std::vector<int32_t>{1});
+      EXPECT_THAT(log, AllOf(HasSubstr(changed), HasSubstr("changed since the source"),
+                             HasSubstr("lost for the rest of the run")));
+    }
+  }
 }
 
 }  // namespace

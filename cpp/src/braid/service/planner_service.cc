@@ -73,6 +73,8 @@ PlannerService::~PlannerService() {
 }
 
 void PlannerService::Stop() {
+  // Never taken by the planning thread, so holding it while joining cannot deadlock.
+  std::lock_guard<std::mutex> stopping(stop_mu_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;

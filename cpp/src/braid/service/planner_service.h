@@ -117,7 +117,8 @@ class PlannerService {
   /// The sources the planner draws from (their skip counts). Valid until destruction.
   const SourceSet& sources() const { return *sources_; }
 
-  /// Stops planning and the streams; waiting Plan() calls return Cancelled. Idempotent.
+  /// Stops planning and the streams; waiting Plan() calls return Cancelled. Idempotent;
+  /// a call made while another thread stops returns once that stop is complete.
   void Stop();
 
  private:
@@ -140,6 +141,7 @@ class PlannerService {
   std::unique_ptr<SourceSet> sources_;
   std::unique_ptr<Planner> planner_;  // draws from sources_; GUARDED_BY(plan_mu_)
   std::mutex plan_mu_;                // one step planned at a time
+  std::mutex stop_mu_;  // held through Stop(): a second caller returns once it is done
   mutable std::mutex mu_;
   std::condition_variable cv_;
   PlannerServiceState state_;  // GUARDED_BY(mu_)
