@@ -171,8 +171,13 @@ S3_BUCKET = "braid-data"
 class S3Server:
     """moto's S3 server on loopback: `url`, a boto3 `client`, and its request log."""
 
-    def __init__(self, url: str, client, log_path) -> None:
-        self.url, self.client, self.log_path = url, client, log_path
+    def __init__(self, url: str, client, log_path, proc=None) -> None:
+        self.url, self.client, self.log_path, self.proc = url, client, log_path, proc
+
+    def kill(self) -> None:
+        """Stops the server at once (a store that goes down and stays down)."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
 
     def _post(self, action: str) -> None:
         urllib.request.urlopen(urllib.request.Request(
@@ -243,7 +248,7 @@ def s3_server_running(log_path) -> Iterator[S3Server]:
     try:
         client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
         client.create_bucket(Bucket=S3_BUCKET)
-        yield S3Server(url, client, log_path)
+        yield S3Server(url, client, log_path, proc)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

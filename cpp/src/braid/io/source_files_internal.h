@@ -58,8 +58,10 @@ Result<T> SourceFiles::Retried(int file, int row_group,
   auto out = internal::RetryStorage(
       [&]() -> Result<T> {
         Result<T> got = read();
-        // Whatever came back, it must come from the stamped file (source_files.h).
-        ARROW_RETURN_NOT_OK(CheckUnchanged(file));
+        // What came back must come from the stamped file (source_files.h), and bad bytes
+        // may be a change. A storage failure is retried as it is: nothing was read, and
+        // a store that is down would fail the stat too.
+        if (got.ok() || !got.status().IsIOError()) ARROW_RETURN_NOT_OK(CheckUnchanged(file));
         return got;
       },
       internal::kStorageRetryDelaysMs, &tries);
