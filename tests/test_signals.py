@@ -69,9 +69,19 @@ def slow_job(small_dataset, tmp_path: Path):
     return {"config": path, "env": env, "dir": tmp_path}
 
 
+def default_signals() -> None:
+    """In the child before exec: SIGINT and SIGTERM as a shell's foreground job has them.
+    A suite started from a shell that ignores SIGINT (`nohup`, a background job) passes
+    that on, and a Python that starts with SIGINT ignored never raises
+    KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start(args, env, cwd) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    return subprocess.Popen([sys.executable, *map(str, args)], preexec_fn=default_signals,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd)
 
 
 def wait_for_line(proc: subprocess.Popen, prefix: str) -> None:
