@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import write_config
 
@@ -182,6 +183,69 @@ def test_loader_leaves_a_program_s_own_sigterm_handler_alone(slow_job):
     wait_for_line(proc, "ready")
     code, err, _ = stop_with(proc, signal.SIGTERM)
     assert code == 0 and err.strip() == "own handler", err
+
+
+HUNG_MODULE = textwrap.dedent("""
+    import time
+
+    def hung(ids):
+        if len(ids) % 7 == 3:
+            time.sleep(5)  # a read that hangs: the trainer waits in next() meanwhile
+        return ids
+""")
+
+HUNG_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import braid
+
+    loader = braid.Loader(sys.argv[1], rank=0, world_size=2)
+    it = iter(loader)
+    print("ready", flush=True)
+    step = 0
+    try:
+        while True:
+            next(it)
+            step += 1
+    except KeyboardInterrupt:
+        raised = time.monotonic()
+        print(f"interrupted {raised:.3f} {step} {loader.state_dict()['step']}", flush=True)
+        loader.close()
+        sys.exit(130)
+""")
+
+
+@pytest.fixture
+def hung_job(slow_job):
+    (slow_job["dir"] / "mods" / "braid_hung_tx.py").write_text(HUNG_MODULE)
+    config = yaml.safe_load(Path(slow_job["config"]).read_text())
+    for s in config["sources"]:
+        s["transform"]["python"] = "braid_hung_tx:hung"
+    config.setdefault("runtime", {})["prefetch_steps"] = 1
+    path = write_config(slow_job["dir"] / "hung.yaml", config)
+    return {**slow_job, "config": path}
+
+
+def test_ctrl_c_interrupts_a_next_that_waits_on_a_hung_read(hung_job):
+    """A row whose read takes 5 s holds up next(); Ctrl-C raises KeyboardInterrupt in
+    the trainer within a second all the same (the stream does not move:
+    EngineTest.AnInterruptedNextLeavesTheStreamWhereItWas)."""
+    script = hung_job["dir"] / "hung.py"
+    script.write_text(HUNG_SCRIPT)
+    proc = start([script, hung_job["config"]], hung_job["env"], hung_job["dir"])
+    wait_for_line(proc, "ready")
+    time.sleep(2.0)  # well inside a 5 s read
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("still running 30 s after Ctrl-C")
+    assert proc.returncode == 130, err[-2000:]
+    words = out.split()
+    assert words[0] == "interrupted", out + err[-2000:]
+    assert float(words[1]) - sent < 1.0, float(words[1]) - sent
+    assert "Traceback" not in err, err[-2000:]
 
 
 def test_close_from_other_threads_while_next_waits_ends_the_iterator(slow_job):

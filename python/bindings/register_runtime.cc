@@ -1,6 +1,7 @@
 // The embedded runtime: a rank's stream of micro-batches, and the CLI's whole jobs.
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -127,14 +128,24 @@ namespace {
 // Thread-safe: close() may come from another thread while next() waits (a launcher's
 // signal handler, a finalizer): next() holds its own reference to the engine, which
 // Stop() makes return Cancelled, and the engine goes when the last holder lets go.
+//
+// Signals: Python runs its handlers on the main thread only, between two bytecodes. While
+// next() waits there, the engine asks CheckSignals every 100 ms; a handler that raised
+// (KeyboardInterrupt; a SIGTERM handler's SystemExit, after it closed the Loader) ends
+// the wait, and next() raises it with the stream where it was.
 class EmbeddedStream {
  public:
+  // REQUIRES: the GIL.
   EmbeddedStream(const Config& config, Engine::Options options)
-      : config_(config), options_(std::move(options)) {}
+      : config_(config),
+        options_(std::move(options)),
+        main_thread_(nb::cast<unsigned long>(
+            nb::module_::import_("threading").attr("main_thread")().attr("ident"))) {}
 
   Status Open(const std::string& state_json) {
     Engine::Options options = options_;
     options.state_json = state_json;
+    options.interrupt = [this] { return CheckSignals(); };
     auto engine = Engine::Make(config_, std::move(options));
     if (!engine.ok()) return engine.status();
     std::lock_guard<std::mutex> lock(mu_);
@@ -149,6 +160,14 @@ class EmbeddedStream {
   std::string state() const {
     std::lock_guard<std::mutex> lock(mu_);
     return engine_ ? engine_->StateJson() : closed_state_;
+  }
+  // What a signal handler raised during the last wait, if anything (taken once).
+  // REQUIRES: the GIL.
+  std::optional<nb::python_error> TakeRaised() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::optional<nb::python_error> out = std::move(raised_);
+    raised_.reset();
+    return out;
   }
   void Close() {
     std::lock_guard<std::mutex> closing(close_mu_);  // one close at a time
@@ -165,12 +184,25 @@ class EmbeddedStream {
   }
 
  private:
+  // On the main thread, without the GIL: runs Python's pending signal handlers.
+  Status CheckSignals() {
+    if (PyThread_get_thread_ident() != main_thread_ || PythonExiting()) return Status::OK();
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return Status::OK();
+    nb::python_error raised;  // takes the error the handler set
+    std::lock_guard<std::mutex> lock(mu_);
+    raised_.emplace(std::move(raised));
+    return Status::Cancelled("interrupted by a signal");
+  }
+
   const Config config_;
   const Engine::Options options_;
+  const unsigned long main_thread_;  // the interpreter's main thread
   std::mutex close_mu_;
   mutable std::mutex mu_;
   std::shared_ptr<Engine> engine_;  // GUARDED_BY(mu_)
   std::string closed_state_;        // GUARDED_BY(mu_)
+  std::optional<nb::python_error> raised_;  // GUARDED_BY(mu_)
 };
 
 nb::dict ToDict(const Batch& batch) {
@@ -195,6 +227,7 @@ void RegisterRuntime(nb::module_& m) {
                result = e->Next();
                e.reset();  // the last reference after a close(): torn down here
              }
+             if (auto raised = s.TakeRaised()) throw std::move(*raised);
              return ToDict(*ValueOrThrow(std::move(result)));
            },
            "The next micro-batch (blocks until built).")
@@ -212,6 +245,7 @@ void RegisterRuntime(nb::module_& m) {
                result = e->NextViews(ranks);
                e.reset();
              }
+             if (auto raised = s.TakeRaised()) throw std::move(*raised);
              nb::list out;
              for (const auto& view : ValueOrThrow(std::move(result))) out.append(ToDict(*view));
              return out;

@@ -1,5 +1,6 @@
 #include "braid/runtime/engine.h"
 
+#include <atomic>
 #include <limits>
 
 #include "braid/client/rank_cursor.h"
@@ -47,6 +48,10 @@ class Engine::Impl {
   std::optional<RankCursor::Position> last_;
   std::shared_ptr<const DeliveredView> last_view_;
   Status failed_;
+  // Set by Options::interrupt's wrapper during the current Next(), which then keeps its
+  // position in pending_ for the next call. Next() is called from one thread at a time.
+  std::atomic<bool> interrupted_{false};
+  std::optional<RankCursor::Position> pending_;
 };
 
 Status Engine::Impl::Start() {
@@ -77,6 +82,13 @@ Status Engine::Impl::Start() {
   building.keep_steps = 1;
   building.build_threads = 1;
   building.timeout_s = kForever;  // nothing crosses a process: waits end with the work
+  if (options_.interrupt) {
+    building.interrupt = [this] {
+      Status st = options_.interrupt();
+      if (!st.ok()) interrupted_ = true;  // on the thread of the Next() that waits
+      return st;
+    };
+  }
   ARROW_ASSIGN_OR_RAISE(
       constructor_,
       ConstructorService::Make(config_, std::move(building),
@@ -98,7 +110,9 @@ void Engine::Impl::WantOwnPayloads(const StepPlan& plan) const {
 
 Result<std::shared_ptr<const Batch>> Engine::Impl::Next() {
   if (!failed_.ok()) return failed_;
-  const RankCursor::Position at = cursor_->Next();
+  // An interrupted call's micro-batch is still the next one.
+  const RankCursor::Position at = pending_ ? *pending_ : cursor_->Next();
+  pending_.reset();
   ViewKey key{at.step, at.bucket, at.micro_batch};
   if (options_.view) {
     key.pp = options_.view->pp;
@@ -107,8 +121,13 @@ Result<std::shared_ptr<const Batch>> Engine::Impl::Next() {
   } else {
     key.whole = true;
   }
+  interrupted_ = false;
   auto view = constructor_->View(key);
   if (!view.ok()) {
+    if (interrupted_) {
+      pending_ = at;
+      return view.status();
+    }
     failed_ = view.status();
     return failed_;
   }

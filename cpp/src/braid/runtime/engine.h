@@ -57,6 +57,10 @@ class Engine {
     /// With `view` and topology.cp > 1: false hands every CP rank the whole sequences
     /// (for trainers that split for CP themselves, e.g. Megatron's get_batch).
     bool split_context = true;
+    /// Called about every 100 ms by Next() while it waits, on its thread (a binding
+    /// checks for signals there). A non-OK status ends that Next() with it and nothing
+    /// else: the micro-batch stays next, and the next call waits for it again.
+    std::function<Status()> interrupt;
   };
 
   /// Opens every source and starts planning. Fails on a bad state (key "state"), a bad
@@ -65,7 +69,8 @@ class Engine {
   ~Engine();
 
   /// The next micro-batch; blocks until it is built. Returns the first error any role
-  /// hit, then again on every later call.
+  /// hit, then again on every later call; or what Options::interrupt returned (then the
+  /// stream has not moved).
   Result<std::shared_ptr<const Batch>> Next();
 
   /// The views of the next micro-batch for several trainer ranks of its DP group

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -400,6 +401,45 @@ TEST_F(EngineTest, StopEndsNextWithCancelledAndKeepsTheState) {
   EXPECT_TRUE(next.status().IsCancelled()) << next.status().ToString();
   EXPECT_EQ(engine->StateJson(), state);  // what a SIGTERM handler saves
   engine->Stop();                         // idempotent; the destructor stops again
+}
+
+TEST_F(EngineTest, AnInterruptedNextLeavesTheStreamWhereItWas) {
+  auto plain = MakeEngine(*config_);
+  ASSERT_NE(plain, nullptr);
+  const auto expected = Take(plain.get(), 24);
+  ASSERT_EQ(expected.size(), 24u);
+  // Step 1's plan takes 400 ms, so a Next() waits (at the latest for step 1); the first
+  // ask of the interrupt ends that wait (as a signal would), the later ones do not.
+  std::atomic<int> asked{0};
+  Engine::Options options;
+  options.on_plan = [](const StepPlan& plan) {
+    if (plan.step == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  };
+  options.interrupt = [&] {
+    return asked.fetch_add(1) == 0 ? Status::Cancelled("test: interrupted") : Status::OK();
+  };
+  auto engine = MakeEngine(*config_, options);
+  ASSERT_NE(engine, nullptr);
+  std::vector<std::shared_ptr<const Batch>> got;
+  int interrupted = 0;
+  while (got.size() < expected.size() && interrupted < 3) {
+    const std::string before = engine->StateJson();
+    auto next = engine->Next();
+    if (!next.ok()) {
+      EXPECT_TRUE(next.status().IsCancelled()) << next.status().ToString();
+      EXPECT_THAT(next.status().message(), HasSubstr("test: interrupted"));
+      EXPECT_EQ(engine->StateJson(), before);  // the stream did not move
+      ++interrupted;
+      continue;
+    }
+    got.push_back(*next);
+  }
+  EXPECT_EQ(interrupted, 1);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE(i);
+    ExpectSameBatch(*got[i], *expected[i]);
+  }
 }
 
 TEST_F(EngineTest, StopFromAnotherThreadEndsTheConsumersNext) {

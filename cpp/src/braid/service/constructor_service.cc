@@ -83,7 +83,10 @@ class ConstructorService::Impl {
   Result<std::vector<std::shared_ptr<const PieceReply>>> Await(int32_t host, int64_t call,
                                                               const SourceRequests& reqs);
   template <typename T>
-  Result<T> WaitFor(const std::shared_future<Result<T>>& future, const std::string& what);
+  // Waits for `future` up to runtime.timeout_s; `interruptible`: asking
+  // Options::interrupt every 100 ms (View's wait, on its caller's thread).
+  Result<T> WaitFor(const std::shared_future<Result<T>>& future, const std::string& what,
+                    bool interruptible = false);
   void LogBlank(int32_t source, const std::string& why);
 
   const Config config_;
@@ -113,18 +116,31 @@ class ConstructorService::Impl {
 
 template <typename T>
 Result<T> ConstructorService::Impl::WaitFor(const std::shared_future<Result<T>>& future,
-                                            const std::string& what) {
-  if (!std::isfinite(options_.timeout_s)) {  // in process: waits end with the work
-    future.wait();
+                                            const std::string& what, bool interruptible) {
+  const bool interrupt = interruptible && options_.interrupt != nullptr;
+  if (!interrupt && !std::isfinite(options_.timeout_s)) {
+    future.wait();  // in process: waits end with the work
     return future.get();
   }
-  const auto timeout = std::chrono::duration<double>(options_.timeout_s);
-  if (future.wait_for(timeout) != std::future_status::ready) {
-    return TimeoutError("constructor", what + ": not ready within " +
-                                           std::to_string(options_.timeout_s) +
-                                           " s (runtime.timeout_s)");
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      std::isfinite(options_.timeout_s)
+          ? Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(options_.timeout_s))
+          : Clock::time_point::max();
+  while (true) {
+    auto until = deadline;  // with an interrupt to ask, slices of 100 ms
+    if (interrupt) {
+      until = std::min(deadline, Clock::now() + std::chrono::milliseconds(100));
+    }
+    if (future.wait_until(until) == std::future_status::ready) return future.get();
+    if (Clock::now() >= deadline) {
+      return TimeoutError("constructor", what + ": not ready within " +
+                                             std::to_string(options_.timeout_s) +
+                                             " s (runtime.timeout_s)");
+    }
+    ARROW_RETURN_NOT_OK(options_.interrupt());  // set: else the deadline passed
   }
-  return future.get();
 }
 
 ConstructorServiceState::BuildFuture ConstructorService::Impl::EnsureBuild(int64_t step,
@@ -430,8 +446,9 @@ Result<std::shared_ptr<const DeliveredView>> ConstructorService::Impl::View(
   }
   ARROW_ASSIGN_OR_RAISE(
       std::shared_ptr<const BucketBuild> built,
-      WaitFor(build, "step " + std::to_string(key.step) + " bucket " +
-                         std::to_string(key.bucket)));
+      WaitFor(build,
+              "step " + std::to_string(key.step) + " bucket " + std::to_string(key.bucket),
+              /*interruptible=*/true));
   if (key.micro_batch < 0 || key.micro_batch >= int64_t(built->batches.size())) {
     return ConfigError("micro_batch", std::to_string(key.micro_batch) + " is outside the " +
                                           std::to_string(built->batches.size()) +

@@ -143,6 +143,12 @@ class ConstructorService {
     /// construct/tensor_memory.h) that a transport hands to trainer processes as they
     /// are (node delivery); else on the heap.
     bool shared_memory = false;
+    /// Called about every 100 ms by a View() call while it waits for its build, on the
+    /// caller's thread: a non-OK status (say, a signal arrived for the trainer's thread)
+    /// ends that wait with it, and the service goes on (the build continues; asking
+    /// again gets it).
+    /// Null: waits end with the work or the timeout.
+    std::function<Status()> interrupt;
   };
 
   /// A service that receives plans from `plans` and, when they carry no payloads, pieces
@@ -157,7 +163,8 @@ class ConstructorService {
   /// the key's bucket steps_in_flight steps ahead. Fails with the build's error (a
   /// plan's, a piece's: naming the file and row), a config error naming "rank" for a
   /// bucket or view coordinate outside the topology (or "micro_batch" past the step's),
-  /// a timeout error after runtime.timeout_s, or Cancelled once stopped.
+  /// a timeout error after runtime.timeout_s, Cancelled once stopped, or the status
+  /// Options::interrupt returned.
   Result<std::shared_ptr<const DeliveredView>> View(const ViewKey& key);
 
   /// What the service reports (`braid status`).
