@@ -1,13 +1,25 @@
 """Faults on the Ray runtime, on a 3-node local cluster (ray.cluster_utils.Cluster): a
 node that hosts the planner and the source actors is removed mid-run, actors of every
 role are killed at random micro-batches, shadow source actors answer while a killed one
-restarts, and a whole job is restored from a saved state at another dp. Every rank's stream stays the embedded runtime's, tensor for tensor."""
+restarts, a trainer process is SIGKILLed between checkpoints and restarted from its last
+one many times, and a whole job is restored from a saved state at another dp. Every
+rank's stream stays the embedded runtime's, tensor for tensor."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
 import random
-from typing import List
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Dict, List
+
+import numpy as np
 
 import pytest
 import ray
@@ -149,3 +161,101 @@ def test_a_whole_job_restored_at_another_dp_continues_the_stream(cluster, small_
         assert_same_batches(got[r], want[r])
     for l in again:
         l.close()
+
+
+CRASHING_TRAINER = textwrap.dedent("""
+    import hashlib, json, os, signal, sys
+    import braid
+
+    config, checkpoint, crash_at, save_every = sys.argv[1], sys.argv[2], int(sys.argv[3]), 3
+    loader = braid.Loader(json.load(open(config)), rank=1, world_size=2)
+    taken = 0
+    if os.path.exists(checkpoint):
+        saved = json.load(open(checkpoint))
+        loader.load_state_dict(saved["state"])
+        taken = saved["taken"]
+    print(json.dumps({"resumed_at": taken}), flush=True)
+    for batch in loader:
+        digest = hashlib.sha256()
+        for name in sorted(batch):
+            digest.update(name.encode() + batch[name].numpy().tobytes())
+        print(json.dumps({"i": taken, "digest": digest.hexdigest()}), flush=True)
+        taken += 1
+        if taken % save_every == 0:  # a checkpoint, written as trainers do: atomically
+            with open(checkpoint + ".tmp", "w") as f:
+                json.dump({"state": loader.state_dict(), "taken": taken}, f)
+            os.replace(checkpoint + ".tmp", checkpoint)
+        if taken == crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # between two checkpoints, unannounced
+""")
+
+
+def batch_digest(batch: Dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(batch):
+        digest.update(name.encode() + np.ascontiguousarray(batch[name]).tobytes())
+    return digest.hexdigest()
+
+
+def test_a_trainer_killed_between_checkpoints_resumes_exactly(cluster, small_dataset,
+                                                              tmp_path):
+    """Rank 1 is a trainer process SIGKILLed at CRASH_POINTS seeded micro-batches, each
+    time restarted from its last checkpoint (every 3rd micro-batch), as an elastic agent
+    would, while the job's actors and rank 0 stay up: every micro-batch it takes after a
+    restart is the uninterrupted stream's at that position."""
+    c, _ = cluster
+    config = small_dataset["config"]
+    crash_points = int(os.environ.get("BRAID_CRASH_POINTS", "20"))
+    rng = random.Random(25)
+    crashes, at = [], 0
+    for _ in range(crash_points):
+        at += rng.randint(2, 7)  # at least one micro-batch past the last checkpoint
+        crashes.append(at)
+    total = crashes[-1] + 6
+    want = take_batches([braid.Loader(config, r, 2) for r in range(2)], total)
+    cfg = ray_config(config, job="crashing", address=c.address)
+    (tmp_path / "job.json").write_text(json.dumps(cfg))
+    (tmp_path / "trainer.py").write_text(CRASHING_TRAINER)
+    rank0 = braid.Loader(cfg, 0, 2)
+    got0: List[Dict] = []
+    stop = threading.Event()
+
+    def run_rank0() -> None:  # the other rank trains on meanwhile
+        for batch in rank0:
+            got0.append({k: t.numpy().copy() for k, t in batch.items()})
+            if len(got0) == total or stop.is_set():
+                return
+
+    other = threading.Thread(target=run_rank0, daemon=True)
+    other.start()
+    seen: Dict[int, str] = {}
+    resumes = []
+    for crash in crashes + [total]:
+        proc = subprocess.Popen([sys.executable, str(tmp_path / "trainer.py"),
+                                 str(tmp_path / "job.json"), str(tmp_path / "ckpt.json"),
+                                 str(crash)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            for line in proc.stdout:
+                got = json.loads(line)
+                if "resumed_at" in got:
+                    resumes.append(got["resumed_at"])
+                    continue
+                seen.setdefault(got["i"], got["digest"])
+                assert got["digest"] == batch_digest(want[1][got["i"]]), (crash, got["i"])
+                if got["i"] + 1 == total:
+                    break
+        finally:
+            proc.kill()
+            err = proc.communicate(timeout=30)[1]
+        if crash != total:
+            assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    other.join(60)
+    stop.set()
+    rank0.close()
+    assert sorted(seen) == list(range(total))
+    # Each restart resumed at the checkpoint before its crash, not at the crash.
+    assert resumes == [0] + [p - p % 3 for p in crashes]
+    assert any(p % 3 for p in crashes)
+    assert len(got0) == total
+    assert_same_batches(got0, want[0])
