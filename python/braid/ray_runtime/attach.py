@@ -3,7 +3,7 @@ trainer rank to its job for ``runtime.delivery: node``.
 
 Reads a pickled ``{"config", "state", "client", "timeout_s"}`` from stdin, joins Ray,
 creates or finds the job's actors, attaches the client and prints one line,
-``BRAID-ATTACH {"job", "namespace", "socket"}`` (or ``{"error", "message"}``), then exits:
+``BRAID-ATTACH {"job", "namespace", "socket", "host"}`` (or ``{"error", "message"}``), then exits:
 the trainer itself never runs a Ray driver.
 """
 
@@ -25,7 +25,8 @@ def main() -> int:
         jobs.connect(config)
         job = jobs.attach(config, request["state"], request["client"])
         name = ray.get(job.constructor.socket_name.remote(), timeout=request["timeout_s"])
-        answer = {"job": job.name, "namespace": job.namespace, "socket": name}
+        host = ray.get(job.constructor.host_identity.remote(), timeout=request["timeout_s"])
+        answer = {"job": job.name, "namespace": job.namespace, "socket": name, "host": host}
     except Exception as exc:  # noqa: BLE001 - handed to the trainer, which raises it
         answer = {"error": type(exc).__name__, "message": str(exc)}
     print(ATTACH_MARK + json.dumps(answer), flush=True)

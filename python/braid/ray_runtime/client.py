@@ -144,10 +144,22 @@ class NodeChannel:
             job = jobs.attach(config, state_json, client)
             answer = {"job": job.name, "namespace": job.namespace,
                       "socket": ray.get(job.constructor.socket_name.remote(),
-                                        timeout=self._timeout)}
+                                        timeout=self._timeout),
+                      "host": ray.get(job.constructor.host_identity.remote(),
+                                      timeout=self._timeout)}
         else:
             answer = self._attach_without_ray(config, state_json)
         self.job = JobRef(answer["job"], answer["namespace"])
+        if answer.get("host", node_delivery.host_identity()) != node_delivery.host_identity():
+            # The Ray driver that attached joined another node's raylet (nodes sharing one
+            # /tmp/ray, say): that node's constructor cannot be reached from here.
+            raise _core.ConfigError(
+                f"runtime: job {self.job.name}'s constructor for this rank runs on another "
+                f"host or network namespace ({answer['host']}, this process "
+                f"{node_delivery.host_identity()}): the Ray driver that attached it joined "
+                "another node's raylet (do two nodes share /tmp/ray?); start the trainer "
+                "on the node whose raylet `ray start` ran there, or use "
+                "runtime.delivery: object_store")
         self._name = answer["socket"]
         self._unanswered: Deque[Key] = collections.deque()
         self._sock = self._connect()

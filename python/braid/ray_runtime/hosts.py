@@ -244,6 +244,10 @@ class Host:
         """The abstract socket name this node's trainer ranks connect to."""
         return self._socket_name
 
+    def host_identity(self) -> str:
+        """Where that socket can be reached from (``node_delivery.host_identity``)."""
+        return node_delivery.host_identity()
+
     def _listen(self) -> None:
         # The host's name for this job, or (taken by another simulated node's host on
         # this machine) this node's; a restarted host takes its name back once its dead
@@ -362,18 +366,20 @@ def _placed(config: "_core.Config") -> Dict[str, Any]:
     return {"resources": dict(resources)} if resources else {}
 
 
-def _pinned(node: str) -> Dict[str, Any]:
+def _pinned(node: str, soft: bool = False) -> Dict[str, Any]:
+    # soft: on `node` while it lives; restarted on another node once it is gone.
     affinity = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
-    return {"scheduling_strategy": affinity(node_id=node, soft=False)}
+    return {"scheduling_strategy": affinity(node_id=node, soft=soft)}
 
 
 def start_planner(config: "_core.Config", job: str, namespace: str, cwd: str,
                   state_json: str, source_hosts: List[str], sources: List[int],
                   node: Optional[str] = None):
     """``JOB.planner`` (found if it runs): plans from ``state_json``; serves ``sources``
-    itself. With ``node`` (the default placement) it is that node's host, pinned to it,
-    with its constructor beside the planner."""
-    where = _pinned(node) if node else _placed(config)
+    itself. With ``node`` (the default placement) it is that node's host, placed there,
+    with its constructor beside the planner; when that node is lost, Ray restarts it on
+    another (its constructor then serves nobody: that node's trainers are gone too)."""
+    where = _pinned(node, soft=True) if node else _placed(config)
     return _Host.options(**_options(f"{job}.planner", namespace, **where)).remote(
         config, job, namespace, cwd, state_json=state_json, planner=True,
         sources=sources, constructor=node is not None, source_hosts=source_hosts)

@@ -17,6 +17,7 @@ the job. ``stop(JOB)`` removes a crashed job's actors.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, List
 
@@ -60,8 +61,26 @@ class Job:
     clients: List[str] = field(default_factory=list)
 
 
+# Attaches tried while the job stops: its last rank leaving kills the actors this rank
+# found (ray.kill); the next try starts the job again from the same start state.
+_ATTACH_TRIES = 3
+
+
 def attach(config: "_core.Config", state_json: str, client: str) -> Job:
-    """Creates the job's actors if they do not exist yet, and attaches ``client``."""
+    """Creates the job's actors if they do not exist yet, and attaches ``client``. A rank
+    that arrives while the job stops (its last rank detached: a rank that starts late,
+    after the others finished) starts it again."""
+    for attempt in range(_ATTACH_TRIES):
+        try:
+            return _attach_once(config, state_json, client)
+        except ray.exceptions.RayActorError:
+            if attempt + 1 == _ATTACH_TRIES:
+                raise
+            time.sleep(0.5)  # the killed actors' names are released
+    raise AssertionError("unreachable")
+
+
+def _attach_once(config: "_core.Config", state_json: str, client: str) -> Job:
     rt = config.runtime
     name, ns, cwd = job_name(config, state_json), rt["namespace"], os.getcwd()
     node = ray.get_runtime_context().get_node_id()

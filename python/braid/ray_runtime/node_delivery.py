@@ -40,6 +40,21 @@ def _address(name: str) -> str:
     return "\0" + name  # Linux abstract namespace
 
 
+def host_identity() -> str:
+    """What the abstract sockets of this process can reach: its boot (the machine) and
+    its network namespace. Two processes can talk over node delivery only when equal."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    try:
+        net = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        net = "?"
+    return f"{boot}/net:{net}"
+
+
 def bind(name: str) -> socket.socket:
     """A socket bound to ``name``; raises OSError (EADDRINUSE) when it is taken. Binding
     is exclusive, so this is also a lock that goes with the process."""

@@ -1,0 +1,231 @@
+"""The Ray runtime on nodes as separate as hosts (tests/netns_cluster.py: each node its own
+network and mount namespace, its own /tmp/ray, `ray start` in it), with trainer ranks
+started inside their node as a launcher would: every rank receives the embedded runtime's
+tensors, TP peers on a node share one build, a node killed mid-run (every one of its
+processes) loses and repeats nothing on the nodes left, and a trainer whose Ray driver
+joins another node's raylet is told so at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+
+import braid  # noqa: E402
+from conftest import take_batches  # noqa: E402
+from netns_cluster import NamespaceCluster  # noqa: E402
+
+NAMESPACE = "braid-netns"
+MARK = "BRAID-DIGEST "
+
+TRAINER = textwrap.dedent("""
+    import hashlib, json, sys, time
+    import braid
+
+    config, rank, world, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    step_s = float(sys.argv[5])  # the training step the loader overlaps
+    loader = braid.Loader(json.load(open(config)), rank=rank, world_size=world)
+    for i, batch in enumerate(loader):
+        digest = hashlib.sha256()
+        for name in sorted(batch):
+            digest.update(name.encode() + batch[name].numpy().tobytes())
+        print("BRAID-DIGEST " + json.dumps({"i": i, "t": time.monotonic(),
+                                            "digest": digest.hexdigest()}), flush=True)
+        if i + 1 == n:
+            break
+        time.sleep(step_s)
+    loader.close()
+""")
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    why = NamespaceCluster.available()
+    if why:
+        pytest.skip(f"no namespace cluster here: {why}")
+    with NamespaceCluster(2) as cluster:
+        yield cluster
+
+
+def digest(batch: Dict) -> str:
+    d = hashlib.sha256()
+    for name in sorted(batch):
+        d.update(name.encode() + np.ascontiguousarray(batch[name]).tobytes())
+    return d.hexdigest()
+
+
+def tp_config(small_dataset) -> dict:
+    config = copy.deepcopy(small_dataset["config"])
+    config["topology"] = {"dp": 2, "tp": 2, "pp": 1, "cp": 1}
+    return config
+
+
+def ray_job(config: dict, job: str, **runtime) -> dict:
+    out = copy.deepcopy(config)
+    out["runtime"] = {"kind": "ray", "namespace": NAMESPACE, "job": job, "timeout_s": 60,
+                      **runtime}
+    return out
+
+
+class Trainers:
+    """Trainer ranks started inside their nodes; each prints a digest per micro-batch."""
+
+    def __init__(self, nodes: NamespaceCluster, folder: Path, config: dict) -> None:
+        self.nodes, self.folder = nodes, folder
+        (folder / "job.json").write_text(json.dumps(config))
+        (folder / "trainer.py").write_text(TRAINER)
+        self.procs: Dict[int, object] = {}
+        self.lines: Dict[int, List[dict]] = {}
+        self.readers: List[threading.Thread] = []
+        self.err: Dict[int, str] = {}
+
+    def start(self, node: int, rank: int, world: int, n: int, step_s: float = 0) -> None:
+        proc = self.nodes.popen(node, [sys.executable, str(self.folder / "trainer.py"),
+                                       str(self.folder / "job.json"), str(rank), str(world),
+                                       str(n), str(step_s)],
+                                stdout=-1, stderr=-1, text=True)
+        self.procs[rank], self.lines[rank] = proc, []
+
+        def read() -> None:
+            for line in proc.stdout:  # Ray may print to stdout too, even mid-line
+                at = line.find(MARK)
+                if at >= 0:
+                    got, _ = json.JSONDecoder().raw_decode(line, at + len(MARK))
+                    self.lines[rank].append(got)
+
+        def read_err() -> None:
+            self.err[rank] = proc.stderr.read()
+
+        for target in (read, read_err):
+            reader = threading.Thread(target=target, daemon=True)
+            reader.start()
+            self.readers.append(reader)
+
+    def wait_for(self, rank: int, count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.lines[rank]) < count:
+            proc = self.procs[rank]
+            if proc.poll() is not None and len(self.lines[rank]) < count:
+                time.sleep(0.5)  # the reader may still be draining
+                if len(self.lines[rank]) < count:
+                    pytest.fail(f"rank {rank} exited {proc.returncode} after "
+                                f"{len(self.lines[rank])} micro-batches: "
+                                f"{self.stderr(rank)[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"rank {rank}: {len(self.lines[rank])} of {count} micro-batches "
+                            f"in {timeout} s")
+            time.sleep(0.05)
+
+    def stderr(self, rank: int) -> str:
+        for reader in self.readers:
+            reader.join(5)
+        return self.err.get(rank, "")
+
+    def finish(self, ranks, timeout: float = 120) -> None:
+        for rank in ranks:
+            proc = self.procs[rank]
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            assert proc.returncode == 0, f"rank {rank}: {self.stderr(rank)[-3000:]}"
+        for reader in self.readers:
+            reader.join(5)
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_every_rank_on_separate_nodes_gets_the_embedded_tensors(nodes, small_dataset,
+                                                                tmp_path):
+    """dp=2 x tp=2 over two nodes: the TP peers of one DP group on each node."""
+    config = tp_config(small_dataset)
+    n = 12
+    want = take_batches([braid.Loader(config, r, 4) for r in range(4)], n)
+    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-tp"))
+    try:
+        for rank in range(4):
+            trainers.start(rank // 2, rank, 4, n)
+        trainers.finish(range(4))
+    finally:
+        trainers.stop_all()
+    for rank in range(4):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+
+
+def test_a_node_killed_mid_run_loses_and_repeats_nothing_on_the_others(nodes, small_dataset,
+                                                                       tmp_path):
+    """dp=4 over two nodes, two ranks each; node 1's ranks start first, so the job's
+    planner and sources live on node 1. Node 1 is killed (every process in it: its
+    raylet, the planner host, its trainers) once every rank has its third micro-batch;
+    the planner comes back on node 0 and node 0's ranks finish with the embedded
+    runtime's tensors. The longest wait is printed."""
+    config = copy.deepcopy(small_dataset["config"])
+    config["topology"] = {"dp": 4, "tp": 1, "pp": 1, "cp": 1}
+    n = 300
+    want = take_batches([braid.Loader(config, r, 4) for r in (0, 1)], n)
+    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-loss"))
+    try:
+        for rank in (2, 3, 0, 1):
+            trainers.start(rank // 2, rank, 4, n, step_s=0.02)
+            if rank == 3:
+                trainers.wait_for(2, 1)  # the job exists, placed from node 1
+        for rank in range(4):
+            trainers.wait_for(rank, 3)
+        killed = nodes.kill_node(1)
+        t_kill = time.monotonic()
+        trainers.finish([0, 1], timeout=180)
+    finally:
+        trainers.stop_all()
+        nodes.restart_node(1)
+    assert killed >= 3
+    for rank in (0, 1):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+    assert any(line["t"] > t_kill for line in trainers.lines[0]), "finished before the kill"
+    gaps = []  # between micro-batches of a surviving rank, from the kill on
+    for rank in (0, 1):
+        times = [t_kill] + [line["t"] for line in trainers.lines[rank] if line["t"] > t_kill]
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    print(f"node loss: {killed} processes killed; the longest wait of a surviving rank "
+          f"{max(gaps, default=0):.1f} s")
+    assert max(gaps, default=0) < 120
+
+
+def test_a_driver_on_another_nodes_raylet_is_one_line_at_once(nodes, small_dataset,
+                                                              tmp_path):
+    """The trap of nodes sharing /tmp/ray: a trainer in node 1's network namespace whose
+    Ray driver joins node 0's raylet (it sees node 0's /tmp/ray) gets the constructor of
+    node 0, whose socket it cannot reach; it is told so at once, not after timeout_s."""
+    config = ray_job(small_dataset["config"], "netns-trap")
+    (tmp_path / "job.json").write_text(json.dumps(config))
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    enter = ["nsenter", f"--net=/proc/{nodes.anchors[1].pid}/ns/net",
+             f"--mount=/proc/{nodes.anchors[0].pid}/ns/mnt"]
+    t0 = time.monotonic()
+    result = subprocess.run(enter + [sys.executable, str(tmp_path / "trainer.py"),
+                                     str(tmp_path / "job.json"), "0", "2", "2", "0"],
+                            capture_output=True, text=True, timeout=120, env=nodes.env)
+    took = time.monotonic() - t0
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "another host or network namespace" in last and "/tmp/ray" in last, last
+    assert took < 40, took  # not runtime.timeout_s (60 s) and more
