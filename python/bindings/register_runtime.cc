@@ -1,8 +1,4 @@
 // The embedded runtime: a rank's stream of micro-batches, and the CLI's whole jobs.
-#include <memory>
-#include <mutex>
-#include <optional>
-
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -12,10 +8,14 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "braid/cli/job.h"
 #include "braid/plan/planner.h"
 #include "braid/plan/step_plan.h"
 #include "braid/runtime/engine.h"
-#include "braid/cli/job.h"
 #include "numpy_util.h"
 #include "status_caster.h"
 #include "thread_states.h"
@@ -186,7 +186,8 @@ class EmbeddedStream {
  private:
   // On the main thread, without the GIL: runs Python's pending signal handlers.
   Status CheckSignals() {
-    if (PyThread_get_thread_ident() != main_thread_ || PythonExiting()) return Status::OK();
+    if (PyThread_get_thread_ident() != main_thread_ || PythonExiting())
+      return Status::OK();
     nb::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() == 0) return Status::OK();
     nb::python_error raised;  // takes the error the handler set
@@ -200,8 +201,8 @@ class EmbeddedStream {
   const unsigned long main_thread_;  // the interpreter's main thread
   std::mutex close_mu_;
   mutable std::mutex mu_;
-  std::shared_ptr<Engine> engine_;  // GUARDED_BY(mu_)
-  std::string closed_state_;        // GUARDED_BY(mu_)
+  std::shared_ptr<Engine> engine_;          // GUARDED_BY(mu_)
+  std::string closed_state_;                // GUARDED_BY(mu_)
   std::optional<nb::python_error> raised_;  // GUARDED_BY(mu_)
 };
 
@@ -214,77 +215,86 @@ nb::dict ToDict(const Batch& batch) {
 }  // namespace
 
 void RegisterRuntime(nb::module_& m) {
-  nb::class_<EmbeddedStream>(m, "Engine",
-                             "A rank's stream on the embedded runtime (every role in this "
-                             "process). Yields micro-batches as dicts of NumPy arrays (no "
-                             "copy).")
-      .def("next",
-           [](EmbeddedStream& s) {
-             std::shared_ptr<Engine> e = s.engine();
-             Result<std::shared_ptr<const Batch>> result;
-             {
-               GilRelease release;  // at exit, a daemon thread sleeps here
-               result = e->Next();
-               e.reset();  // the last reference after a close(): torn down here
-             }
-             if (auto raised = s.TakeRaised()) throw std::move(*raised);
-             return ToDict(*ValueOrThrow(std::move(result)));
-           },
-           "The next micro-batch (blocks until built).")
-      .def("next_views",
-           [](EmbeddedStream& s,
-              const std::vector<std::tuple<int64_t, int64_t, int64_t>>& coords) {
-             std::shared_ptr<Engine> e = s.engine();
-             std::vector<RankCoords> ranks;
-             for (const auto& [tp, pp, cp] : coords) {
-               ranks.push_back(RankCoords{/*dp=*/0, tp, pp, cp});
-             }
-             Result<std::vector<std::shared_ptr<const Batch>>> result;
-             {
-               GilRelease release;
-               result = e->NextViews(ranks);
-               e.reset();
-             }
-             if (auto raised = s.TakeRaised()) throw std::move(*raised);
-             nb::list out;
-             for (const auto& view : ValueOrThrow(std::move(result))) out.append(ToDict(*view));
-             return out;
-           },
-           nb::arg("coords"),
-           "The views of the next micro-batch for several (tp, pp, cp) ranks of its DP "
-           "group, from one build (TP/PP views share memory).")
+  nb::class_<EmbeddedStream>(
+      m, "Engine",
+      "A rank's stream on the embedded runtime (every role in this "
+      "process). Yields micro-batches as dicts of NumPy arrays (no "
+      "copy).")
+      .def(
+          "next",
+          [](EmbeddedStream& s) {
+            std::shared_ptr<Engine> e = s.engine();
+            Result<std::shared_ptr<const Batch>> result;
+            {
+              GilRelease release;  // at exit, a daemon thread sleeps here
+              result = e->Next();
+              e.reset();  // the last reference after a close(): torn down here
+            }
+            if (auto raised = s.TakeRaised()) throw std::move(*raised);
+            return ToDict(*ValueOrThrow(std::move(result)));
+          },
+          "The next micro-batch (blocks until built).")
+      .def(
+          "next_views",
+          [](EmbeddedStream& s,
+             const std::vector<std::tuple<int64_t, int64_t, int64_t>>& coords) {
+            std::shared_ptr<Engine> e = s.engine();
+            std::vector<RankCoords> ranks;
+            for (const auto& [tp, pp, cp] : coords) {
+              ranks.push_back(RankCoords{/*dp=*/0, tp, pp, cp});
+            }
+            Result<std::vector<std::shared_ptr<const Batch>>> result;
+            {
+              GilRelease release;
+              result = e->NextViews(ranks);
+              e.reset();
+            }
+            if (auto raised = s.TakeRaised()) throw std::move(*raised);
+            nb::list out;
+            for (const auto& view : ValueOrThrow(std::move(result)))
+              out.append(ToDict(*view));
+            return out;
+          },
+          nb::arg("coords"),
+          "The views of the next micro-batch for several (tp, pp, cp) ranks of its DP "
+          "group, from one build (TP/PP views share memory).")
       .def("state", &EmbeddedStream::state,
            "The state right after the last micro-batch returned, as JSON.")
       .def("state_json", &EmbeddedStream::state, "The same as state().")
-      .def("restore",
-           [](EmbeddedStream& s, const std::string& state_json) {
-             Status st;
-             {
-               GilRelease release;
-               s.Close();
-               st = s.Open(state_json);
-             }
-             ThrowIfError(st);
-           },
-           nb::arg("state_json"), "Continues the stream from `state_json` instead.")
-      .def("local_micro_batches_per_step",
-           [](EmbeddedStream& s, int64_t step) {
-             return s.engine()->local_micro_batches_per_step(step);
-           },
-           nb::arg("step"), "Micro-batches this engine yields at `step` (phases change it).")
-      .def("close",
-           [](EmbeddedStream& s) {
-             // Loader threads may wait for the GIL (Python transforms) before they end.
-             GilRelease release;
-             s.Close();
-           },
-           "Stops and joins every thread; later next() calls raise. Idempotent.")
-      .def("stop",
-           [](EmbeddedStream& s) {
-             GilRelease release;
-             s.Close();
-           },
-           "The same as close().");
+      .def(
+          "restore",
+          [](EmbeddedStream& s, const std::string& state_json) {
+            Status st;
+            {
+              GilRelease release;
+              s.Close();
+              st = s.Open(state_json);
+            }
+            ThrowIfError(st);
+          },
+          nb::arg("state_json"), "Continues the stream from `state_json` instead.")
+      .def(
+          "local_micro_batches_per_step",
+          [](EmbeddedStream& s, int64_t step) {
+            return s.engine()->local_micro_batches_per_step(step);
+          },
+          nb::arg("step"),
+          "Micro-batches this engine yields at `step` (phases change it).")
+      .def(
+          "close",
+          [](EmbeddedStream& s) {
+            // Loader threads may wait for the GIL (Python transforms) before they end.
+            GilRelease release;
+            s.Close();
+          },
+          "Stops and joins every thread; later next() calls raise. Idempotent.")
+      .def(
+          "stop",
+          [](EmbeddedStream& s) {
+            GilRelease release;
+            s.Close();
+          },
+          "The same as close().");
 
   m.def("make_engine",
         [](const Config& config, std::vector<int64_t> buckets, std::string state_json,

@@ -419,7 +419,8 @@ void RegisterService(nb::module_& m) {
                profile[h.config->sources[i].name.c_str()] = ProfileToDict(profiles[i]);
              }
              d["source_profile"] = profile;
-             // Files skipped in whole or part (on_error: skip), per source, as report.json.
+             // Files skipped in whole or part (on_error: skip), per source, as
+             // report.json.
              nb::dict skipped;
              for (size_t i = 0; i < skipped_files.size() && i < h.config->sources.size();
                   ++i) {

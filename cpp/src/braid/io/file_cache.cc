@@ -1,5 +1,7 @@
 #include "braid/io/file_cache.h"
 
+#include <arrow/buffer.h>
+#include <arrow/io/file.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -15,9 +17,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include <arrow/buffer.h>
-#include <arrow/io/file.h>
 
 #include "braid/io/file_change_internal.h"
 #include "braid/util/hash_internal.h"

@@ -1,8 +1,8 @@
 // The files of one source: path resolution, footers, and row-group reads.
 //
-// SourceFiles resolves a source's `path` (a file, a directory of Parquet files, or a glob;
-// local or any URI Arrow's filesystems accept, with the source's storage options) to a
-// sorted list of files, reads every footer once, checks the type of each column the
+// SourceFiles resolves a source's `path` (a file, a directory of Parquet files, or a
+// glob; local or any URI Arrow's filesystems accept, with the source's storage options)
+// to a sorted list of files, reads every footer once, checks the type of each column the
 // source's transform reads (a token list, or text / chat columns) in each file, and reads
 // those columns of one row group on request. Errors name the file (and row group), the
 // column and its config key. With runtime.cache, remote files are read from local copies

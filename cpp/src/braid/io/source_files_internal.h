@@ -61,7 +61,8 @@ Result<T> SourceFiles::Retried(int file, int row_group,
         // What came back must come from the stamped file (source_files.h), and bad bytes
         // may be a change. A storage failure is retried as it is: nothing was read, and
         // a store that is down would fail the stat too.
-        if (got.ok() || !got.status().IsIOError()) ARROW_RETURN_NOT_OK(CheckUnchanged(file));
+        if (got.ok() || !got.status().IsIOError())
+          ARROW_RETURN_NOT_OK(CheckUnchanged(file));
         return got;
       },
       internal::kStorageRetryDelaysMs, &tries);

@@ -112,7 +112,8 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
 }
 
 Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>>
-SourceFiles::ReadParquetBlock(int file, int row_group, int64_t block_rows, int64_t block) {
+SourceFiles::ReadParquetBlock(int file, int row_group, int64_t block_rows,
+                              int64_t block) {
   using Chunk = std::vector<std::shared_ptr<arrow::Array>>;
   const File& f = files_[static_cast<size_t>(file)];
   const int64_t rg_rows = f.row_group_rows[size_t(row_group)];
@@ -147,8 +148,8 @@ SourceFiles::ReadParquetBlock(int file, int row_group, int64_t block_rows, int64
       arrow_props.set_batch_size(chunk_rows);
       std::shared_ptr<arrow::io::RandomAccessFile> input;  // the cached copy, pinned
       if (cache_) {
-        ARROW_ASSIGN_OR_RAISE(input,
-                              cache_->Open(fs_.get(), stamps_[size_t(file)].front(), true));
+        ARROW_ASSIGN_OR_RAISE(
+            input, cache_->Open(fs_.get(), stamps_[size_t(file)].front(), true));
         if (input != nullptr) from_copy_[size_t(file)] = true;
       }
       if (input == nullptr) {

@@ -3,11 +3,11 @@
 // footer or index is read, and every read is checked against the stamp after it returns.
 //
 // Thread-compatible, as SourceFiles.
-#include <string>
-#include <vector>
-
 #include <arrow/record_batch.h>
 #include <parquet/arrow/reader.h>
+
+#include <string>
+#include <vector>
 
 #include "braid/io/file_change_internal.h"
 #include "braid/io/source_files.h"
@@ -26,7 +26,8 @@ Status SourceFiles::Stamp(size_t index, const std::string& path) {
   for (const std::string& p : Underlying(path)) {
     auto info = fs_->GetFileInfo(p);
     if (!info.ok()) {
-      return StorageError(p, "cannot stat: " + internal::OneLine(info.status().message()));
+      return StorageError(p,
+                          "cannot stat: " + internal::OneLine(info.status().message()));
     }
     stamp.push_back(std::move(*info));  // a missing file: its open then names it
   }

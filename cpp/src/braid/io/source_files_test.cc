@@ -1,13 +1,12 @@
 #include "braid/io/source_files.h"
 
+#include <arrow/api.h>
 #include <arrow/filesystem/localfs.h>
-#include <arrow/util/uri.h>
+#include <arrow/io/file.h>
 #include <arrow/io/interfaces.h>
+#include <arrow/util/uri.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
-#include <arrow/api.h>
-#include <arrow/io/file.h>
 #include <parquet/arrow/writer.h>
 
 #include <chrono>
@@ -504,7 +503,8 @@ Docs ShiftedDocs(const Docs& docs, int32_t by) {
 
 int32_t FirstToken(const arrow::Array& tokens) {
   const auto& list = static_cast<const arrow::ListArray&>(tokens);
-  return static_cast<const arrow::Int32Array&>(*list.values()).Value(list.value_offset(0));
+  return static_cast<const arrow::Int32Array&>(*list.values())
+      .Value(list.value_offset(0));
 }
 
 TEST(ChangedFileTest, AFileRewrittenInPlaceIsNeverReadAgainByAnyRead) {
@@ -575,8 +575,8 @@ TEST(ChangedFileTest, ADeletedFileReadsThroughItsOpenReaderThenNamesItsPath) {
   ASSERT_TRUE(files->ReadTokens(1, 0).ok());  // the reader moves to b
   const Status gone = files->ReadTokens(0, 2).status();
   EXPECT_TRUE(gone.IsIOError()) << gone.ToString();
-  EXPECT_THAT(gone.message(), AllOf(HasSubstr(dir.Sub("src/a.parquet")),
-                                    HasSubstr("(4 tries)")));
+  EXPECT_THAT(gone.message(),
+              AllOf(HasSubstr(dir.Sub("src/a.parquet")), HasSubstr("(4 tries)")));
   EXPECT_EQ(gone.message().find('\n'), std::string::npos);
   EXPECT_TRUE(files->is_lost(0));
 }
@@ -593,7 +593,8 @@ TEST(ChangedFileTest, TheLoaderSkipsOrFailsOnAChangedFileAndNeverDeliversItsNewR
     SCOPED_TRACE(on_error == OnError::kFail ? "fail" : "skip");
     for (int f = 0; f < 3; ++f) {
       const std::string path = dir.Sub("src/part-" + std::to_string(f) + ".parquet");
-      ASSERT_TRUE(testing::WriteTokenFile(path, ShiftedDocs(docs, 100 * f), options).ok());
+      ASSERT_TRUE(
+          testing::WriteTokenFile(path, ShiftedDocs(docs, 100 * f), options).ok());
       BackdateFile(path);
     }
     Config c;
@@ -610,7 +611,8 @@ TEST(ChangedFileTest, TheLoaderSkipsOrFailsOnAChangedFileAndNeverDeliversItsNewR
     ASSERT_TRUE(loader.ok()) << loader.status().ToString();
     // The new ids are past every old one: a new row delivered would show.
     const std::string changed = dir.Sub("src/part-1.parquet");
-    ASSERT_TRUE(testing::WriteTokenFile(changed, ShiftedDocs(docs, 100000), options).ok());
+    ASSERT_TRUE(
+        testing::WriteTokenFile(changed, ShiftedDocs(docs, 100000), options).ok());
     ::testing::internal::CaptureStderr();
     Status error;
     int64_t skipped = 0, delivered = 0;
@@ -637,9 +639,9 @@ TEST(ChangedFileTest, TheLoaderSkipsOrFailsOnAChangedFileAndNeverDeliversItsNewR
     const std::string log = ::testing::internal::GetCapturedStderr();
     if (on_error == OnError::kFail) {
       ASSERT_FALSE(error.ok());
-      EXPECT_THAT(error.message(),
-                  AllOf(HasSubstr(changed), HasSubstr("changed since the source opened it"),
-                        HasSubstr("set on_error: skip")));
+      EXPECT_THAT(error.message(), AllOf(HasSubstr(changed),
+                                         HasSubstr("changed since the source opened it"),
+                                         HasSubstr("set on_error: skip")));
     } else {
       ASSERT_TRUE(error.ok()) << error.ToString();
       EXPECT_EQ(delivered + skipped, 120);

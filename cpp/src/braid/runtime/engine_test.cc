@@ -4,6 +4,7 @@
 #include <arrow/io/file.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <parquet/arrow/writer.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,19 +18,17 @@
 #include <thread>
 #include <tuple>
 
-#include <parquet/arrow/writer.h>
-
+#include "braid/cli/job.h"
 #include "braid/construct/constructor.h"
 #include "braid/construct/views.h"
+#include "braid/io/source_files.h"
 #include "braid/plan/planner.h"
 #include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
-#include "braid/cli/job.h"
-#include "braid/transform/image.h"
-#include "braid/io/source_files.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/sentencepiece_fixture.h"
 #include "braid/testing/temp_dir.h"
+#include "braid/transform/image.h"
 
 namespace braid {
 namespace {
@@ -416,7 +415,8 @@ TEST_F(EngineTest, AnInterruptedNextLeavesTheStreamWhereItWas) {
     if (plan.step == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
   };
   options.interrupt = [&] {
-    return asked.fetch_add(1) == 0 ? Status::Cancelled("test: interrupted") : Status::OK();
+    return asked.fetch_add(1) == 0 ? Status::Cancelled("test: interrupted")
+                                   : Status::OK();
   };
   auto engine = MakeEngine(*config_, options);
   ASSERT_NE(engine, nullptr);

@@ -444,11 +444,11 @@ Result<std::shared_ptr<const DeliveredView>> ConstructorService::Impl::View(
   for (int64_t ahead = 1; ahead <= options_.steps_in_flight; ++ahead) {
     EnsureBuild(key.step + ahead, key.bucket);
   }
-  ARROW_ASSIGN_OR_RAISE(
-      std::shared_ptr<const BucketBuild> built,
-      WaitFor(build,
-              "step " + std::to_string(key.step) + " bucket " + std::to_string(key.bucket),
-              /*interruptible=*/true));
+  ARROW_ASSIGN_OR_RAISE(std::shared_ptr<const BucketBuild> built,
+                        WaitFor(build,
+                                "step " + std::to_string(key.step) + " bucket " +
+                                    std::to_string(key.bucket),
+                                /*interruptible=*/true));
   if (key.micro_batch < 0 || key.micro_batch >= int64_t(built->batches.size())) {
     return ConfigError("micro_batch", std::to_string(key.micro_batch) + " is outside the " +
                                           std::to_string(built->batches.size()) +
