@@ -157,9 +157,9 @@ class NodeChannel:
                 f"runtime: job {self.job.name}'s constructor for this rank runs on another "
                 f"host or network namespace ({answer['host']}, this process "
                 f"{node_delivery.host_identity()}): the Ray driver that attached it joined "
-                "another node's raylet (do two nodes share /tmp/ray?); start the trainer "
-                "on the node whose raylet `ray start` ran there, or use "
-                "runtime.delivery: object_store")
+                "another node's raylet (do two nodes share /tmp/ray?); run each trainer "
+                "in the host, container or network namespace of its node's raylet, or "
+                "use runtime.delivery: object_store")
         self._name = answer["socket"]
         self._unanswered: Deque[Key] = collections.deque()
         self._sock = self._connect()
