@@ -501,6 +501,20 @@ Docs ShiftedDocs(const Docs& docs, int32_t by) {
   return out;
 }
 
+// `count` documents of 20 tokens or so (at most 60), seeded.
+Docs ShortDocs(int64_t count, uint64_t seed) {
+  testing::LengthSpec spec;
+  spec.median_tokens = 20;
+  spec.max_tokens = 60;
+  return testing::RandomDocs(count, spec, seed);
+}
+
+testing::TokenFileOptions TenRowGroups() {
+  testing::TokenFileOptions options;
+  options.row_group_rows = 10;
+  return options;
+}
+
 int32_t FirstToken(const arrow::Array& tokens) {
   const auto& list = static_cast<const arrow::ListArray&>(tokens);
   return static_cast<const arrow::Int32Array&>(*list.values())
@@ -509,12 +523,8 @@ int32_t FirstToken(const arrow::Array& tokens) {
 
 TEST(ChangedFileTest, AFileRewrittenInPlaceIsNeverReadAgainByAnyRead) {
   testing::ScopedTempDir dir("braid-changed");
-  testing::LengthSpec spec;
-  spec.median_tokens = 20;
-  spec.max_tokens = 60;
-  const Docs docs = testing::RandomDocs(60, spec, 5);
-  testing::TokenFileOptions options;
-  options.row_group_rows = 10;
+  const Docs docs = ShortDocs(60, 5);
+  const testing::TokenFileOptions options = TenRowGroups();
   for (const std::string read : {"columns", "lengths", "block"}) {
     SCOPED_TRACE(read);
     const std::string path = dir.Sub(read + ".parquet");
@@ -554,13 +564,9 @@ TEST(ChangedFileTest, AFileRewrittenInPlaceIsNeverReadAgainByAnyRead) {
 
 TEST(ChangedFileTest, ADeletedFileReadsThroughItsOpenReaderThenNamesItsPath) {
   testing::ScopedTempDir dir("braid-deleted");
-  testing::LengthSpec spec;
-  spec.median_tokens = 20;
-  spec.max_tokens = 60;
-  const Docs a = testing::RandomDocs(30, spec, 6);
+  const Docs a = ShortDocs(30, 6);
   const Docs b = ShiftedDocs(a, 1000);
-  testing::TokenFileOptions options;
-  options.row_group_rows = 10;
+  const testing::TokenFileOptions options = TenRowGroups();
   ASSERT_TRUE(testing::WriteTokenFile(dir.Sub("src/a.parquet"), a, options).ok());
   ASSERT_TRUE(testing::WriteTokenFile(dir.Sub("src/b.parquet"), b, options).ok());
   auto files = OpenFiles(TokenSource(dir.Sub("src/*.parquet")));
@@ -583,12 +589,8 @@ TEST(ChangedFileTest, ADeletedFileReadsThroughItsOpenReaderThenNamesItsPath) {
 
 TEST(ChangedFileTest, TheLoaderSkipsOrFailsOnAChangedFileAndNeverDeliversItsNewRows) {
   testing::ScopedTempDir dir("braid-changed-loader");
-  testing::LengthSpec spec;
-  spec.median_tokens = 20;
-  spec.max_tokens = 60;
-  const Docs docs = testing::RandomDocs(40, spec, 7);
-  testing::TokenFileOptions options;
-  options.row_group_rows = 10;
+  const Docs docs = ShortDocs(40, 7);
+  const testing::TokenFileOptions options = TenRowGroups();
   for (OnError on_error : {OnError::kFail, OnError::kSkip}) {
     SCOPED_TRACE(on_error == OnError::kFail ? "fail" : "skip");
     for (int f = 0; f < 3; ++f) {
