@@ -249,7 +249,6 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
     File file;
     file.path = path;
     const size_t index = out->files_.size();
-
     // The footer and schema; a failure here makes the file unreadable. Storage failures
     // are retried (io/retry_internal.h). A footer is read from the cached copy when
     // there is one, else remotely: copies are made when rows are read, so opening does

@@ -213,7 +213,7 @@ class SourceFiles {
       const std::string& remote, size_t index, bool download,
       std::shared_ptr<std::atomic<bool>> io_failed = nullptr,
       const parquet::ReaderProperties* props = nullptr);
-  // ReadBlock of a Parquet file, unchecked.
+  // One try of ReadBlock on a Parquet file.
   Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> ReadParquetBlock(
       int file, int row_group, int64_t block_rows, int64_t block);
   // One try of ReadColumns.

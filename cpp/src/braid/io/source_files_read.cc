@@ -95,20 +95,11 @@ Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::Rea
   const int64_t rg_rows = f.row_group_rows[size_t(row_group)];
   const int64_t first = block * block_rows;
   const int64_t end = std::min(rg_rows, first + block_rows);
-  if (format_reader_) {
-    return Retried<std::vector<Chunk>>(file, row_group, [&] {
-      return format_reader_->ReadRows(file, row_group, first, end - first);
-    });
-  }
-  const std::string where = DataLocation(f.path, row_group, -1);
-  if (!lost_[size_t(file)].ok()) {
-    return StorageError(where, "not read: the file was lost earlier (" +
-                                   lost_[size_t(file)].message() + ")");
-  }
-  auto out = ReadParquetBlock(file, row_group, block_rows, block);
-  // As in Retried (source_files_internal.h).
-  if (out.ok() || !out.status().IsIOError()) ARROW_RETURN_NOT_OK(CheckUnchanged(file));
-  return out;
+  // Retried and checked against the file's stamp as every read (source_files.h).
+  return Retried<std::vector<Chunk>>(file, row_group, [&]() -> Result<std::vector<Chunk>> {
+    if (format_reader_) return format_reader_->ReadRows(file, row_group, first, end - first);
+    return ReadParquetBlock(file, row_group, block_rows, block);
+  });
 }
 
 Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>>
