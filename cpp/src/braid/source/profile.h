@@ -15,6 +15,9 @@
 // Fetch) and the images a constructor decodes from fetched pieces (wire.h AttachPieces)
 // run outside the source loaders.
 //
+// A read step is counted before its samples are queued: a consumer never holds a sample
+// its profile does not count yet.
+//
 // SourceProfile is a value. ProfileCounters is thread-safe (relaxed atomics: each figure
 // is exact, a snapshot taken while loading runs may mix two moments).
 #pragma once

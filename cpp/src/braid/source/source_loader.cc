@@ -270,12 +270,12 @@ void SourceLoader::ReadTask(uint64_t ticket) {
     }
     running_ = true;
   }
-  const int64_t start_ns = internal::ThreadCpuNs();
+  step_start_ns_ = internal::ThreadCpuNs();
   helper_cpu_ns_ = 0;
   step_rows_ = step_samples_ = step_tokens_ = 0;
+  step_counted_ = false;
   const Status st = ReadStep();
-  profile_.AddReadStep(internal::ThreadCpuNs() - start_ns + helper_cpu_ns_, step_rows_,
-                       step_samples_, step_tokens_);
+  CountStep();
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -294,6 +294,13 @@ void SourceLoader::ReadTask(uint64_t ticket) {
     }
   }
   if (wake) cv_.notify_all();
+}
+
+void SourceLoader::CountStep() {
+  if (step_counted_) return;
+  step_counted_ = true;
+  profile_.AddReadStep(internal::ThreadCpuNs() - step_start_ns_ + helper_cpu_ns_,
+                       step_rows_, step_samples_, step_tokens_);
 }
 
 Result<Sample> SourceLoader::Next() {
@@ -834,6 +841,7 @@ Status SourceLoader::ReadStep() {
     samples.push_back(std::move(s));
   }
   step_rows_ += static_cast<int64_t>(samples.size());
+  CountStep();
   if (!PushBatch(&samples, charges)) return Status::Cancelled("stopping");
   ARROW_RETURN_NOT_OK(error);
   loaded_pos_.offset = end;

@@ -259,6 +259,10 @@ class SourceLoader : public SampleStream {
   void SubmitFinish(Deferred d, const PayloadRef& ref, bool urgent);
   // Finishes a deferred payload and completes `ref` (runs on the pool).
   void FinishPayload(const Deferred& d, const PayloadRef& ref);
+  // Adds the running read step's figures to profile_, once: before its samples are
+  // queued (a consumer never sees a sample the profile does not count yet), or when the
+  // step ends without queuing any.
+  void CountStep();
 
   const SourceConfig source_;
   const uint64_t seed_;
@@ -272,8 +276,10 @@ class SourceLoader : public SampleStream {
   std::atomic<int64_t> blanked_{0};
   ProfileCounters profile_;
   // The running read step's figures for profile_ (read steps run one at a time).
+  int64_t step_start_ns_ = 0;  // its thread's CPU clock when it began
   int64_t helper_cpu_ns_ = 0;  // its transform loops' helper threads
   int64_t step_rows_ = 0, step_samples_ = 0, step_tokens_ = 0;
+  bool step_counted_ = false;  // CountStep() ran for it
   std::shared_ptr<internal::LogEveryN> skip_log_;
   int64_t total_rows_ = 0;
   std::atomic<bool> stop_requested_{false};  // Stop() was called; workers cut short

@@ -312,6 +312,26 @@ TEST_F(SourceLoaderTest, TinyReadAheadStillDeliversTheSameStream) {
   }
 }
 
+// The profile counts a read step before its samples reach the queue: a consumer (the
+// planner, a run's summary) never holds a sample the profile has not counted yet.
+TEST_F(SourceLoaderTest, EverySampleTakenIsAlreadyInTheProfile) {
+  const Config config = OneSourceConfig(src());
+  SourceLoader::Options tiny;
+  tiny.read_ahead_bytes = 1;  // a read step per sample or two: many steps to race
+  auto loader = MakeLoader(config, {}, tiny);
+  ASSERT_NE(loader, nullptr);
+  int64_t tokens = 0;
+  for (int64_t taken = 1; taken <= 2 * total_rows(); ++taken) {
+    auto s = loader->Next();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    tokens += s->meta.tokens;
+    const SourceProfile p = loader->profile();
+    ASSERT_GE(p.samples, taken);
+    ASSERT_GE(p.rows_read, taken);
+    ASSERT_GE(p.tokens, tokens);
+  }
+}
+
 TEST_F(SourceLoaderTest, DestroyWhileTheReaderIsBlockedOnAFullQueue) {
   const Config config = OneSourceConfig(src());
   SourceLoader::Options tiny;
