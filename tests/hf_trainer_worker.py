@@ -98,6 +98,13 @@ def main() -> None:
         json.dump({"rank": loader.rank, "records": trainer.records,
                    "pending": len(batches._pending),
                    "callback_args": {"ignore_data_skip": args.ignore_data_skip}}, f)
+    # The Trainer leaves the gloo process group up, and torch tears it down badly: left to
+    # the interpreter's exit it aborts now and then ("terminate called without an active
+    # exception"); destroyed while a gloo thread still retires the last collective (whose
+    # tensors need the GIL) it deadlocks. A barrier first leaves the gloo threads idle.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
