@@ -61,7 +61,6 @@ from harness.run import run_processes
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-
 def _sibling(name: str):
     """benchmarks/NAME.py as module NAME (once per process)."""
     if name not in sys.modules:
@@ -70,15 +69,6 @@ def _sibling(name: str):
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
-
-# ----------------------------------------------------------------------------------------
-# /proc
-
-
-
-# ----------------------------------------------------------------------------------------
-# Modes
-
 
 
 # ----------------------------------------------------------------------------------------

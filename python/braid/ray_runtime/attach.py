@@ -3,13 +3,16 @@ trainer rank to its job for ``runtime.delivery: node``.
 
 Reads a pickled ``{"config", "state", "client", "timeout_s"}`` from stdin, joins Ray,
 creates or finds the job's actors, attaches the client and prints one line,
-``BRAID-ATTACH {"job", "namespace", "socket", "host"}`` (or ``{"error", "message"}``), then exits:
-the trainer itself never runs a Ray driver.
+``BRAID-ATTACH {"job", "namespace", "socket", "host"}`` (or ``{"error", "message"}``), then exits
+at once, skipping the Ray driver's shut-down (the job's actors are detached: they outlive
+it), so that the helper neither holds its ~80 MB nor delays the trainer while the job's
+host builds its first steps. The trainer itself never runs a Ray driver.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 
@@ -34,4 +37,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)
