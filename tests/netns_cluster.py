@@ -111,8 +111,12 @@ class NamespaceCluster:
     def _wait_for_nodes(self, want: Optional[int] = None) -> None:
         want = self.nodes if want is None else want
         deadline = time.monotonic() + 90
-        probe = ("import ray; ray.init(address='auto', log_to_driver=False); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))")
+        # The head's address, not 'auto': until `ray start` has written the node's
+        # /tmp/ray/ray_current_cluster, 'auto' takes any GCS process it sees, and the
+        # process table is the machine's (another Ray instance running outside the
+        # cluster would be joined instead).
+        probe = (f"import ray; ray.init(address='{self.address(0)}:{PORT}', "
+                 "log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))")
         while True:
             out = self.run(0, [sys.executable, "-c", probe], timeout=60, check=False)
             if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(want)]:
