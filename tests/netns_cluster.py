@@ -11,6 +11,7 @@ and namespaces; `NamespaceCluster.available()` says why not, for a clear skip.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 SUBNET = "10.77.0"
 PORT = 6390
@@ -31,9 +32,11 @@ def _run(*args: str) -> None:
 class NamespaceCluster:
     """`nodes` Ray nodes; node 0 is the head. Use as a context manager."""
 
-    def __init__(self, nodes: int, cpus: int = 2, env: Optional[dict] = None) -> None:
+    def __init__(self, nodes: int, cpus: int = 2, env: Optional[dict] = None,
+                 resources: Optional[Dict[int, Dict[str, float]]] = None) -> None:
         self.nodes = nodes
         self.cpus = cpus
+        self.resources = resources or {}  # node -> its custom Ray resources
         self.tag = uuid.uuid4().hex[:6]
         self.switch = f"braid-sw-{self.tag}"
         self.netns = [f"braid-n{i}-{self.tag}" for i in range(nodes)]
@@ -96,6 +99,8 @@ class NamespaceCluster:
             args += ["--head", f"--port={PORT}", "--include-dashboard=false"]
         else:
             args += [f"--address={self.address(0)}:{PORT}"]
+        if node in self.resources:
+            args += ["--resources=" + json.dumps(self.resources[node])]
         # The node's own /tmp/ray: a tmpfs in a mount namespace of its own.
         script = "mkdir -p /tmp/ray && mount -t tmpfs braid-ray /tmp/ray && exec \"$@\""
         log = Path(f"/tmp/braid-netns-{self.tag}-{node}.log")
@@ -144,6 +149,10 @@ class NamespaceCluster:
         if check and out.returncode != 0:
             raise RuntimeError(f"{args} on node {node}: {out.stderr[-2000:]}")
         return out
+
+    def node_of(self, ip: str) -> int:
+        """The node whose address is `ip`."""
+        return [self.address(n) for n in range(self.nodes)].index(ip)
 
     def pids(self, node: int) -> List[int]:
         """Every process of node `node` (its network namespace's)."""

@@ -1,9 +1,10 @@
 """The Ray runtime on nodes as separate as hosts (tests/netns_cluster.py: each node its own
 network and mount namespace, its own /tmp/ray, `ray start` in it), with trainer ranks
 started inside their node as a launcher would: every rank receives the embedded runtime's
-tensors, TP peers on a node share one build, a node killed mid-run (every one of its
-processes) loses and repeats nothing on the nodes left, and a trainer whose Ray driver
-joins another node's raylet is told so at once.
+tensors (two and three nodes), TP peers on a node share one build, a node killed mid-run
+(every one of its processes) loses and repeats nothing on the nodes left, also when the
+planner's node is lost three times in a row, and a trainer whose Ray driver joins another
+node's raylet is told so at once.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def nodes():
     why = NamespaceCluster.available()
     if why:
         pytest.skip(f"no namespace cluster here: {why}")
-    with NamespaceCluster(2) as cluster:
+    # Nodes 1 and 2 offer the `loaders` resource that runtime.actor_resources can ask
+    # for (the rolling node loss below); node 0 is the head, where trainers run.
+    with NamespaceCluster(3, resources={1: {"loaders": 1}, 2: {"loaders": 1}}) as cluster:
         yield cluster
 
 
@@ -169,6 +172,86 @@ def test_every_rank_on_separate_nodes_gets_the_embedded_tensors(nodes, small_dat
     for rank in range(4):
         got = [line["digest"] for line in trainers.lines[rank]]
         assert got == [digest(b) for b in want[rank]], rank
+
+
+def test_three_nodes_of_two_trainers_get_the_embedded_tensors(nodes, small_dataset,
+                                                             tmp_path):
+    """dp=3 x tp=2 over three nodes, one DP group (two TP peers) on each."""
+    config = tp_config(small_dataset)
+    config["topology"]["dp"] = 3
+    config["batch"]["global_tokens"] = 3 * 2 * 32
+    n = 8
+    want = take_batches([braid.Loader(config, r, 6) for r in range(6)], n)
+    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-three"))
+    try:
+        for rank in range(6):
+            trainers.start(rank // 2, rank, 6, n)
+        trainers.finish(range(6))
+    finally:
+        trainers.stop_all()
+    for rank in range(6):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+
+
+PLANNER_NODE = textwrap.dedent("""
+    import sys, ray
+    address, namespace, job = sys.argv[1:4]
+    ray.init(address=address, namespace=namespace, log_to_driver=False)
+    node = ray.get(ray.get_actor(job + ".planner").node.remote(), timeout=60)
+    print("PLANNER-AT", next(n["NodeManagerAddress"] for n in ray.nodes()
+                             if n["NodeID"] == node))
+""")
+
+
+def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
+        nodes, small_dataset, tmp_path):
+    """Two trainer ranks on node 0; the planner and the sources on the nodes that offer
+    `loaders` (runtime.actor_resources), 1 and 2. Three times the node that hosts the
+    planner is killed (every process in it) and started again: the planner comes back
+    on a node that offers `loaders`, and the ranks finish with the embedded runtime's
+    tensors. The longest wait of a rank after each kill is printed."""
+    config = copy.deepcopy(small_dataset["config"])
+    n = 600
+    want = take_batches([braid.Loader(config, r, 2) for r in (0, 1)], n)
+    job = ray_job(config, "netns-rolling", actor_resources={"loaders": 0.01})
+    trainers = Trainers(nodes, tmp_path, job)
+    (tmp_path / "where.py").write_text(PLANNER_NODE)
+    kills: List[tuple] = []  # (node, processes, time of the kill)
+    try:
+        for rank in (0, 1):
+            trainers.start(0, rank, 2, n, step_s=0.02)
+        for _ in range(3):
+            seen = min(len(trainers.lines[r]) for r in (0, 1))
+            for rank in (0, 1):
+                trainers.wait_for(rank, seen + 5)
+            out = nodes.run(0, [sys.executable, str(tmp_path / "where.py"),
+                                f"{nodes.address(0)}:6390", NAMESPACE, "netns-rolling"])
+            ip = next(line.split()[1] for line in out.stdout.splitlines()
+                      if line.startswith("PLANNER-AT "))
+            victim = nodes.node_of(ip)
+            assert victim in (1, 2), f"the planner runs on node {victim}"
+            kills.append((victim, nodes.kill_node(victim), time.monotonic()))
+            nodes.restart_node(victim)
+        trainers.finish([0, 1], timeout=240)
+    finally:
+        trainers.stop_all()
+    for rank in (0, 1):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+    waits = []  # per kill, the longest gap between micro-batches until the next kill
+    ends = [k[2] for k in kills[1:]] + [float("inf")]
+    for (_, _, t_kill), end in zip(kills, ends):
+        for r in (0, 1):
+            times = [t_kill] + [line["t"] for line in trainers.lines[r]
+                                if t_kill < line["t"] < end]
+            assert len(times) > 1, f"rank {r} had nothing between two kills"
+            waits.append(max(b - a for a, b in zip(times, times[1:])))
+    waits = [max(waits[i:i + 2]) for i in range(0, len(waits), 2)]
+    print("rolling node loss: " + "; ".join(
+        f"node {node} ({count} processes) killed, longest wait {wait:.1f} s"
+        for (node, count, _), wait in zip(kills, waits)))
+    assert max(waits) < 120
 
 
 def test_a_node_killed_mid_run_loses_and_repeats_nothing_on_the_others(nodes, small_dataset,
