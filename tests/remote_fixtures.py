@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from typing import Callable, Iterator, Optional, Tuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -257,3 +258,82 @@ def s3_server_running(log_path) -> Iterator[S3Server]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# --- Storage that changes or goes down under a run (docs/sources.md, "Files that change",
+# "Unreadable files"): the same checks on every remote store
+
+NEW_IDS = 1_000_000  # a rewritten object's ids start here; the originals' stay below
+
+
+def sized_parquet(seed: int, offset: int) -> bytes:
+    """1,500 rows of seeded lengths; the same seed gives the same size at any offset
+    (plain encoding, no compression)."""
+    rng = np.random.default_rng(seed)
+    docs = [(rng.integers(1, 30000, size=int(n)) + offset).astype(np.int32).tolist()
+            for n in rng.integers(20, 400, size=1500)]
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))}), buf,
+                   row_group_size=100, compression="none", use_dictionary=False)
+    return buf.getvalue()
+
+
+def streaming_config(path: str, storage: dict) -> dict:
+    """Reads a little ahead of the trainer (the objects are read while it trains)."""
+    return {
+        "seed": 5,
+        "topology": {"dp": 2},
+        "batch": {"global_tokens": 2 * 2 * 256, "seq_len": 256},
+        "runtime": {"memory_bytes": 1 << 20, "read_ahead_bytes": 1 << 18},
+        "sources": [{"name": "web", "path": path, "tokens_column": "input_ids",
+                     "shuffle_window": 100, "storage": storage}],
+    }
+
+
+def rewrite_under_a_run(config: dict, put: Callable[[str, bytes], None]) -> str:
+    """Puts part-0 and part-1 (`put(name, body)`), opens `config` over them, rewrites
+    part-1 with other ids and the same size after the first batch, and reads on: no
+    batch may carry a new id. Returns the DataError the run ends with."""
+    for f in range(2):
+        put(f"part-{f}.parquet", sized_parquet(f, 0))
+    loader = braid.Loader(config, rank=0, world_size=2)
+    it = iter(loader)
+    next(it)
+    time.sleep(1.1)  # stores keep modification times to the second
+    new = sized_parquet(1, NEW_IDS)
+    assert len(new) == len(sized_parquet(1, 0))
+    put("part-1.parquet", new)
+    error = None
+    try:
+        for _ in range(400):
+            assert int(next(it)["input_ids"].max()) < NEW_IDS, "a row of the new object"
+    except braid.DataError as e:
+        error = str(e)
+    finally:
+        loader.close()
+    assert error is not None, "the run read all of part-1 before the rewrite"
+    assert "changed since the source opened it" in error and "\n" not in error, error
+    return error
+
+
+def store_down_under_a_run(config: dict, put: Callable[[str, bytes], None],
+                           kill: Callable[[], None]) -> Tuple[str, float]:
+    """Puts part-0 and part-1, opens `config` over them, stops the store (`kill()`)
+    after the first batch and reads on: the run must end with one StorageError line that
+    says how many tries were made. Returns it and the seconds from the kill to it."""
+    for f in range(2):
+        put(f"part-{f}.parquet", sized_parquet(f, 0))
+    loader = braid.Loader(config, rank=0, world_size=2)
+    it = iter(loader)
+    next(it)
+    kill()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(braid.StorageError) as raised:
+            for _ in range(400):
+                next(it)
+    finally:
+        loader.close()
+    message = str(raised.value)
+    assert "\n" not in message and "tries)" in message, message
+    return message, time.monotonic() - t0

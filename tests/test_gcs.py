@@ -10,6 +10,7 @@ a fresh process that imports nothing but braid.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import subprocess
@@ -24,13 +25,15 @@ import torch
 
 import braid
 from remote_fixtures import (batches, config_for, free_port, fresh_cli, fresh_loader_digest,
-                             job_file, plan_lines, run_report, write_dataset)
+                             job_file, plan_lines, rewrite_under_a_run, run_report,
+                             store_down_under_a_run, streaming_config, write_dataset)
 
 BUCKET = "braid-gcs"
 
 
-@pytest.fixture(scope="module")
-def gcs_server():
+@contextlib.contextmanager
+def gcs_emulator():
+    """A GCS emulator on a free loopback port with the bucket made: {url, client, proc}."""
     exe = Path(sys.executable).with_name("gcp-storage-emulator")
     if not exe.exists():
         pytest.fail("gcp-storage-emulator is not installed (requirements-dev.txt)")
@@ -55,9 +58,17 @@ def gcs_server():
     client = pafs.GcsFileSystem(anonymous=True, endpoint_override=f"127.0.0.1:{port}",
                                 scheme="http", project_id="braid",
                                 retry_time_limit=datetime.timedelta(seconds=5))
-    yield {"url": url, "client": client}
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield {"url": url, "client": client, "proc": proc}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def gcs_server():
+    with gcs_emulator() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +127,34 @@ def test_cli_plan_and_run_in_a_fresh_process(gcs_server, gcs_dataset, tmp_path):
     report = run_report(remote, tmp_path / "gs-run")
     assert report == run_report(local, tmp_path / "local-run")
     assert report["tokens"] > 0
+
+
+# --- Storage that changes or goes down under a run (remote_fixtures.py)
+
+def gcs_streaming_config(url: str, prefix: str) -> dict:
+    return streaming_config(f"gs://{BUCKET}/{prefix}/*.parquet",
+                            {"endpoint": url, "anonymous": True})
+
+
+def put_into(server, prefix: str):
+    def put(name: str, body: bytes) -> None:
+        with server["client"].open_output_stream(f"{BUCKET}/{prefix}/{name}") as out:
+            out.write(body)
+    return put
+
+
+def test_an_object_rewritten_under_a_run_is_never_misread(gcs_server):
+    error = rewrite_under_a_run(gcs_streaming_config(gcs_server["url"], "changing"),
+                                put_into(gcs_server, "changing"))
+    assert f"{BUCKET}/changing/part-1.parquet" in error, error
+
+
+def test_a_store_that_stays_down_is_one_line_naming_the_object_within_a_minute():
+    """GCS's client would retry a request for 15 minutes; Braid gives it 5 s a try
+    (io/source_paths.cc), so 4 tries end within a minute (measured here: about 40 s)."""
+    with gcs_emulator() as server:
+        message, waited = store_down_under_a_run(
+            gcs_streaming_config(server["url"], "down"), put_into(server, "down"),
+            server["proc"].kill)
+    assert f"{BUCKET}/down/part-" in message, message
+    assert waited < 60, waited

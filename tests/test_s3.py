@@ -8,19 +8,14 @@ inspect, braid.Loader) is also run in a fresh process that imports nothing but b
 
 from __future__ import annotations
 
-import io
-import time
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 import braid
 from remote_fixtures import (S3_BUCKET, batches, config_for, fresh_cli, fresh_env,
                              fresh_loader_digest, inspect_summary, job_file, parquet_bytes,
-                             plan_lines, run_report, s3_server_running, write_dataset)
+                             plan_lines, rewrite_under_a_run, run_report, s3_server_running,
+                             store_down_under_a_run, streaming_config, write_dataset)
 
 BUCKET = S3_BUCKET
 
@@ -230,79 +225,28 @@ def test_length_cache_plans_an_s3_text_source_without_reading_its_rows(s3_server
     assert warm_gets <= 2, warm_gets  # the footer only
 
 
-# --- Storage that changes or goes down under a run (docs/sources.md, "Files that change")
+# --- Storage that changes or goes down under a run (remote_fixtures.py)
 
-NEW_IDS = 1_000_000  # a rewritten object's ids start here; the originals' stay below
-
-
-def sized_parquet(seed: int, offset: int) -> bytes:
-    """1,500 rows of seeded lengths; the same seed gives the same size at any offset
-    (plain encoding, no compression)."""
-    rng = np.random.default_rng(seed)
-    docs = [(rng.integers(1, 30000, size=int(n)) + offset).astype(np.int32).tolist()
-            for n in rng.integers(20, 400, size=1500)]
-    buf = io.BytesIO()
-    pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))}), buf,
-                   row_group_size=100, compression="none", use_dictionary=False)
-    return buf.getvalue()
-
-
-def streaming_config(url: str, prefix: str) -> dict:
-    """Reads a little ahead of the trainer (the objects are read while it trains)."""
-    return {
-        "seed": 5,
-        "topology": {"dp": 2},
-        "batch": {"global_tokens": 2 * 2 * 256, "seq_len": 256},
-        "runtime": {"memory_bytes": 1 << 20, "read_ahead_bytes": 1 << 18},
-        "sources": [{"name": "web", "path": f"s3://{BUCKET}/{prefix}/*.parquet",
-                     "tokens_column": "input_ids", "shuffle_window": 100,
-                     "storage": {"endpoint": url, "region": "us-east-1"}}],
-    }
+def s3_streaming_config(url: str, prefix: str) -> dict:
+    return streaming_config(f"s3://{BUCKET}/{prefix}/*.parquet",
+                            {"endpoint": url, "region": "us-east-1"})
 
 
 def test_an_object_rewritten_under_a_run_is_never_misread(s3_server):
-    client = s3_server["client"]
-    for f in range(2):
-        client.put_object(Bucket=BUCKET, Key=f"changing/part-{f}.parquet",
-                          Body=sized_parquet(f, 0))
-    loader = braid.Loader(streaming_config(s3_server["url"], "changing"), rank=0,
-                          world_size=2)
-    it = iter(loader)
-    next(it)
-    time.sleep(1.1)  # S3's modification times have a resolution of a second
-    new = sized_parquet(1, NEW_IDS)
-    assert len(new) == len(sized_parquet(1, 0))
-    client.put_object(Bucket=BUCKET, Key="changing/part-1.parquet", Body=new)
-    error = None
-    try:
-        for _ in range(400):
-            assert int(next(it)["input_ids"].max()) < NEW_IDS, "a row of the new object"
-    except braid.DataError as e:
-        error = str(e)
-    finally:
-        loader.close()
-    assert error is not None, "the run read all of part-1 before the rewrite"
-    assert f"{BUCKET}/changing/part-1.parquet" in error and "\n" not in error, error
-    assert "changed since the source opened it" in error, error
+    def put(name: str, body: bytes) -> None:
+        s3_server["client"].put_object(Bucket=BUCKET, Key=f"changing/{name}", Body=body)
+
+    error = rewrite_under_a_run(s3_streaming_config(s3_server["url"], "changing"), put)
+    assert f"{BUCKET}/changing/part-1.parquet" in error, error
 
 
 def test_a_store_that_stays_down_is_one_line_naming_the_object_within_seconds(tmp_path):
     with s3_server_running(tmp_path / "requests.jsonl") as server:
-        for f in range(2):
-            server.client.put_object(Bucket=BUCKET, Key=f"down/part-{f}.parquet",
-                                     Body=sized_parquet(f, 0))
-        loader = braid.Loader(streaming_config(server.url, "down"), rank=0, world_size=2)
-        it = iter(loader)
-        next(it)
-        server.kill()
-        t0 = time.monotonic()
-        with pytest.raises(braid.StorageError) as raised:
-            for _ in range(400):
-                next(it)
-        waited = time.monotonic() - t0
-        loader.close()
-    message = str(raised.value)
-    assert f"{BUCKET}/down/part-" in message and "\n" not in message, message
-    assert "tries)" in message, message
+        def put(name: str, body: bytes) -> None:
+            server.client.put_object(Bucket=BUCKET, Key=f"down/{name}", Body=body)
+
+        message, waited = store_down_under_a_run(s3_streaming_config(server.url, "down"),
+                                                 put, server.kill)
+    assert f"{BUCKET}/down/part-" in message, message
     # docs/sources.md "Unreadable files": within a minute (measured here: about 25 s).
     assert waited < 60, waited

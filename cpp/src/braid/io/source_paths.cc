@@ -48,6 +48,13 @@ Result<std::shared_ptr<arrow::fs::FileSystem>> S3FileSystemFor(const std::string
   return fs;
 }
 
+// How long the GCS client retries one request that fails transiently, unless the URI
+// sets `retry_limit_seconds`. Its own default is 15 minutes, so a store that stays down
+// would hold each of Braid's 4 tries of a read (io/retry_internal.h) that long; with
+// this, such a read fails within a minute, as on S3 (docs/sources.md, "Unreadable
+// files").
+constexpr double kGcsRetryLimitSeconds = 5;
+
 // The filesystem of `uri` (or a local path) and the path inside it. With `anonymous`, a
 // gs:// URI's filesystem uses no credentials (public buckets, emulators); Arrow's URI
 // form has no parameter for that. (The config parser refuses anonymous S3,
@@ -56,9 +63,10 @@ Result<std::shared_ptr<arrow::fs::FileSystem>> FileSystemFor(const std::string& 
                                                              bool anonymous,
                                                              std::string* internal) {
   if (uri.rfind("s3://", 0) == 0) return S3FileSystemFor(uri, internal);
-  if (anonymous && uri.rfind("gs://", 0) == 0) {
+  if (uri.rfind("gs://", 0) == 0) {
     ARROW_ASSIGN_OR_RAISE(auto options, arrow::fs::GcsOptions::FromUri(uri, internal));
-    options.credentials = arrow::fs::GcsOptions::Anonymous().credentials;
+    if (anonymous) options.credentials = arrow::fs::GcsOptions::Anonymous().credentials;
+    if (!options.retry_limit_seconds) options.retry_limit_seconds = kGcsRetryLimitSeconds;
     return arrow::fs::GcsFileSystem::Make(options);
   }
   return arrow::fs::FileSystemFromUriOrPath(uri, internal);
