@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import pytest
 import ray
@@ -45,10 +45,12 @@ def tp_config(small_dataset) -> dict:
     return config
 
 
-def node_sockets() -> List[str]:
-    """Braid's abstract Unix socket names open on this machine (node delivery)."""
+def node_sockets(besides: Sequence[str] = ()) -> List[str]:
+    """Braid's abstract Unix socket names open on this machine (node delivery), but those
+    in `besides` (what other Braid jobs on the machine had open before a test)."""
     with open("/proc/net/unix") as f:
-        return [line.split()[-1] for line in f if line.split()[-1].startswith("@braid-")]
+        return [name for name in (line.split()[-1] for line in f)
+                if name.startswith("@braid-") and name not in besides]
 
 
 @pytest.mark.parametrize("delivery", ["node", "object_store"])
@@ -56,6 +58,7 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
         ray_cluster, small_dataset, delivery):
     config = tp_config(small_dataset)
     world = 4
+    before = set(node_sockets())
     embedded = take_batches([braid.Loader(config, r, world) for r in range(world)], 12)
     loaders = [braid.Loader(ray_config(config, delivery=delivery), r, world)
                for r in range(world)]
@@ -80,9 +83,9 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
         l.close()
     assert jobs.actor_names(job.name, job.namespace) == []
     deadline = time.monotonic() + 30  # the killed constructor's socket goes with it
-    while node_sockets() and time.monotonic() < deadline:
+    while node_sockets(before) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert node_sockets() == []
+    assert node_sockets(before) == []
 
 
 def test_pipeline_stages_and_context_ranks_map_the_embedded_tensors(ray_cluster,
