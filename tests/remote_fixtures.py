@@ -290,30 +290,45 @@ def streaming_config(path: str, storage: dict) -> dict:
     }
 
 
-def rewrite_under_a_run(config: dict, put: Callable[[str, bytes], None]) -> str:
-    """Puts part-0 and part-1 (`put(name, body)`), opens `config` over them, rewrites
-    part-1 with other ids and the same size after the first batch, and reads on: no
-    batch may carry a new id. Returns the DataError the run ends with."""
+def change_under_a_run(config: dict, put: Callable[[str, bytes], None],
+                       change: Callable[[], None]) -> Exception:
+    """Puts part-0 and part-1 (`put(name, body)`), opens `config` over them, calls
+    `change()` after the first batch (it rewrites or deletes part-1) and reads on: no
+    batch may carry an id of a rewritten object. Returns the one-line error (DataError or
+    StorageError) the run ends with."""
     for f in range(2):
         put(f"part-{f}.parquet", sized_parquet(f, 0))
     loader = braid.Loader(config, rank=0, world_size=2)
     it = iter(loader)
     next(it)
-    time.sleep(1.1)  # stores keep modification times to the second
-    new = sized_parquet(1, NEW_IDS)
-    assert len(new) == len(sized_parquet(1, 0))
-    put("part-1.parquet", new)
+    change()
     error = None
     try:
         for _ in range(400):
             assert int(next(it)["input_ids"].max()) < NEW_IDS, "a row of the new object"
-    except braid.DataError as e:
-        error = str(e)
+    except (braid.DataError, braid.StorageError) as e:
+        error = e
     finally:
         loader.close()
-    assert error is not None, "the run read all of part-1 before the rewrite"
-    assert "changed since the source opened it" in error and "\n" not in error, error
+    assert error is not None, "the run read all of part-1 before the change"
+    assert "\n" not in str(error), error
     return error
+
+
+def rewrite_part_1(put: Callable[[str, bytes], None]) -> None:
+    """Rewrites part-1 with other ids and the same size."""
+    time.sleep(1.1)  # stores keep modification times to the second
+    new = sized_parquet(1, NEW_IDS)
+    assert len(new) == len(sized_parquet(1, 0))
+    put("part-1.parquet", new)
+
+
+def rewrite_under_a_run(config: dict, put: Callable[[str, bytes], None]) -> str:
+    """change_under_a_run with part-1 rewritten: the error says it changed."""
+    error = change_under_a_run(config, put, lambda: rewrite_part_1(put))
+    assert isinstance(error, braid.DataError), error
+    assert "changed since the source opened it" in str(error), error
+    return str(error)
 
 
 def store_down_under_a_run(config: dict, put: Callable[[str, bytes], None],

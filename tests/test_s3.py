@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import braid
-from remote_fixtures import (S3_BUCKET, batches, config_for, fresh_cli, fresh_env,
-                             fresh_loader_digest, inspect_summary, job_file, parquet_bytes,
-                             plan_lines, rewrite_under_a_run, run_report, s3_server_running,
-                             store_down_under_a_run, streaming_config, write_dataset)
+from remote_fixtures import (S3_BUCKET, batches, change_under_a_run, config_for, fresh_cli,
+                             fresh_env, fresh_loader_digest, inspect_summary, job_file,
+                             parquet_bytes, plan_lines, rewrite_under_a_run, run_report,
+                             s3_server_running, store_down_under_a_run, streaming_config,
+                             write_dataset)
 
 BUCKET = S3_BUCKET
 
@@ -238,6 +239,21 @@ def test_an_object_rewritten_under_a_run_is_never_misread(s3_server):
 
     error = rewrite_under_a_run(s3_streaming_config(s3_server["url"], "changing"), put)
     assert f"{BUCKET}/changing/part-1.parquet" in error, error
+
+
+def test_an_object_deleted_under_a_run_is_one_line_naming_it(s3_server):
+    client = s3_server["client"]
+
+    def put(name: str, body: bytes) -> None:
+        client.put_object(Bucket=BUCKET, Key=f"deleting/{name}", Body=body)
+
+    error = change_under_a_run(
+        s3_streaming_config(s3_server["url"], "deleting"), put,
+        lambda: client.delete_object(Bucket=BUCKET, Key="deleting/part-1.parquet"))
+    # Read by range requests with no descriptor to hold it: the next read finds it gone.
+    assert isinstance(error, braid.StorageError), error
+    assert f"{BUCKET}/deleting/part-1.parquet" in str(error), error
+    assert "does not exist" in str(error) and "tries)" in str(error), error
 
 
 def test_a_store_that_stays_down_is_one_line_naming_the_object_within_seconds(tmp_path):
