@@ -174,26 +174,6 @@ def test_every_rank_on_separate_nodes_gets_the_embedded_tensors(nodes, small_dat
         assert got == [digest(b) for b in want[rank]], rank
 
 
-def test_three_nodes_of_two_trainers_get_the_embedded_tensors(nodes, small_dataset,
-                                                             tmp_path):
-    """dp=3 x tp=2 over three nodes, one DP group (two TP peers) on each."""
-    config = tp_config(small_dataset)
-    config["topology"]["dp"] = 3
-    config["batch"]["global_tokens"] = 3 * 2 * 32
-    n = 8
-    want = take_batches([braid.Loader(config, r, 6) for r in range(6)], n)
-    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-three"))
-    try:
-        for rank in range(6):
-            trainers.start(rank // 2, rank, 6, n)
-        trainers.finish(range(6))
-    finally:
-        trainers.stop_all()
-    for rank in range(6):
-        got = [line["digest"] for line in trainers.lines[rank]]
-        assert got == [digest(b) for b in want[rank]], rank
-
-
 PLANNER_NODE = textwrap.dedent("""
     import sys, ray
     address, namespace, job = sys.argv[1:4]
@@ -204,54 +184,13 @@ PLANNER_NODE = textwrap.dedent("""
 """)
 
 
-def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
-        nodes, small_dataset, tmp_path):
-    """Two trainer ranks on node 0; the planner and the sources on the nodes that offer
-    `loaders` (runtime.actor_resources), 1 and 2. Three times the node that hosts the
-    planner is killed (every process in it) and started again: the planner comes back
-    on a node that offers `loaders`, and the ranks finish with the embedded runtime's
-    tensors. The longest wait of a rank after each kill is printed."""
-    config = copy.deepcopy(small_dataset["config"])
-    n = 600
-    want = take_batches([braid.Loader(config, r, 2) for r in (0, 1)], n)
-    job = ray_job(config, "netns-rolling", actor_resources={"loaders": 0.01})
-    trainers = Trainers(nodes, tmp_path, job)
-    (tmp_path / "where.py").write_text(PLANNER_NODE)
-    kills: List[tuple] = []  # (node, processes, time of the kill)
-    try:
-        for rank in (0, 1):
-            trainers.start(0, rank, 2, n, step_s=0.02)
-        for _ in range(3):
-            seen = min(len(trainers.lines[r]) for r in (0, 1))
-            for rank in (0, 1):
-                trainers.wait_for(rank, seen + 5)
-            out = nodes.run(0, [sys.executable, str(tmp_path / "where.py"),
-                                f"{nodes.address(0)}:6390", NAMESPACE, "netns-rolling"])
-            ip = next(line.split()[1] for line in out.stdout.splitlines()
-                      if line.startswith("PLANNER-AT "))
-            victim = nodes.node_of(ip)
-            assert victim in (1, 2), f"the planner runs on node {victim}"
-            kills.append((victim, nodes.kill_node(victim), time.monotonic()))
-            nodes.restart_node(victim)
-        trainers.finish([0, 1], timeout=240)
-    finally:
-        trainers.stop_all()
-    for rank in (0, 1):
-        got = [line["digest"] for line in trainers.lines[rank]]
-        assert got == [digest(b) for b in want[rank]], rank
-    waits = []  # per kill, the longest gap between micro-batches until the next kill
-    ends = [k[2] for k in kills[1:]] + [float("inf")]
-    for (_, _, t_kill), end in zip(kills, ends):
-        for r in (0, 1):
-            times = [t_kill] + [line["t"] for line in trainers.lines[r]
-                                if t_kill < line["t"] < end]
-            assert len(times) > 1, f"rank {r} had nothing between two kills"
-            waits.append(max(b - a for a, b in zip(times, times[1:])))
-    waits = [max(waits[i:i + 2]) for i in range(0, len(waits), 2)]
-    print("rolling node loss: " + "; ".join(
-        f"node {node} ({count} processes) killed, longest wait {wait:.1f} s"
-        for (node, count, _), wait in zip(kills, waits)))
-    assert max(waits) < 120
+def planner_node(nodes: NamespaceCluster, folder: Path, job: str) -> int:
+    """The node that hosts job `job`'s planner (asked from node 0)."""
+    (folder / "where.py").write_text(PLANNER_NODE)
+    out = nodes.run(0, [sys.executable, str(folder / "where.py"),
+                        f"{nodes.address(0)}:6390", NAMESPACE, job])
+    return nodes.node_of(next(line.split()[1] for line in out.stdout.splitlines()
+                              if line.startswith("PLANNER-AT ")))
 
 
 def test_a_node_killed_mid_run_loses_and_repeats_nothing_on_the_others(nodes, small_dataset,
@@ -271,6 +210,8 @@ def test_a_node_killed_mid_run_loses_and_repeats_nothing_on_the_others(nodes, sm
             trainers.start(rank // 2, rank, 4, n, step_s=0.02)
             if rank == 3:
                 trainers.wait_for(2, 1)  # the job exists, placed from node 1
+                where = planner_node(nodes, tmp_path, "netns-loss")
+                assert where == 1, f"the planner runs on node {where}"
         for rank in range(4):
             trainers.wait_for(rank, 3)
         killed = nodes.kill_node(1)
@@ -312,3 +253,68 @@ def test_a_driver_on_another_nodes_raylet_is_one_line_at_once(nodes, small_datas
     last = result.stderr.strip().splitlines()[-1]
     assert "another host or network namespace" in last and "/tmp/ray" in last, last
     assert took < 40, took  # not runtime.timeout_s (60 s) and more
+
+
+def test_three_nodes_of_two_trainers_get_the_embedded_tensors(nodes, small_dataset,
+                                                             tmp_path):
+    """dp=3 x tp=2 over three nodes, one DP group (two TP peers) on each."""
+    config = tp_config(small_dataset)
+    config["topology"]["dp"] = 3
+    config["batch"]["global_tokens"] = 3 * 2 * 32
+    n = 8
+    want = take_batches([braid.Loader(config, r, 6) for r in range(6)], n)
+    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-three"))
+    try:
+        for rank in range(6):
+            trainers.start(rank // 2, rank, 6, n)
+        trainers.finish(range(6))
+    finally:
+        trainers.stop_all()
+    for rank in range(6):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+
+
+def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
+        nodes, small_dataset, tmp_path):
+    """Two trainer ranks on node 0; the planner and the sources on the nodes that offer
+    `loaders` (runtime.actor_resources), 1 and 2. Three times the node that hosts the
+    planner is killed (every process in it) and started again: the planner comes back
+    on a node that offers `loaders`, and the ranks finish with the embedded runtime's
+    tensors. The longest wait of a rank after each kill is printed."""
+    config = copy.deepcopy(small_dataset["config"])
+    n = 600
+    want = take_batches([braid.Loader(config, r, 2) for r in (0, 1)], n)
+    job = ray_job(config, "netns-rolling", actor_resources={"loaders": 0.01})
+    trainers = Trainers(nodes, tmp_path, job)
+    kills: List[tuple] = []  # (node, processes, time of the kill)
+    try:
+        for rank in (0, 1):
+            trainers.start(0, rank, 2, n, step_s=0.02)
+        for _ in range(3):
+            seen = min(len(trainers.lines[r]) for r in (0, 1))
+            for rank in (0, 1):
+                trainers.wait_for(rank, seen + 5)
+            victim = planner_node(nodes, tmp_path, "netns-rolling")
+            assert victim in (1, 2), f"the planner runs on node {victim}"
+            kills.append((victim, nodes.kill_node(victim), time.monotonic()))
+            nodes.restart_node(victim)
+        trainers.finish([0, 1], timeout=240)
+    finally:
+        trainers.stop_all()
+    for rank in (0, 1):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+    waits = []  # per kill, the longest gap between micro-batches until the next kill
+    ends = [k[2] for k in kills[1:]] + [float("inf")]
+    for (_, _, t_kill), end in zip(kills, ends):
+        for r in (0, 1):
+            times = [t_kill] + [line["t"] for line in trainers.lines[r]
+                                if t_kill < line["t"] < end]
+            assert len(times) > 1, f"rank {r} had nothing between two kills"
+            waits.append(max(b - a for a, b in zip(times, times[1:])))
+    waits = [max(waits[i:i + 2]) for i in range(0, len(waits), 2)]
+    print("rolling node loss: " + "; ".join(
+        f"node {node} ({count} processes) killed, longest wait {wait:.1f} s"
+        for (node, count, _), wait in zip(kills, waits)))
+    assert max(waits) < 120
