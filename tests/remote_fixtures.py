@@ -290,17 +290,24 @@ def streaming_config(path: str, storage: dict) -> dict:
     }
 
 
-def change_under_a_run(config: dict, put: Callable[[str, bytes], None],
-                       change: Callable[[], None]) -> Exception:
-    """Puts part-0 and part-1 (`put(name, body)`), opens `config` over them, calls
-    `change()` after the first batch (it rewrites or deletes part-1) and reads on: no
-    batch may carry an id of a rewritten object. Returns the one-line error (DataError or
-    StorageError) the run ends with."""
+def first_batch_of_two_parts(config: dict, put: Callable[[str, bytes], None]):
+    """Puts part-0 and part-1 (`put(name, body)`), opens `config` over them and takes the
+    first batch; returns the loader and its iterator."""
     for f in range(2):
         put(f"part-{f}.parquet", sized_parquet(f, 0))
     loader = braid.Loader(config, rank=0, world_size=2)
     it = iter(loader)
     next(it)
+    return loader, it
+
+
+def change_under_a_run(config: dict, put: Callable[[str, bytes], None],
+                       change: Callable[[], None]) -> Exception:
+    """After the first batch of part-0 and part-1 (first_batch_of_two_parts), calls
+    `change()` (it rewrites or deletes part-1) and reads on: no
+    batch may carry an id of a rewritten object. Returns the one-line error (DataError or
+    StorageError) the run ends with."""
+    loader, it = first_batch_of_two_parts(config, put)
     change()
     error = None
     try:
@@ -333,14 +340,10 @@ def rewrite_under_a_run(config: dict, put: Callable[[str, bytes], None]) -> str:
 
 def store_down_under_a_run(config: dict, put: Callable[[str, bytes], None],
                            kill: Callable[[], None]) -> Tuple[str, float]:
-    """Puts part-0 and part-1, opens `config` over them, stops the store (`kill()`)
-    after the first batch and reads on: the run must end with one StorageError line that
+    """After the first batch of part-0 and part-1 (first_batch_of_two_parts), stops the
+    store (`kill()`) and reads on: the run must end with one StorageError line that
     says how many tries were made. Returns it and the seconds from the kill to it."""
-    for f in range(2):
-        put(f"part-{f}.parquet", sized_parquet(f, 0))
-    loader = braid.Loader(config, rank=0, world_size=2)
-    it = iter(loader)
-    next(it)
+    loader, it = first_batch_of_two_parts(config, put)
     kill()
     t0 = time.monotonic()
     try:

@@ -156,20 +156,23 @@ class Trainers:
                 proc.wait()
 
 
+@pytest.mark.parametrize("groups", [2, 3])
 def test_every_rank_on_separate_nodes_gets_the_embedded_tensors(nodes, small_dataset,
-                                                                tmp_path):
-    """dp=2 x tp=2 over two nodes: the TP peers of one DP group on each node."""
+                                                                tmp_path, groups):
+    """dp=GROUPS x tp=2 over GROUPS nodes: the TP peers of one DP group on each node."""
     config = tp_config(small_dataset)
-    n = 12
-    want = take_batches([braid.Loader(config, r, 4) for r in range(4)], n)
-    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-tp"))
+    config["topology"]["dp"] = groups
+    config["batch"]["global_tokens"] = groups * 2 * 32
+    world, n = 2 * groups, 12
+    want = take_batches([braid.Loader(config, r, world) for r in range(world)], n)
+    trainers = Trainers(nodes, tmp_path, ray_job(config, f"netns-tp{groups}"))
     try:
-        for rank in range(4):
-            trainers.start(rank // 2, rank, 4, n)
-        trainers.finish(range(4))
+        for rank in range(world):
+            trainers.start(rank // 2, rank, world, n)
+        trainers.finish(range(world))
     finally:
         trainers.stop_all()
-    for rank in range(4):
+    for rank in range(world):
         got = [line["digest"] for line in trainers.lines[rank]]
         assert got == [digest(b) for b in want[rank]], rank
 
@@ -253,26 +256,6 @@ def test_a_driver_on_another_nodes_raylet_is_one_line_at_once(nodes, small_datas
     last = result.stderr.strip().splitlines()[-1]
     assert "another host or network namespace" in last and "/tmp/ray" in last, last
     assert took < 40, took  # not runtime.timeout_s (60 s) and more
-
-
-def test_three_nodes_of_two_trainers_get_the_embedded_tensors(nodes, small_dataset,
-                                                             tmp_path):
-    """dp=3 x tp=2 over three nodes, one DP group (two TP peers) on each."""
-    config = tp_config(small_dataset)
-    config["topology"]["dp"] = 3
-    config["batch"]["global_tokens"] = 3 * 2 * 32
-    n = 8
-    want = take_batches([braid.Loader(config, r, 6) for r in range(6)], n)
-    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-three"))
-    try:
-        for rank in range(6):
-            trainers.start(rank // 2, rank, 6, n)
-        trainers.finish(range(6))
-    finally:
-        trainers.stop_all()
-    for rank in range(6):
-        got = [line["digest"] for line in trainers.lines[rank]]
-        assert got == [digest(b) for b in want[rank]], rank
 
 
 def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
