@@ -58,6 +58,8 @@ def proc_sample(pid: int) -> Dict[str, float]:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return {}
+    if "VmRSS" not in fields:  # a zombie: killed, not reaped yet
+        return {}
     return {"rss": int(fields["VmRSS"].split()[0]) * 1024,
             "threads": int(fields["Threads"]), "fds": fds}
 
