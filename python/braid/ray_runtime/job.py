@@ -69,14 +69,18 @@ _ATTACH_TRIES = 3
 def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     """Creates the job's actors if they do not exist yet, and attaches ``client``. A rank
     that arrives while the job stops (its last rank detached: a rank that starts late,
-    after the others finished) starts it again."""
+    after the others finished) starts it again. Ranks that attach at once from several
+    nodes race to create the actors: Ray's ``get_if_exists`` can then fail to look up the
+    name another rank just took, and the next try finds it."""
     for attempt in range(_ATTACH_TRIES):
         try:
             return _attach_once(config, state_json, client)
-        except ray.exceptions.RayActorError:
-            if attempt + 1 == _ATTACH_TRIES:
+        except (ray.exceptions.RayActorError, ValueError) as exc:
+            retry = (isinstance(exc, ray.exceptions.RayActorError)
+                     or "Failed to look up actor" in str(exc))
+            if not retry or attempt + 1 == _ATTACH_TRIES:
                 raise
-            time.sleep(0.5)  # the killed actors' names are released
+            time.sleep(0.5)  # the killed actors' names are released, or the new one's known
     raise AssertionError("unreachable")
 
 
