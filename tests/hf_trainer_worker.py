@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -98,13 +99,18 @@ def main() -> None:
         json.dump({"rank": loader.rank, "records": trainer.records,
                    "pending": len(batches._pending),
                    "callback_args": {"ignore_data_skip": args.ignore_data_skip}}, f)
-    # The Trainer leaves the gloo process group up, and torch tears it down badly: left to
-    # the interpreter's exit it aborts now and then ("terminate called without an active
-    # exception"); destroyed while a gloo thread still retires the last collective (whose
-    # tensors need the GIL) it deadlocks. A barrier first leaves the gloo threads idle.
+    # Leave without tearing torch down. The Trainer's DDP model holds a Reducer whose
+    # ProcessGroupGloo destructor joins gloo's worker thread while holding the GIL, and
+    # that thread may still be retiring the last collective, whose tensors need the GIL to
+    # be freed: seen deadlocked at the end of main() (py-spy: ~ProcessGroupGloo in
+    # std::thread::join, the worker in gil_scoped_acquire), and, at interpreter exit, an
+    # abort ("terminate called without an active exception"). The barrier makes sure the
+    # other rank is past its last collective too; the records are written and flushed.
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

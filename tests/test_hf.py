@@ -244,7 +244,7 @@ def torchrun(token_dataset, out: Path, record: Path, *extra: str) -> None:
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
          "2", str(WORKER), "--config", str(token_dataset["path"]), "--output-dir", str(out),
          "--record", str(record), *extra],
-        capture_output=True, text=True, timeout=600, env=env, cwd=token_dataset["root"])
+        capture_output=True, text=True, timeout=300, env=env, cwd=token_dataset["root"])
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
 
 
