@@ -33,8 +33,12 @@ class NamespaceCluster:
     """`nodes` Ray nodes; node 0 is the head. Use as a context manager."""
 
     def __init__(self, nodes: int, cpus: int = 2, env: Optional[dict] = None,
-                 resources: Optional[Dict[int, Dict[str, float]]] = None) -> None:
+                 resources: Optional[Dict[int, Dict[str, float]]] = None,
+                 bare: bool = False) -> None:
+        """`bare`: the nodes run nothing (no Ray) and have a default route, as fresh
+        hosts; the caller starts what it needs in them (`run`, `popen`)."""
         self.nodes = nodes
+        self.bare = bare
         self.cpus = cpus
         self.resources = resources or {}  # node -> its custom Ray resources
         self.tag = uuid.uuid4().hex[:6]
@@ -65,12 +69,17 @@ class NamespaceCluster:
     def address(self, node: int) -> str:
         return f"{SUBNET}.{node + 1}"
 
+    def hostname(self, node: int) -> str:
+        """Node `node`'s host name (bare clusters; the others share the machine's)."""
+        return f"braid-node{node}-{self.tag}"
+
     def __enter__(self) -> "NamespaceCluster":
         try:
             self._network()
             for node in range(self.nodes):
                 self._start_node(node)
-            self._wait_for_nodes()
+            if not self.bare:
+                self._wait_for_nodes()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -89,6 +98,8 @@ class NamespaceCluster:
             _run("ip", "-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", inner)
             _run("ip", "-n", ns, "link", "set", inner, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+            if self.bare:  # where Ray finds the node's address, as on a host
+                _run("ip", "-n", ns, "route", "add", "default", "dev", inner)
 
     def _start_node(self, node: int) -> None:
         ray = str(Path(sys.executable).parent / "ray")
@@ -101,16 +112,27 @@ class NamespaceCluster:
             args += [f"--address={self.address(0)}:{PORT}"]
         if node in self.resources:
             args += ["--resources=" + json.dumps(self.resources[node])]
+        if self.bare:
+            args = ["sleep", "infinity"]
         # The node's own /tmp/ray: a tmpfs in a mount namespace of its own.
-        script = "mkdir -p /tmp/ray && mount -t tmpfs braid-ray /tmp/ray && exec \"$@\""
+        script = "mkdir -p /tmp/ray && mount -t tmpfs braid-ray /tmp/ray && "
+        unshare = ["unshare", "--mount", "--propagation", "private"]
         log = Path(f"/tmp/braid-netns-{self.tag}-{node}.log")
         self.logs.append(log)
+        if self.bare:  # a host name of its own, which its /etc/hosts resolves
+            hosts = Path(f"/tmp/braid-netns-{self.tag}-{node}.hosts")
+            hosts.write_text(f"127.0.0.1 localhost\n"
+                             f"{self.address(node)} {self.hostname(node)}\n")
+            self.logs.append(hosts)
+            script += f"mount --bind {hosts} /etc/hosts && hostname {self.hostname(node)} && "
+            unshare.append("--uts")
+        script += "exec \"$@\""
         self.anchors[node] = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns[node], "unshare", "--mount",
-             "--propagation", "private", "sh", "-c", script, "sh", *args],
+            ["ip", "netns", "exec", self.netns[node], *unshare, "sh", "-c", script, "sh",
+             *args],
             stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env,
             start_new_session=True)
-        if node == 0:  # the others join it
+        if node == 0 and not self.bare:  # the others join it
             self._wait_for_nodes(1)
 
     def _wait_for_nodes(self, want: Optional[int] = None) -> None:
@@ -136,7 +158,8 @@ class NamespaceCluster:
 
     def enter(self, node: int) -> List[str]:
         """The command prefix that runs a program inside node `node` (both namespaces)."""
-        return ["nsenter", "-t", str(self.anchors[node].pid), "--net", "--mount"]
+        return ["nsenter", "-t", str(self.anchors[node].pid), "--net", "--mount"] + (
+            ["--uts"] if self.bare else [])
 
     def popen(self, node: int, args: Sequence[str], **kw) -> subprocess.Popen:
         return subprocess.Popen(self.enter(node) + list(args), env=kw.pop("env", self.env),
@@ -153,6 +176,18 @@ class NamespaceCluster:
     def node_of(self, ip: str) -> int:
         """The node whose address is `ip`."""
         return [self.address(n) for n in range(self.nodes)].index(ip)
+
+    def link_bytes(self, node: int) -> Dict[str, int]:
+        """Bytes node `node` has received (`rx`) and sent (`tx`) over its link to the
+        switch so far: every byte that crossed between it and the other nodes. Read from
+        /proc/PID/net/dev of a process inside the node (its network namespace's view)."""
+        with open(f"/proc/{self.anchors[node].pid}/net/dev") as f:
+            for line in f:
+                name, _, fields = line.partition(":")
+                if name.strip() == f"eth{node}":
+                    values = fields.split()
+                    return {"rx": int(values[0]), "tx": int(values[8])}
+        raise RuntimeError(f"node {node} has no link eth{node}")
 
     def pids(self, node: int) -> List[int]:
         """Every process of node `node` (its network namespace's)."""

@@ -3,8 +3,10 @@ network and mount namespace, its own /tmp/ray, `ray start` in it), with trainer 
 started inside their node as a launcher would: every rank receives the embedded runtime's
 tensors (two and three nodes), TP peers on a node share one build, a node killed mid-run
 (every one of its processes) loses and repeats nothing on the nodes left, also when the
-planner's node is lost three times in a row, and a trainer whose Ray driver joins another
-node's raylet is told so at once.
+planner's node is lost four times in a row, a trainer whose Ray driver joins another
+node's raylet is told so at once, the bytes that cross a node's link per step stay within
+1.3x of its pieces, and docs/distributed.md's quick start runs as written on two fresh
+nodes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,7 +29,7 @@ import pytest
 pytest.importorskip("ray")
 
 import braid  # noqa: E402
-from conftest import take_batches  # noqa: E402
+from conftest import make_source, take_batches  # noqa: E402
 from netns_cluster import NamespaceCluster  # noqa: E402
 
 NAMESPACE = "braid-netns"
@@ -261,7 +264,7 @@ def test_a_driver_on_another_nodes_raylet_is_one_line_at_once(nodes, small_datas
 def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
         nodes, small_dataset, tmp_path):
     """Two trainer ranks on node 0; the planner and the sources on the nodes that offer
-    `loaders` (runtime.actor_resources), 1 and 2. Three times the node that hosts the
+    `loaders` (runtime.actor_resources), 1 and 2. Four times the node that hosts the
     planner is killed (every process in it) and started again: the planner comes back
     on a node that offers `loaders`, and the ranks finish with the embedded runtime's
     tensors. The longest wait of a rank after each kill is printed."""
@@ -274,7 +277,7 @@ def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
     try:
         for rank in (0, 1):
             trainers.start(0, rank, 2, n, step_s=0.02)
-        for _ in range(3):
+        for _ in range(4):
             seen = min(len(trainers.lines[r]) for r in (0, 1))
             for rank in (0, 1):
                 trainers.wait_for(rank, seen + 5)
@@ -301,3 +304,212 @@ def test_rolling_node_loss_of_the_planners_node_loses_and_repeats_nothing(
         f"node {node} ({count} processes) killed, longest wait {wait:.1f} s"
         for (node, count, _), wait in zip(kills, waits)))
     assert max(waits) < 120
+
+
+class LinkSampler:
+    """Samples a node's link counters every `every` seconds in a thread."""
+
+    def __init__(self, nodes: NamespaceCluster, node: int, every: float = 0.1) -> None:
+        self.samples: List[tuple] = []  # (monotonic time, rx, tx)
+        self.stop = threading.Event()
+        self.error: List[BaseException] = []
+
+        def run() -> None:
+            try:
+                while not self.stop.is_set():
+                    got = nodes.link_bytes(node)
+                    self.samples.append((time.monotonic(), got["rx"], got["tx"]))
+                    self.stop.wait(every)
+            except BaseException as e:  # raised again by close()
+                self.error.append(e)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        if self.error:
+            raise self.error[0]
+
+    def at(self, t: float) -> np.ndarray:
+        """(rx, tx) at time t, interpolated between samples."""
+        assert self.samples[0][0] <= t <= self.samples[-1][0], "t outside the samples"
+        times = [s[0] for s in self.samples]
+        return np.array([np.interp(t, times, [s[k] for s in self.samples]) for k in (1, 2)])
+
+
+def test_bytes_between_nodes_per_step_against_the_pieces(nodes, tmp_path):
+    """dp=2 x tp=2 over nodes 0 and 1 at seq_len 2048, the planner and the sources on node
+    0: what crosses node 1's link per step, in steady running, against the minimum (the
+    tokens of its DP group's pieces, 4 bytes each plus the label token after each piece,
+    once for the two TP peers) and against the link's idle rate (Ray's heartbeats)."""
+    rng = np.random.default_rng(29)
+    sources = []
+    for index, (name, count) in enumerate((("web", 400), ("code", 200))):
+        make_source(tmp_path, name, index, [int(x) for x in rng.integers(20, 999, size=count)],
+                    row_group_size=64)
+        sources.append({"name": name, "path": str(tmp_path / name),
+                        "tokens_column": "input_ids", "weight": 0.6 if index == 0 else 0.4})
+    seq = 2048
+    config = {"seed": 3, "topology": {"dp": 2, "tp": 2, "pp": 1, "cp": 1},
+              "batch": {"global_tokens": 2 * seq, "seq_len": seq, "micro_batch_size": 1},
+              "sources": sources}
+    n, first, step_s = 60, 10, 0.1
+    want = take_batches([braid.Loader(config, r, 4) for r in (0, 2)], n)
+    minimum = [4 * (int(b["cu_seqlens"][-1]) + len(b["cu_seqlens"]) - 1) for b in want[1]]
+    trainers = Trainers(nodes, tmp_path, ray_job(config, "netns-bytes"))
+    idle = LinkSampler(nodes, 1)
+    time.sleep(3)
+    idle.close()
+    link = LinkSampler(nodes, 1)
+    try:
+        for rank in (0, 1):
+            trainers.start(0, rank, 4, n, step_s)
+        trainers.wait_for(0, 1)
+        assert planner_node(nodes, tmp_path, "netns-bytes") == 0
+        for rank in (2, 3):
+            trainers.start(1, rank, 4, n, step_s)
+        trainers.finish(range(4))
+    finally:
+        trainers.stop_all()
+        link.close()
+    for rank in (2, 3):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[1]], rank
+    # Steady running: from node 1's micro-batch `first` to its last (one step each).
+    t0, t1 = trainers.lines[2][first]["t"], trainers.lines[2][-1]["t"]
+    steps = n - 1 - first
+    rx, tx = (link.at(t1) - link.at(t0)) / steps
+    idle_rate = (np.array(idle.samples[-1][1:]) - idle.samples[0][1:]) / (
+        idle.samples[-1][0] - idle.samples[0][0])
+    idle_step = idle_rate.sum() * (t1 - t0) / steps
+    least = float(np.mean(minimum[first:]))
+    print(f"bytes across node 1's link per step: {rx:,.0f} in, {tx:,.0f} out; the "
+          f"minimum {least:,.0f} (pieces of its DP group); idle link {idle_step:,.0f} a "
+          f"step ({idle_rate.sum():,.0f} B/s); in / minimum {rx / least:.2f}, "
+          f"(in + out - idle) / minimum {(rx + tx - idle_step) / least:.2f}")
+    assert rx >= least  # the counters see the pieces
+    assert rx / least < 2  # the two TP peers' pieces cross once
+    assert (rx + tx - idle_step) / least < 3
+
+
+QUICK_TRAIN = textwrap.dedent("""
+    import hashlib, json, os, sys, time
+    import braid
+
+    n = int(sys.argv[1])
+    loader = braid.Loader("job.yaml")  # RANK and WORLD_SIZE from torchrun
+    for i, batch in enumerate(loader):
+        digest = hashlib.sha256()
+        for name in sorted(batch):
+            digest.update(name.encode() + batch[name].numpy().tobytes())
+        print("BRAID-DIGEST " + json.dumps({"rank": int(os.environ["RANK"]), "i": i,
+                                            "digest": digest.hexdigest()}), flush=True)
+        if i + 1 == n:
+            break
+        time.sleep(0.05)
+    while not os.path.exists("status-done"):  # the job stays up for `braid status`
+        time.sleep(0.1)
+    loader.close()
+""")
+
+
+def quick_start() -> List[tuple]:
+    """docs/distributed.md's quick start: (command, where) per line of its bash block."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "distributed.md").read_text()
+    block = text.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    out = []
+    for line in block.splitlines():
+        command, _, where = line.partition("#")
+        out.append((command.strip(), where.strip()))
+    return out
+
+
+def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_path):
+    """docs/distributed.md's quick start, line by line, on two nodes in namespaces of their
+    own with nothing running and a home each (no Ray token, as fresh hosts): `ray start`
+    on each, torchrun on each with train.py and job.yaml as the docs say (2 ranks a node
+    for 8), `braid status` while the job runs. Every rank receives the embedded
+    runtime's tensors; the status names the job's planner and node 1's constructor."""
+    why = NamespaceCluster.available()
+    if why:
+        pytest.skip(f"no namespace cluster here: {why}")
+    config = tp_config(small_dataset)  # dp=2 x tp=2: a DP group's TP peers on a node
+    n, world = 8, 4
+    want = take_batches([braid.Loader(config, r, world) for r in range(world)], n)
+    job = copy.deepcopy(config)
+    job["runtime"] = {"kind": "ray"}
+    (tmp_path / "job.yaml").write_text(json.dumps(job))  # JSON is YAML
+    (tmp_path / "train.py").write_text(QUICK_TRAIN)
+    lines = quick_start()
+    assert [where.split(";")[0].split(":")[0] for _, where in lines] == [
+        "on every node", "on the first node", "on every other node", "on every node",
+        "on any node"], lines
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    with NamespaceCluster(2, bare=True) as nodes:
+        homes = [tmp_path / f"home{node}" for node in range(2)]
+        for home in homes:
+            home.mkdir()
+
+        def shell(command: str) -> List[str]:
+            command = command.replace("HEAD", nodes.address(0))
+            command = command.replace("--nproc_per_node 8", "--nproc_per_node 2")
+            command = command.replace("train.py", f"train.py {n}")
+            return ["sh", "-c", f"cd {tmp_path} && {command}"]  # nsenter starts at /
+
+        def run(node: int, command: str) -> str:
+            out = subprocess.run(nodes.enter(node) + shell(command), capture_output=True,
+                                 text=True, timeout=180, cwd=tmp_path,
+                                 env={**env, "HOME": str(homes[node])})
+            assert out.returncode == 0, (node, command, out.stdout[-2000:],
+                                         out.stderr[-3000:])
+            return out.stdout
+
+        (pip, _), (head, _), (join, _), (train, _), (status, _) = lines
+        assert pip.startswith("pip install")  # the package is this checkout's, installed
+        run(0, head)
+        run(1, join)
+        procs = [subprocess.Popen(nodes.enter(node) + shell(train), cwd=tmp_path,
+                                  env={**env, "HOME": str(homes[node])}, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for node in range(2)]
+        outputs: List[List[str]] = [[], []]
+        errors: List[List[str]] = [[], []]
+        readers = [threading.Thread(target=lambda f=f, o=o: o.extend(f), daemon=True)
+                   for p, o, e in zip(procs, outputs, errors)
+                   for f, o in ((p.stdout, o), (p.stderr, e))]
+        for reader in readers:
+            reader.start()
+        try:
+            deadline = time.monotonic() + 240
+            while sum(line.startswith(MARK) for o in outputs for line in o) < world * n:
+                for node, proc in enumerate(procs):
+                    if proc.poll() is not None:
+                        time.sleep(1)  # the readers drain
+                        pytest.fail(f"torchrun on node {node} exited {proc.returncode}: "
+                                    f"{''.join(errors[node])[-3000:]}")
+                assert time.monotonic() < deadline, (outputs, [
+                    "".join(e)[-3000:] for e in errors])
+                time.sleep(0.2)
+            shown = run(0, status)
+            (tmp_path / "status-done").touch()
+            for node, proc in enumerate(procs):
+                proc.wait(timeout=120)
+                time.sleep(0.5)
+                assert proc.returncode == 0, "".join(errors[node])[-3000:]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        for reader in readers:
+            reader.join(5)
+    got: Dict[int, List[str]] = {}
+    for line in (line for o in outputs for line in o if line.startswith(MARK)):
+        record = json.loads(line[len(MARK):])
+        got.setdefault(record["rank"], []).append(record["digest"])
+    for rank in range(world):
+        assert got.get(rank) == [digest(b) for b in want[rank]], rank
+    assert ".planner" in shown and ".constructor." in shown, shown

@@ -385,9 +385,11 @@ void RegisterService(nb::module_& m) {
       .def("attach",
            [](PlannerHandle& h, const std::string& client) {
              GilRelease release;
-             return h.service->Attach(client);
+             return ValueOrThrow(h.service->Attach(client));
            },
-           nb::arg("client"), "Attaches a rank; returns the ranks attached after.")
+           nb::arg("client"),
+           "Attaches a rank; returns the ranks attached after. ConnectionError once the "
+           "job ended (its last rank detached).")
       .def("detach",
            [](PlannerHandle& h, const std::string& client) {
              GilRelease release;

@@ -201,6 +201,8 @@ class NodeChannel:
                 reply = None
         if reply is None:
             return None  # the constructor died meanwhile
+        if reply.get("error") == "ConnectionError":
+            return None  # the job ended (its last rank left) and is stopping: start anew
         if "error" in reply:
             raise _error(reply["error"], reply["message"])
         return {"job": job, "namespace": ns, "socket": name}

@@ -61,27 +61,34 @@ class Job:
     clients: List[str] = field(default_factory=list)
 
 
-# Attaches tried while the job stops: its last rank leaving kills the actors this rank
-# found (ray.kill); the next try starts the job again from the same start state.
-_ATTACH_TRIES = 3
+def _try_again(exc: BaseException) -> bool:
+    """Whether an attach that failed with `exc` succeeds when tried again: the job was
+    stopping (its planner refuses ranks once the last one detached, then its actors are
+    killed), or Ray's ``get_if_exists`` lost a race for a name another rank just took."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return True
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
+    if isinstance(cause, ConnectionError):  # the planner: the job ended
+        return True
+    return isinstance(exc, ValueError) and "Failed to look up actor" in str(exc)
 
 
 def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     """Creates the job's actors if they do not exist yet, and attaches ``client``. A rank
     that arrives while the job stops (its last rank detached: a rank that starts late,
-    after the others finished) starts it again. Ranks that attach at once from several
-    nodes race to create the actors: Ray's ``get_if_exists`` can then fail to look up the
-    name another rank just took, and the next try finds it."""
-    for attempt in range(_ATTACH_TRIES):
+    after the others finished) is refused by the ended planner and, once the job's actors
+    are gone, starts it again from the same start state. Ranks that attach at once from
+    several nodes race to create the actors: Ray's ``get_if_exists`` can then fail to look
+    up the name another rank just took, and the next try finds it. Tries for
+    ``runtime.timeout_s``."""
+    deadline = time.monotonic() + float(config.runtime["timeout_s"])
+    while True:
         try:
             return _attach_once(config, state_json, client)
-        except (ray.exceptions.RayActorError, ValueError) as exc:
-            retry = (isinstance(exc, ray.exceptions.RayActorError)
-                     or "Failed to look up actor" in str(exc))
-            if not retry or attempt + 1 == _ATTACH_TRIES:
+        except Exception as exc:  # noqa: BLE001 - raised again unless worth a retry
+            if not _try_again(exc) or time.monotonic() > deadline:
                 raise
-            time.sleep(0.5)  # the killed actors' names are released, or the new one's known
-    raise AssertionError("unreachable")
+            time.sleep(0.2)  # the killed actors' names are released, or the new one's known
 
 
 def _attach_once(config: "_core.Config", state_json: str, client: str) -> Job:

@@ -241,8 +241,14 @@ Result<std::shared_ptr<const PlannedStep>> PlannerService::Next() {
   return planned;
 }
 
-int64_t PlannerService::Attach(const std::string& client) {
+Result<int64_t> PlannerService::Attach(const std::string& client) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (state_.ended()) {
+    // The runtime stops an ended job's roles (docs/distributed.md): a rank that arrives
+    // now would be served by roles about to go, so it attaches again to a new job.
+    return UnavailableError("planner", "the job ended (its last rank detached) and is "
+                                       "stopping; attach again to start it anew");
+  }
   ApplyAndCommit(PlannerServiceState::Attached{client}, &lock);
   return state_.clients();
 }

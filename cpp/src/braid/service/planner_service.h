@@ -96,7 +96,9 @@ class PlannerService {
   Result<std::shared_ptr<const PlannedStep>> Next();
 
   /// Attaches (detaches) a trainer rank's client id; returns the ranks attached after.
-  int64_t Attach(const std::string& client);
+  /// Once the last rank detached the job has ended: Attach fails with an unavailable
+  /// error (the runtime is stopping the job's roles; the rank starts a new job).
+  Result<int64_t> Attach(const std::string& client);
   int64_t Detach(const std::string& client);
 
   /// What the service reports (`braid status`).

@@ -81,8 +81,7 @@ bool PlannerServiceState::Apply(const Update& update) {
     return reached != checkpoints_.end() && reached->first <= journaled_through();
   }
   if (const auto* u = std::get_if<Attached>(&update)) {
-    ended_ = false;
-    return clients_.insert(u->client).second;
+    return !ended_ && clients_.insert(u->client).second;
   }
   if (const auto* u = std::get_if<Detached>(&update)) {
     if (clients_.erase(u->client) == 0) return false;

@@ -75,7 +75,8 @@ class PlannerServiceState {
   struct Asked {
     int64_t step = 0;
   };
-  /// A trainer rank attached to or detached from the job (its client id).
+  /// A trainer rank attached to or detached from the job (its client id); an ended job
+  /// (every rank detached) takes no more.
   struct Attached {
     std::string client;
   };
@@ -120,6 +121,8 @@ class PlannerServiceState {
   int64_t restored_from() const { return restored_from_; }
   int64_t replays() const { return replays_; }
   int64_t clients() const { return static_cast<int64_t>(clients_.size()); }
+  /// The last attached rank detached: the job ended and takes no more ranks.
+  bool ended() const { return ended_; }
   int64_t held_steps() const { return static_cast<int64_t>(held_.size()); }
 
  private:

@@ -92,8 +92,8 @@ TEST_F(PlannerServiceTest, ARestartedServiceResumesFromItsJournal) {
   {
     auto service = Shared(&journals);
     ASSERT_NE(service, nullptr);
-    EXPECT_EQ(service->Attach("rank-0"), 1);
-    EXPECT_EQ(service->Attach("rank-1"), 2);
+    EXPECT_EQ(service->Attach("rank-0").ValueOrDie(), 1);
+    EXPECT_EQ(service->Attach("rank-1").ValueOrDie(), 2);
     for (int64_t s = 0; s < 14; ++s) first.push_back(Message(service.get(), s));
   }
   ASSERT_FALSE(journals.empty());
@@ -110,6 +110,13 @@ TEST_F(PlannerServiceTest, ARestartedServiceResumesFromItsJournal) {
   // The last rank to detach ends the job: its journal is empty, to be dropped.
   EXPECT_EQ(restarted->Detach("rank-0"), 1);
   EXPECT_EQ(restarted->Detach("rank-1"), 0);
+  // An ended job takes no more ranks (its roles are being stopped): a rank that arrives
+  // now is told so and starts a new job.
+  auto late = restarted->Attach("rank-2");
+  ASSERT_FALSE(late.ok());
+  EXPECT_TRUE(IsErrorKind(late.status(), ErrorKind::kUnavailable));
+  EXPECT_THAT(late.status().message(), HasSubstr("job ended"));
+  EXPECT_EQ(restarted->figures().clients, 0);
 }
 
 TEST_F(PlannerServiceTest, AJournalOfAnotherConfigIsRefused) {
@@ -117,7 +124,7 @@ TEST_F(PlannerServiceTest, AJournalOfAnotherConfigIsRefused) {
   {
     auto service = Shared(&journals);
     ASSERT_NE(service, nullptr);
-    service->Attach("rank-0");
+    ASSERT_TRUE(service->Attach("rank-0").ok());
   }
   Config other = *config_;
   other.seed += 1;
@@ -217,6 +224,9 @@ TEST(PlannerServiceStateTest, CheckpointsAreTrimmedAndTheJournalHoldsTheNewest) 
   EXPECT_NE(restored.Journal(), "");
   EXPECT_TRUE(restored.Apply(PlannerServiceState::Detached{"r"}));
   EXPECT_EQ(restored.Journal(), "");
+  EXPECT_TRUE(restored.ended());
+  EXPECT_FALSE(restored.Apply(PlannerServiceState::Attached{"late"}));
+  EXPECT_EQ(restored.clients(), 0);
 }
 
 }  // namespace
