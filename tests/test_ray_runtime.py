@@ -368,6 +368,36 @@ def test_a_job_ended_by_its_last_rank_starts_again_for_the_next(ray_cluster,
     assert jobs.actor_names("again", NAMESPACE) == []
 
 
+def test_a_rank_arriving_as_the_job_ends_waits_for_it_to_go_and_starts_anew(
+        ray_cluster, small_dataset):
+    """The race of a late rank: the job's last rank detached (the job ended) and its
+    actors are not killed yet. The ended planner refuses the late rank's attach (it would
+    be attached to actors about to go); the rank tries again until the job's actors are
+    gone, then starts the job anew, with itself its only rank."""
+    import threading
+
+    from braid import _core
+
+    config = braid.load_config(ray_config(small_dataset["config"], job="late"))
+    state = _core.initial_state_json(config)
+    first = jobs.attach(config, state, "rank-a")
+    assert ray.get(first.planner.detach.remote("rank-a")) == 0  # ended, not stopped yet
+    with pytest.raises(ConnectionError, match="job ended"):
+        ray.get(first.planner.attach.remote("rank-b"))
+    stopper = threading.Timer(1.5, jobs.stop, args=("late", NAMESPACE))
+    t0 = time.monotonic()
+    stopper.start()
+    try:
+        second = jobs.attach(config, state, "rank-b")
+    finally:
+        stopper.join()
+    assert time.monotonic() - t0 >= 1.5  # refused until the old actors were gone
+    roles = ray.get(second.planner.status.remote())["roles"]
+    assert next(r for r in roles if r["role"] == "planner")["clients"] == 1
+    assert ray.get(second.planner.detach.remote("rank-b")) == 0
+    jobs.stop("late", NAMESPACE)
+
+
 def test_trainer_processes_started_as_a_user_would(ray_cluster, small_dataset, tmp_path):
     """Two fresh processes that import only braid, RANK/WORLD_SIZE from the environment,
     join the running cluster by address and get the embedded runtime's batches."""
