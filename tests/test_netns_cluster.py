@@ -448,6 +448,10 @@ def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_p
         "on any node"], lines
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    # `ray start` writes its address to /tmp/ray/ray_current_cluster, which a later
+    # ray.init() on the machine would join: it must land in the node's own /tmp/ray.
+    current = Path("/tmp/ray/ray_current_cluster")
+    before = current.read_text() if current.exists() else None
     with NamespaceCluster(2, bare=True) as nodes:
         homes = [tmp_path / f"home{node}" for node in range(2)]
         for home in homes:
@@ -513,3 +517,4 @@ def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_p
     for rank in range(world):
         assert got.get(rank) == [digest(b) for b in want[rank]], rank
     assert ".planner" in shown and ".constructor." in shown, shown
+    assert (current.read_text() if current.exists() else None) == before

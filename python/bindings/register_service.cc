@@ -384,8 +384,12 @@ void RegisterService(nb::module_& m) {
            "it again from a checkpoint when it is no longer held.")
       .def("attach",
            [](PlannerHandle& h, const std::string& client) {
-             GilRelease release;
-             return ValueOrThrow(h.service->Attach(client));
+             Result<int64_t> attached;
+             {
+               GilRelease release;
+               attached = h.service->Attach(client);
+             }
+             return ValueOrThrow(std::move(attached));  // raises with the GIL held
            },
            nb::arg("client"),
            "Attaches a rank; returns the ranks attached after. ConnectionError once the "
