@@ -61,12 +61,16 @@ class Job:
     clients: List[str] = field(default_factory=list)
 
 
-def _try_again(exc: BaseException) -> bool:
-    """Whether an attach that failed with `exc` succeeds when tried again: the job was
-    stopping (its planner refuses ranks once the last one detached, then its actors are
-    killed), or Ray's ``get_if_exists`` lost a race for a name another rank just took."""
-    if isinstance(exc, ray.exceptions.RayActorError):
-        return True
+# Killed actors met by one attach before it gives up (their names take a moment to be
+# released); an actor that died otherwise (its creation failed) is an error to raise.
+_ACTOR_ERROR_TRIES = 3
+
+
+def _ended_or_raced(exc: BaseException) -> bool:
+    """Whether an attach failed because the job was ending (its planner refuses ranks
+    once the last one detached) or because Ray's ``get_if_exists`` lost a race for a name
+    another rank just took: both pass once the old actors are gone or the new one is
+    known."""
     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else exc
     if isinstance(cause, ConnectionError):  # the planner: the job ended
         return True
@@ -77,18 +81,24 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     """Creates the job's actors if they do not exist yet, and attaches ``client``. A rank
     that arrives while the job stops (its last rank detached: a rank that starts late,
     after the others finished) is refused by the ended planner and, once the job's actors
-    are gone, starts it again from the same start state. Ranks that attach at once from
-    several nodes race to create the actors: Ray's ``get_if_exists`` can then fail to look
-    up the name another rank just took, and the next try finds it. Tries for
-    ``runtime.timeout_s``."""
+    are gone, starts it again from the same start state; it tries for
+    ``runtime.timeout_s``. Ranks that attach at once from several nodes race to create
+    the actors: Ray's ``get_if_exists`` can then fail to look up the name another rank
+    just took, and the next try finds it."""
     deadline = time.monotonic() + float(config.runtime["timeout_s"])
+    actor_errors = 0
     while True:
         try:
             return _attach_once(config, state_json, client)
         except Exception as exc:  # noqa: BLE001 - raised again unless worth a retry
-            if not _try_again(exc) or time.monotonic() > deadline:
+            if isinstance(exc, ray.exceptions.RayActorError):  # killed as the job ended
+                actor_errors += 1
+                retry, pause = actor_errors < _ACTOR_ERROR_TRIES, 0.5
+            else:
+                retry, pause = _ended_or_raced(exc), 0.2
+            if not retry or time.monotonic() > deadline:
                 raise
-            time.sleep(0.2)  # the killed actors' names are released, or the new one's known
+            time.sleep(pause)
 
 
 def _attach_once(config: "_core.Config", state_json: str, client: str) -> Job:
