@@ -4,9 +4,9 @@ started inside their node as a launcher would: every rank receives the embedded 
 tensors (two and three nodes), TP peers on a node share one build, a node killed mid-run
 (every one of its processes) loses and repeats nothing on the nodes left, also when the
 planner's node is lost four times in a row, a trainer whose Ray driver joins another
-node's raylet is told so at once, the bytes that cross a node's link per step stay within
-1.3x of its pieces, and docs/distributed.md's quick start runs as written on two fresh
-nodes.
+node's raylet is told so at once, and the bytes that cross a node's link per step stay
+within 1.3x of its pieces. docs/distributed.md's quick start runs as written in
+tests/test_quick_start_nodes.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -393,128 +392,3 @@ def test_bytes_between_nodes_per_step_against_the_pieces(nodes, tmp_path):
     assert rx / least < 2  # the two TP peers' pieces cross once
     assert (rx + tx - idle_step) / least < 3
 
-
-QUICK_TRAIN = textwrap.dedent("""
-    import hashlib, json, os, sys, time
-    import braid
-
-    n = int(sys.argv[1])
-    loader = braid.Loader("job.yaml")  # RANK and WORLD_SIZE from torchrun
-    for i, batch in enumerate(loader):
-        digest = hashlib.sha256()
-        for name in sorted(batch):
-            digest.update(name.encode() + batch[name].numpy().tobytes())
-        print("BRAID-DIGEST " + json.dumps({"rank": int(os.environ["RANK"]), "i": i,
-                                            "digest": digest.hexdigest()}), flush=True)
-        if i + 1 == n:
-            break
-        time.sleep(0.05)
-    while not os.path.exists("status-done"):  # the job stays up for `braid status`
-        time.sleep(0.1)
-    loader.close()
-""")
-
-
-def quick_start() -> List[tuple]:
-    """docs/distributed.md's quick start: (command, where) per line of its bash block."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "distributed.md").read_text()
-    block = text.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    out = []
-    for line in block.splitlines():
-        command, _, where = line.partition("#")
-        out.append((command.strip(), where.strip()))
-    return out
-
-
-def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_path):
-    """docs/distributed.md's quick start, line by line, on two nodes in namespaces of their
-    own with nothing running and a home each (no Ray token, as fresh hosts): `ray start`
-    on each, torchrun on each with train.py and job.yaml as the docs say (2 ranks a node
-    for 8), `braid status` while the job runs. Every rank receives the embedded
-    runtime's tensors; the status names the job's planner and node 1's constructor."""
-    why = NamespaceCluster.available()
-    if why:
-        pytest.skip(f"no namespace cluster here: {why}")
-    config = tp_config(small_dataset)  # dp=2 x tp=2: a DP group's TP peers on a node
-    n, world = 8, 4
-    want = take_batches([braid.Loader(config, r, world) for r in range(world)], n)
-    job = copy.deepcopy(config)
-    job["runtime"] = {"kind": "ray"}
-    (tmp_path / "job.yaml").write_text(json.dumps(job))  # JSON is YAML
-    (tmp_path / "train.py").write_text(QUICK_TRAIN)
-    lines = quick_start()
-    assert [where.split(";")[0].split(":")[0] for _, where in lines] == [
-        "on every node", "on the first node", "on every other node", "on every node",
-        "on any node"], lines
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    # `ray start` writes its address to /tmp/ray/ray_current_cluster, which a later
-    # ray.init() on the machine would join: it must land in the node's own /tmp/ray.
-    current = Path("/tmp/ray/ray_current_cluster")
-    before = current.read_text() if current.exists() else None
-    with NamespaceCluster(2, bare=True) as nodes:
-        homes = [tmp_path / f"home{node}" for node in range(2)]
-        for home in homes:
-            home.mkdir()
-
-        def shell(command: str) -> List[str]:
-            command = command.replace("HEAD", nodes.address(0))
-            command = command.replace("--nproc_per_node 8", "--nproc_per_node 2")
-            command = command.replace("train.py", f"train.py {n}")
-            return ["sh", "-c", f"cd {tmp_path} && {command}"]  # nsenter starts at /
-
-        def run(node: int, command: str) -> str:
-            out = subprocess.run(nodes.enter(node) + shell(command), capture_output=True,
-                                 text=True, timeout=180, cwd=tmp_path,
-                                 env={**env, "HOME": str(homes[node])})
-            assert out.returncode == 0, (node, command, out.stdout[-2000:],
-                                         out.stderr[-3000:])
-            return out.stdout
-
-        (pip, _), (head, _), (join, _), (train, _), (status, _) = lines
-        assert pip.startswith("pip install")  # the package is this checkout's, installed
-        run(0, head)
-        run(1, join)
-        procs = [subprocess.Popen(nodes.enter(node) + shell(train), cwd=tmp_path,
-                                  env={**env, "HOME": str(homes[node])}, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for node in range(2)]
-        outputs: List[List[str]] = [[], []]
-        errors: List[List[str]] = [[], []]
-        readers = [threading.Thread(target=lambda f=f, o=o: o.extend(f), daemon=True)
-                   for p, o, e in zip(procs, outputs, errors)
-                   for f, o in ((p.stdout, o), (p.stderr, e))]
-        for reader in readers:
-            reader.start()
-        try:
-            deadline = time.monotonic() + 240
-            while sum(line.startswith(MARK) for o in outputs for line in o) < world * n:
-                for node, proc in enumerate(procs):
-                    if proc.poll() is not None:
-                        time.sleep(1)  # the readers drain
-                        pytest.fail(f"torchrun on node {node} exited {proc.returncode}: "
-                                    f"{''.join(errors[node])[-3000:]}")
-                assert time.monotonic() < deadline, (outputs, [
-                    "".join(e)[-3000:] for e in errors])
-                time.sleep(0.2)
-            shown = run(0, status)
-            (tmp_path / "status-done").touch()
-            for node, proc in enumerate(procs):
-                proc.wait(timeout=120)
-                time.sleep(0.5)
-                assert proc.returncode == 0, "".join(errors[node])[-3000:]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        for reader in readers:
-            reader.join(5)
-    got: Dict[int, List[str]] = {}
-    for line in (line for o in outputs for line in o if line.startswith(MARK)):
-        record = json.loads(line[len(MARK):])
-        got.setdefault(record["rank"], []).append(record["digest"])
-    for rank in range(world):
-        assert got.get(rank) == [digest(b) for b in want[rank]], rank
-    assert ".planner" in shown and ".constructor." in shown, shown
-    assert (current.read_text() if current.exists() else None) == before

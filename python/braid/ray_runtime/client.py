@@ -110,8 +110,10 @@ def attach_in_helper(config: "_core.Config", state_json: str, client: str,
                               input=payload, capture_output=True, timeout=timeout_s + 60,
                               cwd=os.getcwd())
     except subprocess.TimeoutExpired as exc:
+        said = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[-20:]
         raise TimeoutError(f"runtime: attaching to the Ray job took over "
-                           f"{timeout_s + 60:.0f} s") from exc
+                           f"{timeout_s + 60:.0f} s; the helper's last words:\n"
+                           + "\n".join(said)) from exc
     for line in done.stdout.decode(errors="replace").splitlines():
         if line.startswith(ATTACH_MARK):
             answer = json.loads(line[len(ATTACH_MARK):])
