@@ -93,7 +93,7 @@ def main() -> None:
     base = os.path.dirname(demo["config_path"])
     for s in config["sources"]:
         s["path"] = os.path.join(base, s["path"]) if not os.path.isabs(s["path"]) else s["path"]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     address = ray.get_runtime_context().gcs_address
     results = {"embedded": run(config, args)}

@@ -53,7 +53,7 @@ def main() -> None:
     base = os.path.dirname(demo["config_path"])
     for s in config["sources"]:
         s["path"] = os.path.join(base, s["path"])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, namespace="stall")
     config["runtime"] = {"kind": "ray", "namespace": "stall", "job": "stall",
                          "shadow": args.shadow}

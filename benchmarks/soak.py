@@ -107,7 +107,7 @@ def main() -> int:
     ray = None
     if args.runtime == "ray":
         import ray
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  namespace="braid-soak", configure_logging=False)
         config["runtime"] = {"kind": "ray", "namespace": "braid-soak", "job": "soak",
                              "address": ray.get_runtime_context().gcs_address,

@@ -70,8 +70,9 @@ def backdate(path: Path) -> None:
 @pytest.fixture(scope="module")
 def ray_address():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
-             log_to_driver=False, namespace="braid-test", configure_logging=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20,
+             include_dashboard=False, log_to_driver=False,
+             namespace="braid-test", configure_logging=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

@@ -118,8 +118,9 @@ def test_the_mixed_job_on_ray_gives_the_embedded_tensors(mixed):
 
     _, _, config = mixed
     embedded = take_batches([braid.Loader(config, r, 2) for r in range(2)], 8)
-    ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
-             log_to_driver=False, namespace="braid-test-formats", configure_logging=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20,
+             include_dashboard=False, log_to_driver=False,
+             namespace="braid-test-formats", configure_logging=False)
     try:
         on_ray = copy.deepcopy(config)
         on_ray["runtime"] = {"kind": "ray", "namespace": "braid-test-formats",

@@ -27,8 +27,9 @@ NAMESPACE = "braid-test"
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, object_store_memory=256 * 2**20, include_dashboard=False,
-             log_to_driver=False, namespace=NAMESPACE, configure_logging=False)
+    ray.init(address="local", num_cpus=2, object_store_memory=256 * 2**20,
+             include_dashboard=False, log_to_driver=False,
+             namespace=NAMESPACE, configure_logging=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

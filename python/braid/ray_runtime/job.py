@@ -45,8 +45,10 @@ def connect(config: "_core.Config", start_local: bool = False) -> None:
                 f"runtime.address: no Ray cluster at {rt['address']!r} ({exc}); start one "
                 "with `ray start --head` on this node, or use `braid run --runtime ray`, "
                 "which starts a local one") from exc
-        ray.init(namespace=rt["namespace"], include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        # "local": a new instance even where /tmp/ray/ray_current_cluster names a cluster
+        # that is gone (a crashed one), which a plain ray.init() would try to join.
+        ray.init(address="local", namespace=rt["namespace"], include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
 
 
 @dataclass
