@@ -102,18 +102,18 @@ class NamespaceCluster:
                 _run("ip", "-n", ns, "route", "add", "default", "dev", inner)
 
     def _start_node(self, node: int) -> None:
-        ray = str(Path(sys.executable).parent / "ray")
-        args = [ray, "start", "--block", "--disable-usage-stats",
-                f"--node-ip-address={self.address(node)}", f"--num-cpus={self.cpus}",
-                "--object-store-memory=" + str(128 * 2**20)]
-        if node == 0:
-            args += ["--head", f"--port={PORT}", "--include-dashboard=false"]
-        else:
-            args += [f"--address={self.address(0)}:{PORT}"]
-        if node in self.resources:
-            args += ["--resources=" + json.dumps(self.resources[node])]
         if self.bare:
-            args = ["sleep", "infinity"]
+            args = ["sleep", "infinity"]  # only holds the node's namespaces
+        else:
+            args = [str(Path(sys.executable).parent / "ray"), "start", "--block",
+                    "--disable-usage-stats", f"--node-ip-address={self.address(node)}",
+                    f"--num-cpus={self.cpus}", "--object-store-memory=" + str(128 * 2**20)]
+            if node == 0:
+                args += ["--head", f"--port={PORT}", "--include-dashboard=false"]
+            else:
+                args += [f"--address={self.address(0)}:{PORT}"]
+            if node in self.resources:
+                args += ["--resources=" + json.dumps(self.resources[node])]
         # The node's own /tmp/ray: a tmpfs in a mount namespace of its own.
         script = "mkdir -p /tmp/ray && mount -t tmpfs braid-ray /tmp/ray && "
         unshare = ["unshare", "--mount", "--propagation", "private"]

@@ -124,9 +124,9 @@ def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_p
             got = {}
             for rank in range(world):
                 path = tmp_path / f"digests-{rank}.jsonl"
-                lines = path.read_text().splitlines() if path.exists() else []
-                got[rank] = [json.loads(line)["digest"] for line in lines
-                             if line.endswith("}")]
+                rows = path.read_text().splitlines() if path.exists() else []
+                got[rank] = [json.loads(row)["digest"] for row in rows
+                             if row.endswith("}")]  # a row being written is not yet one
             return got
 
         try:
