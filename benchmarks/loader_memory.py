@@ -98,6 +98,13 @@ def _arrow_figures(pa) -> Dict[str, int]:
     if system.backend_name != default.backend_name:
         out.update(arrow_system_bytes=system.bytes_allocated(),
                    arrow_system_peak=system.max_memory())
+    try:  # where Braid reads when Arrow has jemalloc (the wheels do)
+        jemalloc = pa.jemalloc_memory_pool()
+    except (NotImplementedError, AttributeError):
+        jemalloc = None
+    if jemalloc is not None and jemalloc.backend_name != default.backend_name:
+        out.update(arrow_jemalloc_bytes=jemalloc.bytes_allocated(),
+                   arrow_jemalloc_peak=jemalloc.max_memory())
     return out
 
 
@@ -218,10 +225,11 @@ def profile_main(args, config_path: str) -> int:
     snap("closed")
     mib = 2**20
     keys = ["pss", "pss_anon", "children_pss", "arrow_bytes", "arrow_peak",
-            "arrow_system_bytes", "arrow_system_peak", "malloc_in_use", "malloc_held",
+            "arrow_system_bytes", "arrow_system_peak", "arrow_jemalloc_bytes",
+            "arrow_jemalloc_peak", "malloc_in_use", "malloc_held",
             "threads"]
-    print("MiB; arrow_system: Arrow's system pool, where Braid reads by default")
-    print(f"{'stage':<18}" + "".join(f"{k.replace('arrow_system', 'sys'):>14}"
+    print("MiB; sys, jemalloc: Arrow's system pool and its jemalloc pool (where Braid reads)")
+    print(f"{'stage':<18}" + "".join(f"{k.replace('arrow_system', 'sys').replace('arrow_jemalloc', 'jem'):>14}"
                                      for k in keys))
     for row in rows:
         cells = []
@@ -294,6 +302,9 @@ def summarize(name: str, run: dict, none_peak: float, ranks: int) -> dict:
         "peak_trainers_bytes": run["peak"]["trainers"],
         "peak_workers_bytes": run["peak"]["workers"],
         "peak_extra_bytes": run["peak"]["extra"],
+        # The extra processes at the peak by name (daemons, actors): MB each.
+        "peak_extra_parts": {k: v for k, v in sorted(
+            run["peak"].get("extra_parts", {}).items(), key=lambda kv: -kv[1])},
         "peak_processes": run["peak"]["processes"],
         "tokens": tokens,
         "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
@@ -446,6 +457,10 @@ def main(argv=None) -> int:
               f"{r['peak_workers_bytes'] / 1e9:>11.2f} "
               f"{r['peak_extra_bytes'] / 1e9:>9.2f} {r['tokens_per_s']:>10,.0f} "
               f"{r['first_micro_batch_s'] or 0:>8.2f} {r['wait_fraction']:>5.2f}")
+    for name, r in results.items():
+        if r["peak_extra_parts"]:
+            print(f"{name} extra at the peak, MB: " + ", ".join(
+                f"{k} {v / 1e6:.0f}" for k, v in r["peak_extra_parts"].items()))
     for name, why in skipped.items():
         print(f"{name:<10} skipped: {why}")
     for key, value in out.items():

@@ -94,13 +94,34 @@ def memfd_bytes(pids: Iterable[int], seen: Dict[int, int]) -> None:
             seen[st.st_ino] = st.st_blocks * 512
 
 
+def process_label(pid: int) -> str:
+    """A short name for a process: its title if it set one (Ray's workers: "ray::..."),
+    the script a Python process runs, else its program's base name ("" if gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return ""
+    if not argv:
+        return ""
+    if len(argv) == 1 and " " in argv[0]:  # a title set over the whole command line
+        argv = argv[0].split()
+    program = os.path.basename(argv[0])
+    if program.startswith("python"):
+        script = next((a for a in argv[1:] if a.endswith(".py")), "")
+        return os.path.basename(script) or program
+    return program
+
+
 def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
     """Summed PSS of the trainers, their descendants (forked workers) and `extra`, plus
     the shared-memory files they hold open (counted once each, in `extra`'s column: it
-    is the loader's, whichever process holds it)."""
+    is the loader's, whichever process holds it). `extra_parts`: `extra`'s PSS by
+    process_label (the memfd files apart, under "memfd")."""
     children = children_map()
     workers = descendants(trainers, children)
-    sums = {"trainers": 0, "workers": 0, "extra": 0}
+    sums: Dict[str, Any] = {"trainers": 0, "workers": 0, "extra": 0}
+    parts: Dict[str, int] = {}
     anon = 0
     for kind, pids in (("trainers", trainers), ("workers", workers), ("extra", extra)):
         for pid in pids:
@@ -108,10 +129,16 @@ def sample(trainers: List[int], extra: List[int]) -> Dict[str, Any]:
             if roll:
                 sums[kind] += roll.get("Pss", 0)
                 anon += roll.get("Pss_Anon", 0) + roll.get("Pss_Shmem", 0)
+                if kind == "extra":
+                    label = process_label(pid)
+                    parts[label] = parts.get(label, 0) + roll.get("Pss", 0)
     held: Dict[int, int] = {}
     memfd_bytes(list(trainers) + workers + list(extra), held)
     sums["memfd"] = sum(held.values())
     sums["extra"] += sums["memfd"]
+    if extra:
+        parts["memfd"] = sums["memfd"]
+        sums["extra_parts"] = parts
     anon += sums["memfd"]
     sums["total"] = sums["trainers"] + sums["workers"] + sums["extra"]
     sums["anon_shmem"] = anon
