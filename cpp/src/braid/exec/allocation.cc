@@ -23,7 +23,8 @@ std::vector<SourceShare> UniformAllocation(const Config& config) {
 
 std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
                                          const std::vector<SourceProfile>& profiles,
-                                         int64_t threads, int64_t budget_bytes) {
+                                         int64_t threads, int64_t budget_bytes,
+                                         const std::vector<SourceShare>& previous) {
   const size_t n = config.sources.size();
   threads = std::max<int64_t>(1, threads);
   budget_bytes = std::max<int64_t>(1, budget_bytes);
@@ -77,9 +78,15 @@ std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
         std::max<int64_t>(1, std::min(bytes, config.runtime.read_ahead_bytes));
     s.workers = floor;
     if (total_demand > 0) {
-      const auto want = static_cast<int64_t>(
-          std::ceil(double(threads) * demand[i] / total_demand - 1e-9));
-      s.workers = std::clamp<int64_t>(want, floor, std::max(floor, threads));
+      const double want = double(threads) * demand[i] / total_demand;
+      int64_t workers = static_cast<int64_t>(std::ceil(want - 1e-9));
+      if (i < previous.size() && previous[i].active && previous[i].workers > 0) {
+        const auto held = double(previous[i].workers);
+        if (want > held - 1.0 - kWorkerHysteresis && want <= held + kWorkerHysteresis) {
+          workers = previous[i].workers;
+        }
+      }
+      s.workers = std::clamp<int64_t>(workers, floor, std::max(floor, threads));
     }
   }
   return out;

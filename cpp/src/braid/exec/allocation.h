@@ -19,6 +19,10 @@
 //   most the pool's threads. A source whose cost is not yet measured (fewer than
 //   kMinProfiledSamples samples) is priced at the mean of those measured; with none
 //   measured, every source keeps its configured workers.
+// - hysteresis: given the allocation in force (`previous`), an active source keeps its
+//   workers while its demand in threads stays within kWorkerHysteresis of the band that
+//   gave them (above workers - 1 - h, at most workers + h), so costs measured while
+//   running do not flip a source between two counts from step to step.
 //
 // Workers above a source's need cost nothing: a transform loop's helpers are pool threads
 // that are free (exec/read_pool.h ParallelFor), so the decision needs relative demand
@@ -58,16 +62,22 @@ struct ShareChange {
 /// Samples a source must have produced before its measured cost is used.
 inline constexpr int64_t kMinProfiledSamples = 32;
 
+/// How far (in threads) a source's demand must leave the band of its current workers
+/// before they change.
+inline constexpr double kWorkerHysteresis = 0.25;
+
 /// The steps ahead the decision looks at: what the job reads before a step is consumed
 /// (prefetch_steps + steps_in_flight + 2).
 int64_t AllocationLookahead(const Config& config);
 
 /// Each source's share (config order) for planning `step`, as the header says.
 /// `profiles` is per source in config order (missing entries: not measured); `threads`
-/// >= 1 and `budget_bytes` >= 1 are the pool's size and the job's memory budget.
+/// >= 1 and `budget_bytes` >= 1 are the pool's size and the job's memory budget;
+/// `previous`, the allocation in force (empty: none), damps the workers' changes.
 std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
                                          const std::vector<SourceProfile>& profiles,
-                                         int64_t threads, int64_t budget_bytes);
+                                         int64_t threads, int64_t budget_bytes,
+                                         const std::vector<SourceShare>& previous = {});
 
 /// The fixed allocation of runtime.autoscale: false (and of a job's start before any
 /// step is planned): every source active, its configured workers, the budget shared by

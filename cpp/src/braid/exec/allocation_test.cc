@@ -110,6 +110,43 @@ TEST(AllocationTest, ScalesUpBeforeAWeightRisesAndDownAfterItFell) {
   EXPECT_LT(low[1].read_ahead_bytes, high[1].read_ahead_bytes);
 }
 
+// Profiles under which `costly` (share 0.1/1.1 at step 0, against cheap's 1/1.1 at unit
+// cost) wants `threads` threads of the 8: its cost per token is 10 r / (1 - r), r = want/8.
+std::vector<SourceProfile> Wanting(double threads) {
+  const double r = threads / 8.0;
+  return {Profile(1000, 1'000'000, 1.0), Profile(1000, 1'000'000, 10.0 * r / (1.0 - r)),
+          SourceProfile{}};
+}
+
+TEST(AllocationTest, MeasuredCostsNearABoundaryDoNotFlipTheWorkers) {
+  const Config c = MakeConfig();
+  const int64_t budget = MemoryBudgetBytes(c);
+  const auto held = AllocateSources(c, 0, Wanting(2.9), 8, budget);
+  ASSERT_EQ(held[1].workers, 3);
+  // Without the allocation in force, 3.2 threads round up to 4; with it the 3 stay until
+  // the demand leaves (1.75, 3.25].
+  EXPECT_EQ(AllocateSources(c, 0, Wanting(3.2), 8, budget)[1].workers, 4);
+  EXPECT_EQ(AllocateSources(c, 0, Wanting(3.2), 8, budget, held)[1].workers, 3);
+  EXPECT_EQ(AllocateSources(c, 0, Wanting(3.3), 8, budget, held)[1].workers, 4);
+  EXPECT_EQ(AllocateSources(c, 0, Wanting(1.8), 8, budget, held)[1].workers, 3);
+  EXPECT_EQ(AllocateSources(c, 0, Wanting(1.7), 8, budget, held)[1].workers, 2);
+  // Costs that wander around 3 threads from step to step: one count, no flips.
+  std::vector<SourceShare> now = held;
+  int changes = 0;
+  for (int k = 0; k < 20; ++k) {
+    auto next = AllocateSources(c, 0, Wanting(k % 2 == 0 ? 2.95 : 3.1), 8, budget, now);
+    changes += next[1].workers != now[1].workers;
+    now = next;
+  }
+  EXPECT_EQ(changes, 0);
+  EXPECT_EQ(now[1].workers, 3);
+  // An inactive source's next allocation is not damped: it takes what it is owed.
+  std::vector<SourceShare> idle = held;
+  idle[1].active = false;
+  idle[1].workers = 0;
+  EXPECT_EQ(AllocateSources(c, 0, Wanting(3.2), 8, budget, idle)[1].workers, 4);
+}
+
 TEST(AllocationTest, TheUniformAllocationIsTheConfiguredOne) {
   const Config c = MakeConfig(false);
   const auto shares = UniformAllocation(c);

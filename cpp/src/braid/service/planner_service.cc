@@ -91,10 +91,10 @@ void PlannerService::Stop() {
 
 void PlannerService::Rescale(int64_t step) {
   if (!config_.runtime.autoscale) return;
+  std::lock_guard<std::mutex> lock(shares_mu_);
   std::vector<SourceShare> shares =
       AllocateSources(config_, step, sources_->profiles(), sources_->threads(),
-                      MemoryBudgetBytes(config_));
-  std::lock_guard<std::mutex> lock(shares_mu_);
+                      MemoryBudgetBytes(config_), shares_);
   if (shares == shares_) return;
   sources_->SetShares(shares);
   shares_ = shares;
