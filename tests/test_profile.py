@@ -116,3 +116,50 @@ def test_profile_counts_image_decodes_apart_and_reports_them(tmp_path):
     assert photos["cpu_s_per_sample"] > 10 * cheap["cpu_s_per_sample"], profile
     # The encoded images are the bytes read; a row of tokens is a few hundred bytes.
     assert photos["bytes_per_sample"] > 10 * cheap["bytes_per_sample"], profile
+
+
+def test_timeline_spans_the_steps_and_shows_which_source_costs(tmp_path, monkeypatch):
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "slow_transform.py").write_text(SLOW)
+    monkeypatch.syspath_prepend(str(tmp_path / "mod"))
+    rng = random.Random(5)
+    texts = [" ".join(str(rng.randrange(1, 1000)) for _ in range(rng.randint(20, 120)))
+             for _ in range(200)]
+    (tmp_path / "slow").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "slow" / "part-0.parquet",
+                   row_group_size=32)
+    config = _two_source_config(tmp_path, {
+        "name": "slow", "path": str(tmp_path / "slow"), "weight": 0.5,
+        "transform": {"python": "slow_transform:slow", "columns": ["text"]}})
+    steps = 10
+    summary = _core.run_job(load_config(config), steps, lambda s: None)
+    timeline, profile = summary["source_timeline"], summary["source_profile"]
+    # Contiguous spans from the first step to the last one planned.
+    assert timeline[0]["steps"][0] == 0
+    for a, b in zip(timeline, timeline[1:]):
+        assert a["steps"][1] == b["steps"][0]
+    # The planner plans up to prefetch_steps (2) ahead of what was taken.
+    assert steps - 2 <= timeline[-1]["steps"][1] <= steps + 2 + 1
+    totals = {}
+    for name in ("cheap", "slow"):
+        spans = [span["sources"][name] for span in timeline]
+        assert all(s["cpu_s"] >= 0 and s["wait_s"] >= 0 and s["samples"] >= 0
+                   for s in spans), spans
+        totals[name] = {k: sum(s[k] for s in spans) for k in ("cpu_s", "wait_s", "samples")}
+        # The spans hold what was spent by the last step's start: no more than the run's.
+        p = profile[name]
+        assert 0 < totals[name]["samples"] <= p["samples"], (totals, p)
+        assert totals[name]["cpu_s"] <= p["read_cpu_s"] + p["finish_cpu_s"] + 1e-9
+        assert totals[name]["wait_s"] <= p["consumer_wait_s"] + 1e-9
+    per_sample = {name: t["cpu_s"] / t["samples"] for name, t in totals.items()}
+    assert per_sample["slow"] > 10 * per_sample["cheap"], totals
+    # The report draws them per step (matplotlib is a test requirement).
+    path = write_config(tmp_path / "job.json", config)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mod"))
+    done = braid_cli("run", path, "--steps", "6", "--report", tmp_path / "report")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["source_timeline"][0]["steps"][0] == 0
+    assert set(report["source_timeline"][0]["sources"]) == {"cheap", "slow"}
+    for plot in ("source_cpu.png", "source_wait.png"):
+        assert (tmp_path / "report" / plot).stat().st_size > 0, plot

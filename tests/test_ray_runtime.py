@@ -443,9 +443,14 @@ def test_autoscale_changes_no_tensor_on_either_runtime(ray_cluster, small_datase
                     "--report", tmp_path / "report")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "source threads" in run.stdout
-    changes = json.loads((tmp_path / "report" / "report.json").read_text())[
-        "source_allocation"]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    changes = report["source_allocation"]
     assert changes[0]["step"] == 0 and not changes[0]["sources"]["code"]["active"]
+    # The run's timeline: the source of weight 0 until step 8 read nothing while the
+    # first step was planned.
+    timeline = report["source_timeline"]
+    assert timeline[0]["steps"][0] == 0 and timeline[-1]["steps"][1] >= 10
+    assert timeline[0]["sources"]["code"]["samples"] == 0, timeline[0]
     first_active = next(c["step"] for c in changes if c["sources"]["code"]["active"])
     assert first_active == 8 - (2 + 2 + 2)  # the lookahead: prefetch + in flight + 2
     off = braid_cli("run", write_config(tmp_path / "fixed.json", fixed), "--steps", "12")
@@ -463,6 +468,12 @@ def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
     assert "RSS of the job's 3 actors" in run.stdout
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["steps"] == 4
+    # The planner's timeline, from its host: contiguous spans from step 0, both sources.
+    timeline = report["source_timeline"]
+    assert timeline[0]["steps"][0] == 0 and timeline[-1]["steps"][1] >= 3
+    assert all(a["steps"][1] == b["steps"][0] for a, b in zip(timeline, timeline[1:]))
+    assert set(timeline[0]["sources"]) == {"web", "code"}
+    assert sum(span["sources"]["web"]["samples"] for span in timeline) > 0
     local = braid_cli("run", path, "--steps", "4", "--runtime", "local")
     assert local.returncode == 0, local.stderr[-3000:]
 

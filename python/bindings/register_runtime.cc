@@ -39,6 +39,29 @@ nb::dict ProfileToDict(const SourceProfile& p) {
   return d;
 }
 
+nb::list TimelineToList(const std::vector<ProfileSpan>& spans,
+                        const std::vector<std::string>& names) {
+  nb::list out;
+  for (const ProfileSpan& span : spans) {
+    nb::dict sources;
+    for (size_t i = 0; i < span.sources.size() && i < names.size(); ++i) {
+      const SourceProfile& p = span.sources[i];
+      nb::dict d;
+      d["cpu_s"] = 1e-9 * double(p.read_cpu_ns + p.finish_cpu_ns);
+      d["wait_s"] = 1e-9 * double(p.consumer_wait_ns);
+      d["samples"] = p.samples;
+      d["tokens"] = p.tokens;
+      d["bytes_read"] = p.bytes_read;
+      sources[names[i].c_str()] = d;
+    }
+    nb::dict entry;
+    entry["steps"] = nb::make_tuple(span.first_step, span.end_step);
+    entry["sources"] = sources;
+    out.append(entry);
+  }
+  return out;
+}
+
 nb::list SharesToList(const std::vector<ShareChange>& changes,
                       const std::vector<std::string>& names) {
   nb::list out;
@@ -102,6 +125,9 @@ nb::dict SummaryToDict(const RunSummary& s) {
   }
   if (!s.share_changes.empty()) {
     d["source_allocation"] = SharesToList(s.share_changes, s.source_names);
+  }
+  if (!s.source_timeline.empty()) {
+    d["source_timeline"] = TimelineToList(s.source_timeline, s.source_names);
   }
   d["step_imbalance"] = s.step_imbalance;
   d["step_seconds"] = s.step_seconds;

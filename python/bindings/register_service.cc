@@ -405,12 +405,14 @@ void RegisterService(nb::module_& m) {
              PlannerService::Figures f;
              std::vector<SourceProfile> profiles;
              std::vector<ShareChange> shares;
+             std::vector<ProfileSpan> timeline;
              std::vector<int64_t> skipped_files;
              {
                GilRelease release;
                f = h.service->figures();
                profiles = h.service->sources().profiles();
                shares = h.service->share_changes();
+               timeline = h.service->timeline();
                skipped_files = h.service->sources().skipped_files();
              }
              nb::dict d;
@@ -433,11 +435,10 @@ void RegisterService(nb::module_& m) {
                skipped[h.config->sources[i].name.c_str()] = skipped_files[i];
              }
              d["skipped_files"] = skipped;
-             if (!shares.empty()) {
-               std::vector<std::string> names;
-               for (const auto& src : h.config->sources) names.push_back(src.name);
-               d["source_allocation"] = SharesToList(shares, names);
-             }
+             std::vector<std::string> names;
+             for (const auto& src : h.config->sources) names.push_back(src.name);
+             if (!shares.empty()) d["source_allocation"] = SharesToList(shares, names);
+             if (!timeline.empty()) d["source_timeline"] = TimelineToList(timeline, names);
              return d;
            })
       .def("stop", [](PlannerHandle& h) {

@@ -68,5 +68,10 @@ nanobind::dict ProfileToDict(const SourceProfile& profile);
 // {workers, read_ahead_bytes, active}}}] (register_runtime.cc).
 nanobind::list SharesToList(const std::vector<ShareChange>& changes,
                             const std::vector<std::string>& names);
+// What each source cost per span of steps (service/profile_timeline.h), as report.json's
+// and `braid status`'s `source_timeline`: [{steps: (first, end), sources: {name: {cpu_s,
+// wait_s, samples, tokens, bytes_read}}}] (register_runtime.cc).
+nanobind::list TimelineToList(const std::vector<ProfileSpan>& spans,
+                              const std::vector<std::string>& names);
 
 }  // namespace braid::python

@@ -85,4 +85,24 @@ def _plots(summary: dict, directory: str) -> List[str]:
         ax.set_title("Threads per source (runtime.autoscale; 0: idle)")
         ax.legend(fontsize="small")
         save(fig, "source_threads.png")
+
+    timeline = summary.get("source_timeline")
+    if timeline:  # per span of steps: each source's CPU and the planner's wait on it
+        names = list(timeline[0]["sources"])
+        starts = [span["steps"][0] for span in timeline]
+        widths = [max(1, span["steps"][1] - span["steps"][0]) for span in timeline]
+        for key, label, file in (
+                ("cpu_s", "CPU ms per step (read, decode, transform)", "source_cpu.png"),
+                ("wait_s", "planner's wait ms per step", "source_wait.png")):
+            fig, ax = plt.subplots(figsize=(7, 3.5))
+            for name in names:
+                ys = [1000 * span["sources"][name][key] / w
+                      for span, w in zip(timeline, widths)]
+                ax.step(starts + [starts[-1] + widths[-1]], ys + ys[-1:], where="post",
+                        lw=1, label=name)
+            ax.set_xlabel("step")
+            ax.set_ylabel(label.split(" (")[0])
+            ax.set_title(f"Per source: {label}")
+            ax.legend(fontsize="small")
+            save(fig, file)
     return paths

@@ -54,6 +54,8 @@ def run_job(config: "_core.Config", steps: int,
                 summary["source_profile"] = a["source_profile"]
             if a.get("role") == "planner" and "source_allocation" in a:
                 summary["source_allocation"] = a["source_allocation"]
+            if a.get("role") == "planner" and "source_timeline" in a:
+                summary["source_timeline"] = a["source_timeline"]
         return summary
     finally:
         for stream in streams:

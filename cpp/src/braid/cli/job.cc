@@ -158,6 +158,7 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     summary.blanked = engine->blanked_payloads();
     summary.source_profile = engine->source_profiles();
     summary.share_changes = engine->share_changes();
+    summary.source_timeline = engine->source_timeline();
     summary.skipped_files = engine->skipped_files();
     summary.skipped_files_rows_unknown = engine->unreadable_files();
     if (progress) progress(summary);

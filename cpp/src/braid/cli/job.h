@@ -10,6 +10,7 @@
 
 #include "braid/config/config.h"
 #include "braid/exec/allocation.h"
+#include "braid/service/profile_timeline.h"
 #include "braid/plan/step_plan.h"
 #include "braid/source/profile.h"
 #include "braid/status.h"
@@ -51,6 +52,8 @@ struct RunSummary {
   std::vector<SourceProfile> source_profile;
   /// The sources' shares each time runtime.autoscale changed them (exec/allocation.h).
   std::vector<ShareChange> share_changes;
+  /// Per span of steps, what each source cost and the planner's wait on it.
+  std::vector<ProfileSpan> source_timeline;
   int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
   int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)
   /// Multimodal documents deferred to a later step (StepPlan::multimodal_deferred).

@@ -196,6 +196,10 @@ std::vector<ShareChange> Engine::share_changes() const {
   return impl_->planner_->share_changes();
 }
 
+std::vector<ProfileSpan> Engine::source_timeline() const {
+  return impl_->planner_->timeline();
+}
+
 std::vector<int64_t> Engine::blanked_payloads() const {
   return impl_->planner_->sources().blanked_payloads();
 }

@@ -32,6 +32,7 @@
 #include "braid/client/topology.h"
 #include "braid/config/config.h"
 #include "braid/exec/allocation.h"
+#include "braid/service/profile_timeline.h"
 #include "braid/plan/step_plan.h"
 #include "braid/source/profile.h"
 #include "braid/status.h"
@@ -91,6 +92,9 @@ class Engine {
   /// The sources' shares of threads and memory each time runtime.autoscale changed
   /// them (service/planner_service.h); empty with autoscale off. Thread-safe.
   std::vector<ShareChange> share_changes() const;
+  /// What each source cost and how long planning waited on it, per span of steps
+  /// (service/profile_timeline.h). Thread-safe.
+  std::vector<ProfileSpan> source_timeline() const;
   /// Per source, payloads blanked after their metadata was published (an image whose
   /// body did not decode, on_error: skip). Thread-safe.
   std::vector<int64_t> blanked_payloads() const;

@@ -90,8 +90,9 @@ void PlannerService::Stop() {
 }
 
 void PlannerService::Rescale(int64_t step) {
-  if (!config_.runtime.autoscale) return;
   std::lock_guard<std::mutex> lock(shares_mu_);
+  timeline_.Record(step, sources_->profiles());
+  if (!config_.runtime.autoscale) return;
   std::vector<SourceShare> shares =
       AllocateSources(config_, step, sources_->profiles(), sources_->threads(),
                       MemoryBudgetBytes(config_), shares_);
@@ -101,6 +102,11 @@ void PlannerService::Rescale(int64_t step) {
   if (share_changes_.size() < kMaxShareChanges) {
     share_changes_.push_back(ShareChange{step, std::move(shares)});
   }
+}
+
+std::vector<ProfileSpan> PlannerService::timeline() const {
+  std::lock_guard<std::mutex> lock(shares_mu_);
+  return timeline_.spans();
 }
 
 std::vector<ShareChange> PlannerService::share_changes() const {

@@ -19,7 +19,9 @@
 // its streams' pool threads and memory budget among the sources by their measured costs
 // and their weights over the steps ahead (exec/allocation.h), so a source is given
 // threads before its weight rises and a source of weight 0 reads nothing ahead; the
-// changes are kept (share_changes()). The stream is the same either way.
+// changes are kept (share_changes()). The stream is the same either way. What each
+// source's stream cost and how long the planner waited on it are kept per span of steps
+// (timeline(), service/profile_timeline.h), with or without autoscale.
 //
 // Thread-safe. The destructor stops the planning thread and the streams.
 #pragma once
@@ -37,6 +39,7 @@
 #include "braid/exec/allocation.h"
 #include "braid/plan/step_plan.h"
 #include "braid/service/planner_service_state.h"
+#include "braid/service/profile_timeline.h"
 #include "braid/service/source_service.h"
 #include "braid/status.h"
 
@@ -115,6 +118,10 @@ class PlannerService {
   /// start's. At most kMaxShareChanges are kept (the newest dropped after).
   static constexpr size_t kMaxShareChanges = 256;
   std::vector<ShareChange> share_changes() const;
+  /// What each source's stream cost per span of steps, as each step's planning began
+  /// (at most ProfileTimeline::kDefaultMaxSpans spans; steps planned again from a
+  /// checkpoint on streams of their own are not in it).
+  std::vector<ProfileSpan> timeline() const;
 
   /// The sources the planner draws from (their skip counts). Valid until destruction.
   const SourceSet& sources() const { return *sources_; }
@@ -158,6 +165,7 @@ class PlannerService {
   mutable std::mutex shares_mu_;
   std::vector<SourceShare> shares_;         // GUARDED_BY(shares_mu_) the ones applied
   std::vector<ShareChange> share_changes_;  // GUARDED_BY(shares_mu_)
+  ProfileTimeline timeline_;                // GUARDED_BY(shares_mu_)
 };
 
 }  // namespace braid
