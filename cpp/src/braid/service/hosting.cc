@@ -23,12 +23,53 @@ Placement PlaceSources(const Config& config) {
         std::min<int64_t>(std::max<int64_t>(actors, 1), std::max<int32_t>(n, 1)));
   }
   p.sources_of_host.resize(size_t(p.hosts));
+  p.host_of_source.assign(size_t(n), 0);
+  // Largest share first, each to the host with the least share so far (the lowest
+  // number on a tie): sources of equal weight go round the hosts in config order.
+  const std::vector<double> share = LargestShares(config);
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) order[size_t(i)] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return share[size_t(a)] > share[size_t(b)]; });
+  std::vector<double> load(size_t(p.hosts), 0.0);
+  for (int32_t i : order) {
+    const auto host = static_cast<int32_t>(
+        std::min_element(load.begin(), load.end()) - load.begin());
+    p.host_of_source[size_t(i)] = host;
+    load[size_t(host)] += share[size_t(i)];
+  }
   for (int32_t i = 0; i < n; ++i) {
-    p.host_of_source.push_back(i % p.hosts);
-    p.sources_of_host[size_t(i % p.hosts)].push_back(i);
+    p.sources_of_host[size_t(p.host_of_source[size_t(i)])].push_back(i);
   }
   p.standby = config.runtime.shadow;
   return p;
+}
+
+std::vector<double> LargestShares(const Config& config) {
+  const size_t n = config.sources.size();
+  // Shares change only where a schedule's point or a phase begins (linear in between:
+  // a share's extremes are at the points).
+  std::vector<int64_t> steps = {0};
+  auto add_points = [&](const WeightSchedule& w) {
+    for (const auto& [step, weight] : w.points) steps.push_back(std::max<int64_t>(0, step));
+  };
+  for (const auto& s : config.sources) add_points(s.weight);
+  for (const auto& phase : config.phases) {
+    steps.push_back(phase.until_step);
+    for (const auto& w : phase.weights) {
+      if (w) add_points(*w);
+    }
+  }
+  std::vector<double> out(n, 0.0);
+  for (int64_t step : steps) {
+    double total = 0;
+    std::vector<double> w(n);
+    for (size_t i = 0; i < n; ++i) total += (w[i] = std::max(0.0, config.WeightAt(i, step)));
+    for (size_t i = 0; i < n; ++i) {
+      out[i] = std::max(out[i], total > 0 ? w[i] / total : 1.0 / double(n));
+    }
+  }
+  return out;
 }
 
 PlannerService::Options SharedPlannerOptions(const Config& config) {

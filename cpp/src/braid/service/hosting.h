@@ -9,8 +9,11 @@
 // runtime.source_actors or runtime.actor_resources the roles get processes of their
 // own: the planner (`JOB.planner`, placed by Ray, on nodes with actor_resources when
 // given); the sources' payloads served by the planner's process (source_actors: 0) or
-// by K processes of their own (`JOB.sources.K`, source i in i % K; K defaults to 1 with
-// actor_resources); a host per node for its constructor. runtime.shadow gives every
+// by K processes of their own (`JOB.sources.K`; K defaults to 1 with actor_resources),
+// each source to the process with the least share so far, largest share first (its
+// largest share of a step over the weight schedules and phases: the share of the job's
+// pieces it serves at its busiest), so the K processes serve about equal parts of each
+// step; a host per node for its constructor. runtime.shadow gives every
 // source host a hot standby in a process of its own; without it a standby is started
 // when a host cannot be reached (its node is gone). A source host's number is the same
 // in every process of the job: PieceSource's `host`.
@@ -42,6 +45,10 @@ struct Placement {
 
 /// Where `config`'s sources are served.
 Placement PlaceSources(const Config& config);
+
+/// Per source (config order), its largest share of a step's tokens over the job: at step
+/// 0 and wherever a weight schedule has a point or a phase begins.
+std::vector<double> LargestShares(const Config& config);
 
 /// A planner service for consumers in other processes: planning on a thread of its own
 /// runtime.steps_in_flight + 1 steps ahead of the newest step asked for, wire messages
