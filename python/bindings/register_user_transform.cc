@@ -48,7 +48,7 @@ nb::object ToPython(const RowValue& v) {
     case RowValue::Kind::kList: {
       nb::list list;
       for (const RowValue& item : v.items) list.append(ToPython(item));
-      return std::move(list);
+      return list;
     }
     case RowValue::Kind::kStruct: {
       nb::dict dict;
@@ -56,7 +56,7 @@ nb::object ToPython(const RowValue& v) {
         dict[nb::str(v.field_names[f].data(), v.field_names[f].size())] =
             ToPython(v.items[f]);
       }
-      return std::move(dict);
+      return dict;
     }
   }
   return nb::none();
