@@ -158,6 +158,9 @@ def test_timeline_spans_the_steps_and_shows_which_source_costs(tmp_path, monkeyp
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mod"))
     done = braid_cli("run", path, "--steps", "6", "--report", tmp_path / "report")
     assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    at = next(i for i, l in enumerate(lines) if l.strip().startswith("source time"))
+    assert [l.split()[0] for l in lines[at + 1:at + 3]] == ["cheap", "slow"], lines[at:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["source_timeline"][0]["steps"][0] == 0
     assert set(report["source_timeline"][0]["sources"]) == {"cheap", "slow"}

@@ -104,6 +104,32 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
     _print_context(summary, out)
     _print_profile(summary.get("source_profile"), out)
     _print_allocation(summary.get("source_allocation"), out)
+    _print_timeline(summary.get("source_timeline"), out)
+
+
+def _print_timeline(timeline: Optional[list], out, indent: str = "  ") -> None:
+    """Per source: CPU and the planner's wait per step over the last quarter of the
+    steps, and the span in which planning waited on it the most (report.json has every
+    span)."""
+    if not timeline:
+        return
+    first, end = timeline[0]["steps"][0], timeline[-1]["steps"][1]
+    since = end - max(1, (end - first) // 4)
+    recent = [span for span in timeline if span["steps"][1] > since] or timeline[-1:]
+    a = recent[0]["steps"][0]
+    print(f"{indent}source time      ms per step of CPU and of the planner's wait on it, "
+          f"steps {a}-{end - 1}; the most wait in a span of {len(timeline)}", file=out)
+
+    def per_step(spans: list, name: str, key: str) -> float:
+        steps = sum(max(1, s["steps"][1] - s["steps"][0]) for s in spans)
+        return 1000 * sum(s["sources"][name][key] for s in spans) / steps
+
+    for name in timeline[-1]["sources"]:
+        worst = max(timeline, key=lambda span: per_step([span], name, "wait_s"))
+        print(f"{indent}  {name:<14} {per_step(recent, name, 'cpu_s'):>9,.2f} "
+              f"{per_step(recent, name, 'wait_s'):>9,.2f}   "
+              f"{per_step([worst], name, 'wait_s'):,.2f} at steps {worst['steps'][0]}-"
+              f"{worst['steps'][1] - 1}", file=out)
 
 
 def _print_allocation(changes: Optional[list], out, indent: str = "  ") -> None:
@@ -242,12 +268,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 continue
             extra = {k: v for k, v in a.items()
                      if k not in ("name", "role", "pid", "rss_bytes", "node",
-                                  "source_profile")}
+                                  "source_profile", "source_allocation",
+                                  "source_timeline")}
             print(f"  {a['name']:<48} node {a['node'][:12]} pid {a['pid']:<7} "
                   f"rss {_fmt_bytes(a['rss_bytes']):>9}  "
                   + " ".join(f"{k}={v}" for k, v in extra.items()))
             _print_profile(a.get("source_profile"), sys.stdout, indent="    ")
             _print_allocation(a.get("source_allocation"), sys.stdout, indent="    ")
+            _print_timeline(a.get("source_timeline"), sys.stdout, indent="    ")
     if args.job and not jobs.actor_names(args.job, args.namespace):
         print(f"braid: error: no actors of job {args.job!r} in namespace "
               f"{args.namespace!r}", file=sys.stderr)
