@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -38,6 +39,34 @@ TEST(ReadPoolTest, UrgentTasksRunBeforeQueuedOnes) {
   ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)),
             std::future_status::ready);
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(ReadPoolTest, SubmitNextRunsFromAnyThreadAndAnyPool) {
+  // From a pool thread of the same pool (a task queuing its next step), from a thread of
+  // another pool (which must wake this pool's threads) and from no pool thread.
+  ReadPool pool(2);
+  ReadPool other(1);
+  std::atomic<int> steps{0};
+  std::promise<void> chain_done;
+  std::function<void()> step = [&] {
+    if (steps.fetch_add(1) + 1 == 100) {
+      chain_done.set_value();
+      return;
+    }
+    pool.SubmitNext(step);
+  };
+  pool.Submit(step);
+  ASSERT_EQ(chain_done.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  EXPECT_EQ(steps.load(), 100);
+  std::promise<void> from_other;
+  other.Submit([&] { pool.SubmitNext([&] { from_other.set_value(); }); });
+  EXPECT_EQ(from_other.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  std::promise<void> from_outside;
+  pool.SubmitNext([&] { from_outside.set_value(); }, /*urgent=*/true);
+  EXPECT_EQ(from_outside.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
 }
 
 TEST(ReadPoolTest, ParallelForCoversEveryIndexOnceForAnyHelperCount) {
