@@ -462,11 +462,6 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
   }
 }
 
-Result<std::vector<std::shared_ptr<arrow::Array>>> SourceLoader::ReadColumns(int file,
-                                                                             int row_group) {
-  return files_->ReadColumns(file, row_group);
-}
-
 Status SourceLoader::LoadWindow() {
   const auto& file_list = this->file_list();
   if (!unreadable_logged_) {  // once per source (its first shard), not per loader
@@ -558,9 +553,9 @@ Status SourceLoader::LoadWindow() {
       }
       row += first;
     } else if (block_rows == 0) {
-      auto cols = ReadColumns(file, rg);
-      if (cols.ok()) chunks.push_back(std::move(*cols));
-      read = cols.status();
+      auto whole = files_->ReadChunks(file, rg);
+      if (whole.ok()) chunks = std::move(*whole);
+      read = whole.status();
     } else {
       row += w.blocks[e] * block_rows;
       unread_rows = std::min(block_rows, f.row_group_rows[size_t(rg)] -

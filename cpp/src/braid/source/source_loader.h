@@ -218,7 +218,6 @@ class SourceLoader : public SampleStream {
   // Loads the next window if none is loaded, then transforms and queues one batch.
   Status ReadStep();
   Status LoadWindow();
-  Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
   // Submits a task to the pool, counted in in_flight_ until it returns; `next` as for
   // ScheduleLocked.
   void SubmitCounted(std::function<void()> task, bool urgent, bool next = false);
