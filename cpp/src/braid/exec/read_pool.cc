@@ -74,8 +74,15 @@ void ReadPool::Submit(std::function<void()> task, bool urgent) {
 
 void ReadPool::SubmitNext(std::function<void()> task, bool urgent) {
   if (this_threads_pool != this) return Submit(std::move(task), urgent);
-  std::lock_guard<std::mutex> lock(mu_);
-  (urgent ? urgent_ : tasks_).push_back(std::move(task));
+  bool first = false;  // nothing queued before it: this thread's next task
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = urgent_.empty() && tasks_.empty();
+    (urgent ? urgent_ : tasks_).push_back(std::move(task));
+  }
+  // Behind other tasks, this thread may take one of those first (a long decode): another
+  // thread must be free to take it.
+  if (!first) cv_.notify_one();
 }
 
 void ReadPool::Loop() {

@@ -47,9 +47,10 @@ class ReadPool {
   void Submit(std::function<void()> task, bool urgent = false);
 
   /// Submit for a task that queues its own next step as its last act: called from one of
-  /// this pool's threads, `task` waits for a thread to come free (this one, once the
-  /// running task returns, unless another takes it first) instead of waking a sleeping
-  /// one, which would only take the turn from this thread. Elsewhere, Submit.
+  /// this pool's threads with nothing else queued, `task` waits for this thread to come
+  /// free (once the running task returns, unless another takes it first) instead of
+  /// waking a sleeping one, which would only take the turn from this thread. Otherwise
+  /// (tasks queued before it, or another thread calling), Submit.
   void SubmitNext(std::function<void()> task, bool urgent = false);
 
   /// Calls fn(i) for every i in [0, n) on the calling thread and on up to

@@ -69,6 +69,24 @@ TEST(ReadPoolTest, SubmitNextRunsFromAnyThreadAndAnyPool) {
             std::future_status::ready);
 }
 
+TEST(ReadPoolTest, SubmitNextBehindALongTaskWakesAnotherThread) {
+  // The submitting thread takes the long task queued before: a sleeping thread must be
+  // woken for the task behind it.
+  ReadPool pool(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both threads asleep
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> behind;
+  pool.Submit([&, released] {
+    // Queued first, waking nobody: this thread takes it once this task returns.
+    pool.SubmitNext([released] { released.wait(); }, /*urgent=*/true);
+    pool.SubmitNext([&] { behind.set_value(); });
+  });
+  const auto behind_ran = behind.get_future().wait_for(std::chrono::seconds(10));
+  release.set_value();
+  EXPECT_EQ(behind_ran, std::future_status::ready);
+}
+
 TEST(ReadPoolTest, ParallelForCoversEveryIndexOnceForAnyHelperCount) {
   ReadPool pool(4);
   for (int64_t max_threads : {1, 2, 4, 9}) {
