@@ -8,6 +8,7 @@ namespace braid {
 namespace {
 
 thread_local bool on_pool_thread = false;
+thread_local const ReadPool* this_threads_pool = nullptr;  // the pool running this thread
 
 std::mutex& JoinHookMutex() {
   static auto* mu = new std::mutex();  // never destroyed: pools may end at exit
@@ -36,6 +37,7 @@ ReadPool::ReadPool(int64_t threads) {
   for (int64_t i = 0; i < std::max<int64_t>(1, threads); ++i) {
     threads_.emplace_back([this] {
       on_pool_thread = true;
+      this_threads_pool = this;
       Loop();
     });
   }
@@ -68,6 +70,19 @@ void ReadPool::Submit(std::function<void()> task, bool urgent) {
     (urgent ? urgent_ : tasks_).push_back(std::move(task));
   }
   cv_.notify_one();
+}
+
+void ReadPool::SubmitNext(std::function<void()> task, bool urgent) {
+  if (this_threads_pool != this) return Submit(std::move(task), urgent);
+  bool first = false;  // nothing queued before it: this thread's next task
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = urgent_.empty() && tasks_.empty();
+    (urgent ? urgent_ : tasks_).push_back(std::move(task));
+  }
+  // Behind other tasks, this thread may take one of those first (a long decode): another
+  // thread must be free to take it.
+  if (!first) cv_.notify_one();
 }
 
 void ReadPool::Loop() {

@@ -46,6 +46,13 @@ class ReadPool {
   /// Queues `task` (which must not throw and must not block on another task).
   void Submit(std::function<void()> task, bool urgent = false);
 
+  /// Submit for a task that queues its own next step as its last act: called from one of
+  /// this pool's threads with nothing else queued, `task` waits for this thread to come
+  /// free (once the running task returns, unless another takes it first) instead of
+  /// waking a sleeping one, which would only take the turn from this thread. Otherwise
+  /// (tasks queued before it, or another thread calling), Submit.
+  void SubmitNext(std::function<void()> task, bool urgent = false);
+
   /// Calls fn(i) for every i in [0, n) on the calling thread and on up to
   /// max_threads - 1 pool threads that are free to help; returns when all calls are done.
   /// May be called from a pool task (the caller never waits for a helper that has not

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -38,6 +39,52 @@ TEST(ReadPoolTest, UrgentTasksRunBeforeQueuedOnes) {
   ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)),
             std::future_status::ready);
   EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(ReadPoolTest, SubmitNextRunsFromAnyThreadAndAnyPool) {
+  // From a pool thread of the same pool (a task queuing its next step), from a thread of
+  // another pool (which must wake this pool's threads) and from no pool thread.
+  ReadPool pool(2);
+  ReadPool other(1);
+  std::atomic<int> steps{0};
+  std::promise<void> chain_done;
+  std::function<void()> step = [&] {
+    if (steps.fetch_add(1) + 1 == 100) {
+      chain_done.set_value();
+      return;
+    }
+    pool.SubmitNext(step);
+  };
+  pool.Submit(step);
+  ASSERT_EQ(chain_done.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  EXPECT_EQ(steps.load(), 100);
+  std::promise<void> from_other;
+  other.Submit([&] { pool.SubmitNext([&] { from_other.set_value(); }); });
+  EXPECT_EQ(from_other.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+  std::promise<void> from_outside;
+  pool.SubmitNext([&] { from_outside.set_value(); }, /*urgent=*/true);
+  EXPECT_EQ(from_outside.get_future().wait_for(std::chrono::seconds(30)),
+            std::future_status::ready);
+}
+
+TEST(ReadPoolTest, SubmitNextBehindALongTaskWakesAnotherThread) {
+  // The submitting thread takes the long task queued before: a sleeping thread must be
+  // woken for the task behind it.
+  ReadPool pool(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both threads asleep
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> behind;
+  pool.Submit([&, released] {
+    // Queued first, waking nobody: this thread takes it once this task returns.
+    pool.SubmitNext([released] { released.wait(); }, /*urgent=*/true);
+    pool.SubmitNext([&] { behind.set_value(); });
+  });
+  const auto behind_ran = behind.get_future().wait_for(std::chrono::seconds(10));
+  release.set_value();
+  EXPECT_EQ(behind_ran, std::future_status::ready);
 }
 
 TEST(ReadPoolTest, ParallelForCoversEveryIndexOnceForAnyHelperCount) {

@@ -15,6 +15,11 @@
 
 namespace braid::internal {
 
+Result<std::vector<FormatReader::Columns>> FormatReader::ReadChunks(int file, int unit) {
+  ARROW_ASSIGN_OR_RAISE(auto columns, ReadColumns(file, unit));
+  return std::vector<Columns>{std::move(columns)};
+}
+
 Result<std::vector<RowLength>> FormatReader::ReadLengths(int, int) {
   return Status::NotImplemented("this format has no token counts");
 }

@@ -32,6 +32,10 @@ class FormatReader {
   /// The columns of unit `unit` of file `file`, one array each.
   virtual Result<Columns> ReadColumns(int file, int unit) = 0;
 
+  /// The columns of unit `unit` as consecutive chunks of its rows (SourceFiles::
+  /// ReadChunks). The default is ReadColumns' one chunk.
+  virtual Result<std::vector<Columns>> ReadChunks(int file, int unit);
+
   /// Rows [first, first + rows) of one unit, as consecutive chunks of columns (a unit
   /// larger than the source's shuffle_window_bytes is read in such blocks). The default
   /// reads the unit and slices it.

@@ -6,8 +6,9 @@
 // 1000 rows by default). A stream has no footer, so opening walks each file's messages
 // once for the schema, every batch's rows and the byte offset of its message; a unit is
 // then read alone at its offset (arrow::ipc::ReadRecordBatch on a stream over that range
-// of the file). Local files are memory-mapped, as `datasets` does, so walking them reads
-// only the messages' metadata and a batch's columns are views of the mapping.
+// of the file). Local files are memory-mapped, as `datasets` does, and held as one buffer
+// of the whole mapping, so walking them reads only the messages' metadata and a batch's
+// columns are views of the mapping.
 //
 // Errors: a failed read of the underlying file is a storage error; bytes that are not an
 // IPC stream, a column missing or of another type than the transform reads are data
@@ -40,9 +41,15 @@ struct ArrowFile {
 Result<std::shared_ptr<arrow::io::RandomAccessFile>> OpenInput(arrow::fs::FileSystem* fs,
                                                                const std::string& path) {
   if (fs->type_name() == "local") {
+    // The whole mapping as one buffer: walking and reading batches then slice it, with
+    // no system call per read (a mapped file's reads each advise the kernel).
     auto mapped = arrow::io::MemoryMappedFile::Open(path, arrow::io::FileMode::READ);
     if (!mapped.ok()) return StorageError(path, mapped.status().message());
-    return std::static_pointer_cast<arrow::io::RandomAccessFile>(*mapped);
+    auto size = (*mapped)->GetSize();
+    if (!size.ok()) return StorageError(path, size.status().message());
+    auto whole = (*mapped)->ReadAt(0, *size);
+    if (!whole.ok()) return StorageError(path, whole.status().message());
+    return std::make_shared<arrow::io::BufferReader>(std::move(*whole));
   }
   auto input = fs->OpenInputFile(path);
   if (!input.ok()) return StorageError(path, input.status().message());

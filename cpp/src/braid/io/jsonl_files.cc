@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 #include <arrow/api.h>
 #include <arrow/io/api.h>
@@ -106,6 +107,11 @@ class JsonlReader : public FormatReader {
       }
     }
     return out;
+  }
+
+  // Arrow's blocks as they come, with no copy into one array.
+  Result<std::vector<Columns>> ReadChunks(int file, int unit) override {
+    return ReadRows(file, unit, 0, files_[size_t(file)].records);
   }
 
   // A token source's counts: its lists' lengths (the file is read whole; JSON has no
@@ -251,8 +257,11 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
         in, arrow::io::CompressedInputStream::Make(codec.get(), in, ReadMemoryPool()));
   }
   bool content = false;  // the current line holds a non-whitespace character
+  // One buffer for every chunk (a chunk read as a new buffer would cost an allocation
+  // and fresh pages each).
+  std::vector<uint8_t> buffer(static_cast<size_t>(kCountChunkBytes));
   while (true) {
-    auto chunk = in->Read(kCountChunkBytes);
+    auto chunk = in->Read(kCountChunkBytes, buffer.data());
     if (!chunk.ok()) {
       const std::string what = "cannot read: " + OneLine(chunk.status().message());
       return failed->load() ? StorageError(f.path, what)
@@ -261,12 +270,12 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
                                                         f.compression) +
                                                     "?)");
     }
-    const int64_t n = (*chunk)->size();
+    const int64_t n = *chunk;
     if (n == 0) break;
     *bytes += n;
     // Per line: skip leading whitespace (a blank line is no record), then the line's
     // end by memchr.
-    const uint8_t* p = (*chunk)->data();
+    const uint8_t* p = buffer.data();
     const uint8_t* end = p + n;
     while (p < end) {
       if (!content) {

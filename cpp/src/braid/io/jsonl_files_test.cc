@@ -174,6 +174,29 @@ TEST(JsonlFilesTest, ARecordLongerThanArrowsBlockIsRead) {
   EXPECT_EQ(Row(*cols->front(), 4), docs[4]);
 }
 
+TEST(JsonlFilesTest, AWholeFileReadsAsArrowsBlocksWithTheRowsOfReadColumns) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  Docs docs = MakeDocs(1500, 7);
+  for (auto& d : docs) d.resize(1000, 29999);  // about 9 MB of JSON: several blocks
+  ASSERT_TRUE(Write(dir.Sub("big.jsonl.zst"), Lines(docs), arrow::Compression::ZSTD).ok());
+  auto files = SourceFiles::Open(Jsonl(dir.Sub("big.jsonl.zst")), "sources[0]");
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  auto chunks = (*files)->ReadChunks(0, 0);
+  ASSERT_TRUE(chunks.ok()) << chunks.status().ToString();
+  EXPECT_GT(chunks->size(), 1u);
+  int64_t at = 0;
+  for (const auto& chunk : *chunks) {
+    for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
+      ASSERT_EQ(Row(*chunk.front(), i), docs[size_t(at)]) << at;
+    }
+  }
+  EXPECT_EQ(at, 1500);
+  auto whole = (*files)->ReadColumns(0, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  ASSERT_EQ(whole->front()->length(), 1500);
+  EXPECT_EQ(Row(*whole->front(), 1499), docs[1499]);
+}
+
 TEST(JsonlFilesTest, BadBytesNameTheFile) {
   testing::ScopedTempDir dir("braid-jsonl");
   ASSERT_TRUE(Write(dir.Sub("a.jsonl"), Lines(MakeDocs(20, 5))).ok());

@@ -177,6 +177,13 @@ class SourceFiles {
   /// failed, a data error when the bytes are bad.
   Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
 
+  /// The columns of one row group as consecutive chunks of its rows, each in ColumnSpec
+  /// order: ReadColumns' one chunk for Parquet and formats read whole, the reader's own
+  /// pieces for a format read as a stream (JSON Lines: Arrow's blocks, not concatenated).
+  /// Retried and failing as ReadColumns.
+  Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> ReadChunks(int file,
+                                                                             int row_group);
+
   /// Block `block` of one row group cut into blocks of `block_rows` rows (the last one
   /// shorter): its rows in order as consecutive chunks of about kBlockChunkBytes, each
   /// the columns in ColumnSpec order (as ReadColumns). The chunks come from a streaming

@@ -33,6 +33,16 @@ Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumns(
       file, row_group, [&] { return ReadColumnsOnce(file, row_group); });
 }
 
+Result<std::vector<std::vector<std::shared_ptr<arrow::Array>>>> SourceFiles::ReadChunks(
+    int file, int row_group) {
+  using Chunk = std::vector<std::shared_ptr<arrow::Array>>;
+  return Retried<std::vector<Chunk>>(file, row_group, [&]() -> Result<std::vector<Chunk>> {
+    if (format_reader_) return format_reader_->ReadChunks(file, row_group);
+    ARROW_ASSIGN_OR_RAISE(auto columns, ReadColumnsOnce(file, row_group));
+    return std::vector<Chunk>{std::move(columns)};
+  });
+}
+
 Result<std::vector<std::shared_ptr<arrow::Array>>> SourceFiles::ReadColumnsOnce(
     int file, int row_group) {
   if (format_reader_) return format_reader_->ReadColumns(file, row_group);

@@ -191,25 +191,28 @@ std::shared_ptr<internal::LogEveryN> SourceLoader::NewSkipLog() {
                                                /*every=*/kSkipLogEvery);
 }
 
-void SourceLoader::SubmitCounted(std::function<void()> task, bool urgent) {
+void SourceLoader::SubmitCounted(std::function<void()> task, bool urgent, bool next) {
   // REQUIRES: mu_ held (in_flight_); the pool never calls back into the loader under its
   // own lock, so submitting under mu_ cannot deadlock.
   ++in_flight_;
-  pool_->Submit(
-      [this, task = std::move(task)] {
-        task();
-        std::lock_guard<std::mutex> lock(mu_);
-        if (--in_flight_ == 0 && stopping_) cv_.notify_all();
-      },
-      urgent);
+  auto counted = [this, task = std::move(task)] {
+    task();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_flight_ == 0 && stopping_) cv_.notify_all();
+  };
+  if (next) {
+    pool_->SubmitNext(std::move(counted), urgent);
+  } else {
+    pool_->Submit(std::move(counted), urgent);
+  }
 }
 
-void SourceLoader::ScheduleLocked(bool urgent) {
+void SourceLoader::ScheduleLocked(bool urgent, bool next) {
   if (!pool_) pool_ = std::make_shared<ReadPool>(source_.workers + 1);
   reading_ = true;
   urgent_ = urgent;
   const uint64_t ticket = ++ticket_;
-  SubmitCounted([this, ticket] { ReadTask(ticket); }, urgent);
+  SubmitCounted([this, ticket] { ReadTask(ticket); }, urgent, next);
 }
 
 void SourceLoader::Start() {
@@ -287,8 +290,9 @@ void SourceLoader::ReadTask(uint64_t ticket) {
       wake = true;
     } else if (!stopping_ &&
                (queue_.empty() || (ahead_ && queued_bytes_ < read_ahead_bytes_))) {
-      // Keep reading; urgently while the consumer waits.
-      ScheduleLocked(/*urgent=*/consumer_waiting_ && queue_.empty());
+      // Keep reading; urgently while the consumer waits. This thread is about to be free
+      // for it: no other is woken.
+      ScheduleLocked(/*urgent=*/consumer_waiting_ && queue_.empty(), /*next=*/true);
     } else {
       reading_ = false;
     }
@@ -458,11 +462,6 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
   }
 }
 
-Result<std::vector<std::shared_ptr<arrow::Array>>> SourceLoader::ReadColumns(int file,
-                                                                             int row_group) {
-  return files_->ReadColumns(file, row_group);
-}
-
 Status SourceLoader::LoadWindow() {
   const auto& file_list = this->file_list();
   if (!unreadable_logged_) {  // once per source (its first shard), not per loader
@@ -554,9 +553,9 @@ Status SourceLoader::LoadWindow() {
       }
       row += first;
     } else if (block_rows == 0) {
-      auto cols = ReadColumns(file, rg);
-      if (cols.ok()) chunks.push_back(std::move(*cols));
-      read = cols.status();
+      auto whole = files_->ReadChunks(file, rg);
+      if (whole.ok()) chunks = std::move(*whole);
+      read = whole.status();
     } else {
       row += w.blocks[e] * block_rows;
       unread_rows = std::min(block_rows, f.row_group_rows[size_t(rg)] -
@@ -714,7 +713,10 @@ Status SourceLoader::ReadStep() {
   const int64_t n = static_cast<int64_t>(rows_.size());
   const int64_t k = loaded_pos_.offset;
   const int64_t workers = workers_.load(std::memory_order_relaxed);
-  const int64_t max_rows = kBatchRowsPerWorker * workers;
+  // A transform that takes rows in larger calls (a cheap one: the token column) gets
+  // batches of as many.
+  const int64_t max_rows =
+      std::max<int64_t>(kBatchRowsPerWorker, transform_->batch_rows()) * workers;
   const int64_t max_bytes =
       std::max<int64_t>(1, read_ahead_bytes_.load(std::memory_order_relaxed) / 4);
   // The batch [k, end): at most max_rows rows and about max_bytes of payload.

@@ -41,8 +41,9 @@
 // memory budget) and otherwise stops, and Next() resubmits it once the queue is half
 // empty. A pool thread never blocks on a full queue. The first Next() (or Start())
 // submits the first step; a Next() that finds the queue empty makes the pending step
-// urgent. A batch holds at most 256 rows per worker and about a quarter of
-// `read_ahead_bytes` of estimated payload. A queued sample is charged its payload bytes,
+// urgent. A batch holds at most 256 rows per worker (or the transform's batch_rows(),
+// if larger: 1024 for a token column) and about a quarter of `read_ahead_bytes` of
+// estimated payload. A queued sample is charged its payload bytes,
 // or, without payloads (planning), the bytes its row decoded to, so planning reads ahead
 // as far as a run would. Next() is called from one consumer thread; Stop() and the
 // destructor may be called from any thread, cut the current batch short and wait for the
@@ -209,16 +210,17 @@ class SourceLoader : public SampleStream {
                Options options, std::unique_ptr<SourceFiles> files,
                std::unique_ptr<Transform> transform);
   // Submits a read step (REQUIRES: mu_ held, !stopping_); `urgent` when the consumer
-  // waits for it. A step submitted earlier and not yet running becomes a no-op.
-  void ScheduleLocked(bool urgent);
+  // waits for it. A step submitted earlier and not yet running becomes a no-op. `next`:
+  // submitted by the running step as its last act (ReadPool::SubmitNext).
+  void ScheduleLocked(bool urgent, bool next = false);
   // Runs one read step if `ticket` is still the current one.
   void ReadTask(uint64_t ticket);
   // Loads the next window if none is loaded, then transforms and queues one batch.
   Status ReadStep();
   Status LoadWindow();
-  Result<std::vector<std::shared_ptr<arrow::Array>>> ReadColumns(int file, int row_group);
-  // Submits a task to the pool, counted in in_flight_ until it returns.
-  void SubmitCounted(std::function<void()> task, bool urgent);
+  // Submits a task to the pool, counted in in_flight_ until it returns; `next` as for
+  // ScheduleLocked.
+  void SubmitCounted(std::function<void()> task, bool urgent, bool next = false);
   // One row of the loaded window.
   struct RowRef {
     int32_t file = 0;

@@ -18,6 +18,7 @@
 
 #include "braid/source/source_loader.h"
 #include "braid/transform/tokenizer.h"
+#include "braid/transform/transform_internal.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/parquet_fixture.h"
 #include "braid/testing/sentencepiece_fixture.h"
@@ -101,6 +102,76 @@ class TransformTest : public ::testing::Test {
 
 testing::ScopedTempDir* TransformTest::dir_ = nullptr;
 std::vector<std::vector<std::optional<std::string>>>* TransformTest::texts_ = nullptr;
+
+// A list<int32|int64> column from rows (nullopt: a null row).
+std::shared_ptr<arrow::Array> TokenLists(
+    const std::vector<std::optional<std::vector<int64_t>>>& rows, bool wide) {
+  auto values = wide ? std::shared_ptr<arrow::ArrayBuilder>(new arrow::Int64Builder())
+                     : std::shared_ptr<arrow::ArrayBuilder>(new arrow::Int32Builder());
+  arrow::ListBuilder list(arrow::default_memory_pool(), values);
+  for (const auto& row : rows) {
+    if (!row) {
+      EXPECT_TRUE(list.AppendNull().ok());
+      continue;
+    }
+    EXPECT_TRUE(list.Append().ok());
+    for (int64_t v : *row) {
+      EXPECT_TRUE(wide ? static_cast<arrow::Int64Builder&>(*values).Append(v).ok()
+                       : static_cast<arrow::Int32Builder&>(*values)
+                             .Append(static_cast<int32_t>(v))
+                             .ok());
+    }
+  }
+  std::shared_ptr<arrow::Array> out;
+  EXPECT_TRUE(list.Finish(&out).ok());
+  return out;
+}
+
+TEST(TokenColumnTransformTest, BatchGivesWhatApplyGivesRowByRow) {
+  const std::string path = "f.parquet";
+  const std::vector<std::optional<std::vector<int64_t>>> rows = {
+      std::vector<int64_t>{1, 2, 3}, std::nullopt, std::vector<int64_t>{},
+      std::vector<int64_t>{7}, std::vector<int64_t>{int64_t{1} << 40, 5},
+      std::vector<int64_t>{4, 4}};
+  for (bool wide : {false, true}) {
+    const Columns cols = {TokenLists(rows, wide)};
+    auto transform = internal::MakeTokenColumnTransform("ids", "", "");
+    std::vector<BatchRow> batch;
+    for (int64_t i = 0; i < int64_t(rows.size()); ++i) {
+      batch.push_back(BatchRow{&cols, i, RowLocation{&path, 0, i}});
+    }
+    std::vector<RowOutput> out(batch.size());
+    std::vector<Status> st(batch.size());
+    transform->ApplyBatch(batch, /*want_payload=*/true, out.data(), st.data());
+    for (size_t k = 0; k < batch.size(); ++k) {
+      SCOPED_TRACE("wide " + std::to_string(wide) + " row " + std::to_string(k));
+      RowOutput one;
+      const Status one_st =
+          transform->Apply(cols, int64_t(k), /*want_payload=*/true, batch[k].where, &one);
+      EXPECT_EQ(st[k].ToString(), one_st.ToString());
+      EXPECT_EQ(out[k].skip, one.skip);
+      EXPECT_EQ(out[k].null_what, one.null_what);
+      EXPECT_EQ(out[k].tokens, one.tokens);
+      ASSERT_EQ(out[k].payload == nullptr, one.payload == nullptr);
+      if (one.payload != nullptr) EXPECT_EQ(out[k].payload->tokens, one.payload->tokens);
+    }
+    // The int64 id past int32 fails its own row only, naming it.
+    if (wide) {
+      EXPECT_THAT(st[4].message(), HasSubstr("f.parquet"));
+      EXPECT_THAT(st[4].message(), HasSubstr("does not fit int32"));
+    } else {
+      EXPECT_TRUE(st[4].ok());
+    }
+    EXPECT_EQ(out[1].skip, SkipReason::kNull);
+    EXPECT_EQ(out[2].skip, SkipReason::kEmpty);
+    // A payload outlives the batch's other payloads and the columns.
+    TokenPayload last = std::move(out[5].payload);
+    out.clear();
+    batch.clear();
+    EXPECT_EQ(last->tokens, (std::vector<int32_t>{4, 4}));
+    EXPECT_EQ(last->tokens.is_view(), !wide);
+  }
+}
 
 TEST_F(TransformTest, TextIsTokenizedWithEosByDefault) {
   Config config = TextConfig(dir_->Sub("text"));
