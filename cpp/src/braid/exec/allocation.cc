@@ -32,11 +32,8 @@ std::vector<SourceShare> AllocateSources(const Config& config, int64_t step,
   std::vector<double> share(n, 0.0);
   const int64_t end = step + AllocationLookahead(config);
   for (int64_t t = std::max<int64_t>(0, step); t <= end; ++t) {
-    double total = 0;
-    std::vector<double> w(n);
-    for (size_t i = 0; i < n; ++i) total += (w[i] = std::max(0.0, config.WeightAt(i, t)));
-    if (total <= 0) continue;
-    for (size_t i = 0; i < n; ++i) share[i] = std::max(share[i], w[i] / total);
+    const std::vector<double> w = WeightSharesAt(config, t);
+    for (size_t i = 0; i < n; ++i) share[i] = std::max(share[i], w[i]);
   }
   double active_share = 0;
   for (double s : share) active_share += s;

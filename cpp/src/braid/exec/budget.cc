@@ -10,15 +10,25 @@ namespace {
 
 // Normalized weights at step 0 (equal when they are all 0).
 std::vector<double> Shares(const Config& config) {
-  const size_t n = config.sources.size();
-  std::vector<double> w(n, 0.0);
-  double total = 0;
-  for (size_t i = 0; i < n; ++i) total += (w[i] = std::max(0.0, config.WeightAt(i, 0)));
-  for (size_t i = 0; i < n; ++i) w[i] = total > 0 ? w[i] / total : 1.0 / double(n);
+  std::vector<double> w = WeightSharesAt(config, 0);
+  if (std::all_of(w.begin(), w.end(), [](double x) { return x <= 0; })) {
+    std::fill(w.begin(), w.end(), 1.0 / double(w.size()));
+  }
   return w;
 }
 
 }  // namespace
+
+std::vector<double> WeightSharesAt(const Config& config, int64_t step) {
+  const size_t n = config.sources.size();
+  std::vector<double> w(n, 0.0);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += (w[i] = std::max(0.0, config.WeightAt(i, step)));
+  if (total > 0) {
+    for (double& x : w) x /= total;
+  }
+  return w;
+}
 
 int64_t MemoryBudgetBytes(const Config& config) {
   if (config.runtime.memory_bytes > 0) return config.runtime.memory_bytes;

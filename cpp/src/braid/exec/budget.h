@@ -24,6 +24,10 @@ class ReadPool;
 /// The least each source contributes to the default budget.
 inline constexpr int64_t kMinSourceBytes = int64_t{4} << 20;
 
+/// Each source's fraction of the weights at `step` (config order; weights below 0 count
+/// as 0), or all 0 when every weight is 0 there.
+std::vector<double> WeightSharesAt(const Config& config, int64_t step);
+
 /// runtime.memory_bytes when set, else the default described above.
 int64_t MemoryBudgetBytes(const Config& config);
 

@@ -62,12 +62,8 @@ std::vector<double> LargestShares(const Config& config) {
   }
   std::vector<double> out(n, 0.0);
   for (int64_t step : steps) {
-    double total = 0;
-    std::vector<double> w(n);
-    for (size_t i = 0; i < n; ++i) total += (w[i] = std::max(0.0, config.WeightAt(i, step)));
-    for (size_t i = 0; i < n; ++i) {
-      out[i] = std::max(out[i], total > 0 ? w[i] / total : 1.0 / double(n));
-    }
+    const std::vector<double> w = WeightSharesAt(config, step);
+    for (size_t i = 0; i < n; ++i) out[i] = std::max(out[i], w[i]);
   }
   return out;
 }
