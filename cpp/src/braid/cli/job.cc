@@ -158,11 +158,13 @@ Result<RunSummary> RunJob(const Config& config, int64_t steps,
     summary.blanked = engine->blanked_payloads();
     summary.source_profile = engine->source_profiles();
     summary.share_changes = engine->share_changes();
-    summary.source_timeline = engine->source_timeline();
     summary.skipped_files = engine->skipped_files();
     summary.skipped_files_rows_unknown = engine->unreadable_files();
     if (progress) progress(summary);
   }
+  // The timeline once, at the end: up to 128 spans a source, too much to copy (and to
+  // hand to a progress callback) every step.
+  recorder.summary().source_timeline = engine->source_timeline();
   recorder.summary().peak_rss_bytes = PeakRssBytes();
   return recorder.summary();
 }

@@ -52,7 +52,8 @@ struct RunSummary {
   std::vector<SourceProfile> source_profile;
   /// The sources' shares each time runtime.autoscale changed them (exec/allocation.h).
   std::vector<ShareChange> share_changes;
-  /// Per span of steps, what each source cost and the planner's wait on it.
+  /// Per span of steps, what each source cost and the planner's wait on it (filled at
+  /// the end of the run, not in the summaries handed to progress).
   std::vector<ProfileSpan> source_timeline;
   int64_t padding_tokens = 0;  ///< slots not filled by a document (slack, postponed images)
   int64_t multimodal_cut = 0;  ///< multimodal documents cut for lack of room (StepPlan)

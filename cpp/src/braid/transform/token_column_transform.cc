@@ -6,8 +6,10 @@
 //
 // Rows come in batches (batch_rows()): a row costs a few dozen nanoseconds, so the
 // loader's per-call work would otherwise outweigh it, and the payloads of a batch's
-// int32 rows (views, holding nothing of their own) share one allocation, freed with the
-// last of them, instead of one each.
+// int32 rows of one chunk of columns (views into that chunk, holding nothing of their
+// own) share one allocation, freed with the last of them, instead of one each. One
+// block per chunk, not per batch: a payload kept long (a long document's pieces in later
+// plans) holds the chunk its view already holds, not the other chunks of its batch.
 //
 // Thread-safe: Apply is const and keeps no state.
 #include <limits>
@@ -121,7 +123,23 @@ class TokenColumnTransform : public Transform {
   int64_t batch_rows() const override { return kBatchRows; }
   void ApplyBatch(const std::vector<BatchRow>& rows, bool want_payload, RowOutput* out,
                   Status* status) const override {
-    std::shared_ptr<PayloadBlock> block;
+    // One block per chunk of columns the batch's rows come from (a few: the rows of a
+    // shuffle window), sized by its rows here, each filled in row order.
+    struct Chunk {
+      const Columns* cols;
+      size_t rows = 0, used = 0;
+      std::shared_ptr<PayloadBlock> block;
+    };
+    std::vector<Chunk> chunks;
+    auto chunk_of = [&](const Columns* cols) -> Chunk& {
+      for (Chunk& c : chunks) {
+        if (c.cols == cols) return c;
+      }
+      return chunks.emplace_back(Chunk{cols});
+    };
+    if (want_payload) {
+      for (const BatchRow& r : rows) ++chunk_of(r.cols).rows;
+    }
     for (size_t k = 0; k < rows.size(); ++k) {
       const BatchRow& r = rows[k];
       status[k] = ApplyMeta(*r.cols, r.index, r.where, &out[k]);
@@ -136,13 +154,14 @@ class TokenColumnTransform : public Transform {
         out[k].payload->tokens = std::move(*ids);
         continue;
       }
-      if (block == nullptr) {
-        block = std::make_shared<PayloadBlock>();
-        block->payloads.resize(rows.size());
+      Chunk& c = chunk_of(r.cols);
+      if (c.block == nullptr) {
+        c.block = std::make_shared<PayloadBlock>();
+        c.block->payloads.resize(c.rows);
       }
-      Payload* payload = &block->payloads[k];
+      Payload* payload = &c.block->payloads[c.used++];
       payload->tokens = std::move(*ids);
-      out[k].payload = std::shared_ptr<Payload>(block, payload);
+      out[k].payload = std::shared_ptr<Payload>(c.block, payload);
     }
   }
   bool metadata_from_lengths() const override { return true; }

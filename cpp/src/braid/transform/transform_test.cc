@@ -173,6 +173,38 @@ TEST(TokenColumnTransformTest, BatchGivesWhatApplyGivesRowByRow) {
   }
 }
 
+TEST(TokenColumnTransformTest, AKeptPayloadHoldsItsOwnChunkNotTheBatchsOthers) {
+  const std::string path = "f.parquet";
+  // Two chunks of one row group, their rows interleaved in the batch (a shuffle window).
+  Columns a = {TokenLists({std::vector<int64_t>{1, 2}, std::vector<int64_t>{3}},
+                          /*wide=*/false)};
+  Columns b = {TokenLists({std::vector<int64_t>{4}, std::vector<int64_t>{5, 6}},
+                          /*wide=*/false)};
+  auto values_of = [](const Columns& cols) {
+    const auto& list = static_cast<const arrow::ListArray&>(*cols[0]);
+    return std::weak_ptr<arrow::Buffer>(list.values()->data()->buffers[1]);
+  };
+  const std::weak_ptr<arrow::Buffer> a_ids = values_of(a), b_ids = values_of(b);
+  auto transform = internal::MakeTokenColumnTransform("ids", "", "");
+  std::vector<BatchRow> batch = {{&a, 0, {&path, 0, 0}}, {&b, 0, {&path, 0, 2}},
+                                 {&a, 1, {&path, 0, 1}}, {&b, 1, {&path, 0, 3}}};
+  std::vector<RowOutput> out(batch.size());
+  std::vector<Status> st(batch.size());
+  transform->ApplyBatch(batch, /*want_payload=*/true, out.data(), st.data());
+  for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(out[3].payload->tokens, (std::vector<int32_t>{5, 6}));
+  // Keep one of chunk a's payloads (a long document still in a plan); drop the rest and
+  // the chunks themselves.
+  TokenPayload kept = std::move(out[2].payload);
+  out.clear();
+  batch.clear();
+  a.clear();  // the loader's chunks go too
+  b.clear();
+  EXPECT_EQ(kept->tokens, (std::vector<int32_t>{3}));
+  EXPECT_FALSE(a_ids.expired());  // the kept view's own chunk
+  EXPECT_TRUE(b_ids.expired());   // not the other chunk of its batch
+}
+
 TEST_F(TransformTest, TextIsTokenizedWithEosByDefault) {
   Config config = TextConfig(dir_->Sub("text"));
   auto loader = MakeLoader(config);
