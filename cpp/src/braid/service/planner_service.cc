@@ -91,11 +91,11 @@ void PlannerService::Stop() {
 
 void PlannerService::Rescale(int64_t step) {
   std::lock_guard<std::mutex> lock(shares_mu_);
-  timeline_.Record(step, sources_->profiles());
+  const std::vector<SourceProfile> profiles = sources_->profiles();
+  timeline_.Record(step, profiles);
   if (!config_.runtime.autoscale) return;
-  std::vector<SourceShare> shares =
-      AllocateSources(config_, step, sources_->profiles(), sources_->threads(),
-                      MemoryBudgetBytes(config_), shares_);
+  std::vector<SourceShare> shares = AllocateSources(
+      config_, step, profiles, sources_->threads(), MemoryBudgetBytes(config_), shares_);
   if (shares == shares_) return;
   sources_->SetShares(shares);
   shares_ = shares;
