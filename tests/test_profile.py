@@ -53,19 +53,25 @@ def _run(config: dict, steps: int) -> dict:
     return summary["source_profile"]
 
 
-def test_profile_separates_a_python_transform_from_a_token_column(tmp_path, monkeypatch):
+def _slow_python_config(tmp_path: Path, monkeypatch, seed: int) -> dict:
+    """The cheap token source beside `slow`: 200 rows of numbers as text through a Python
+    transform that costs 50,000 additions a row (tmp_path/mod on sys.path)."""
     (tmp_path / "mod").mkdir()
     (tmp_path / "mod" / "slow_transform.py").write_text(SLOW)
     monkeypatch.syspath_prepend(str(tmp_path / "mod"))
-    rng = random.Random(4)
+    rng = random.Random(seed)
     texts = [" ".join(str(rng.randrange(1, 1000)) for _ in range(rng.randint(20, 120)))
              for _ in range(200)]
     (tmp_path / "slow").mkdir()
     pq.write_table(pa.table({"text": texts}), tmp_path / "slow" / "part-0.parquet",
                    row_group_size=32)
-    config = _two_source_config(tmp_path, {
+    return _two_source_config(tmp_path, {
         "name": "slow", "path": str(tmp_path / "slow"), "weight": 0.5,
         "transform": {"python": "slow_transform:slow", "columns": ["text"]}})
+
+
+def test_profile_separates_a_python_transform_from_a_token_column(tmp_path, monkeypatch):
+    config = _slow_python_config(tmp_path, monkeypatch, seed=4)
     profile = _run(config, steps=6)
     assert set(profile) == {"cheap", "slow"}
     for name, p in profile.items():
@@ -119,18 +125,7 @@ def test_profile_counts_image_decodes_apart_and_reports_them(tmp_path):
 
 
 def test_timeline_spans_the_steps_and_shows_which_source_costs(tmp_path, monkeypatch):
-    (tmp_path / "mod").mkdir()
-    (tmp_path / "mod" / "slow_transform.py").write_text(SLOW)
-    monkeypatch.syspath_prepend(str(tmp_path / "mod"))
-    rng = random.Random(5)
-    texts = [" ".join(str(rng.randrange(1, 1000)) for _ in range(rng.randint(20, 120)))
-             for _ in range(200)]
-    (tmp_path / "slow").mkdir()
-    pq.write_table(pa.table({"text": texts}), tmp_path / "slow" / "part-0.parquet",
-                   row_group_size=32)
-    config = _two_source_config(tmp_path, {
-        "name": "slow", "path": str(tmp_path / "slow"), "weight": 0.5,
-        "transform": {"python": "slow_transform:slow", "columns": ["text"]}})
+    config = _slow_python_config(tmp_path, monkeypatch, seed=5)
     steps = 10
     summary = _core.run_job(load_config(config), steps, lambda s: None)
     timeline, profile = summary["source_timeline"], summary["source_profile"]
