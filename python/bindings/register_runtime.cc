@@ -36,6 +36,23 @@ nb::dict ProfileToDict(const SourceProfile& p) {
   d["cpu_s_per_sample"] = p.cpu_s_per_sample();
   d["cpu_s_per_token"] = p.cpu_s_per_token();
   d["bytes_per_sample"] = p.bytes_per_sample();
+  d["held_bytes"] = p.held_bytes;
+  d["peak_held_bytes"] = p.peak_held_bytes;
+  return d;
+}
+
+nb::dict ServeToDict(const ServeProfile& p) {
+  nb::dict d;
+  d["calls"] = p.calls;
+  d["pieces"] = p.pieces;
+  d["tokens_sent"] = p.tokens_sent;
+  d["bytes_sent"] = p.bytes_sent;
+  d["units_read"] = p.units_read;
+  d["bytes_read"] = p.bytes_read;
+  d["rows_transformed"] = p.rows_transformed;
+  d["cpu_s"] = 1e-9 * double(p.cpu_ns);
+  d["cached_bytes"] = p.cached_bytes;
+  d["peak_cached_bytes"] = p.peak_cached_bytes;
   return d;
 }
 

@@ -185,6 +185,7 @@ nb::tuple TupleFromReply(PieceReply r) {
 // constructor's in-process transport.
 struct SourceHost {
   std::shared_ptr<SourceSet> sources;
+  std::vector<std::string> names;  // config.sources[i].name
 };
 
 // PlanSource over `plan(step, buckets) -> (message, state_before, state_after)`.
@@ -545,6 +546,13 @@ void RegisterService(nb::module_& m) {
         d["sources"] = sources;
         d["requests"] = requests;
         d["cached_bytes"] = cached;
+        // Per source served here: what its fetches cost (ServeProfile).
+        nb::dict serving;
+        for (const auto& s : h.sources->services()) {
+          const size_t i = size_t(s->source_index());
+          if (i < h.names.size()) serving[h.names[i].c_str()] = ServeToDict(s->serve_profile());
+        }
+        d["source_serving"] = serving;
         return d;
       });
   m.def("make_source_host",
@@ -562,6 +570,7 @@ void RegisterService(nb::module_& m) {
           }
           SourceHost host;
           host.sources = ValueOrThrow(std::move(set));
+          for (const auto& s : config.sources) host.names.push_back(s.name);
           return host;
         },
         nb::arg("config"), nb::arg("sources"),

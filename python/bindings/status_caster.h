@@ -20,6 +20,7 @@
 #include <string>
 
 #include "braid/cli/job.h"
+#include "braid/service/source_service.h"
 #include "braid/status.h"
 
 namespace braid::python {
@@ -63,6 +64,9 @@ nanobind::dict SummaryToDict(const RunSummary& summary);
 // One source's profile (source/profile.h) as report.json and `braid status` show it
 // (register_runtime.cc).
 nanobind::dict ProfileToDict(const SourceProfile& profile);
+// What one source's piece fetches cost (service/source_service.h ServeProfile), as
+// `braid status` and the Ray runtime's report.json show it (register_runtime.cc).
+nanobind::dict ServeToDict(const ServeProfile& serve);
 // The sources' shares each time runtime.autoscale changed them (exec/allocation.h), as
 // report.json's and `braid status`'s `source_allocation`: [{step, sources: {name:
 // {workers, read_ahead_bytes, active}}}] (register_runtime.cc).

@@ -103,6 +103,7 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
               + _skipped_files(summary, name), file=out)
     _print_context(summary, out)
     _print_profile(summary.get("source_profile"), out)
+    _print_serving(summary.get("source_serving"), out)
     _print_allocation(summary.get("source_allocation"), out)
     _print_timeline(summary.get("source_timeline"), out)
 
@@ -158,12 +159,31 @@ def _print_profile(profile: Optional[dict], out, indent: str = "  ") -> None:
     if not profile:
         return
     print(f"{indent}source cost      CPU per sample, per token; bytes read per sample; "
-          "samples; planner's wait on it (this process's loaders)", file=out)
+          "samples; planner's wait on it; held ahead at most (this process's loaders)",
+          file=out)
     for name, p in profile.items():
         print(f"{indent}  {name:<14} {p['cpu_s_per_sample'] * 1e6:>10,.1f} us  "
               f"{p['cpu_s_per_token'] * 1e9:>9,.1f} ns  "
               f"{_fmt_bytes(p['bytes_per_sample']):>9}  {p['samples']:,}  "
-              f"{p.get('consumer_wait_s', 0.0):.3f} s", file=out)
+              f"{p.get('consumer_wait_s', 0.0):.3f} s  "
+              f"{_fmt_bytes(p.get('peak_held_bytes', 0))}", file=out)
+
+
+def _print_serving(serving: Optional[dict], out, indent: str = "  ") -> None:
+    """Per source: what answering the constructors' piece requests cost (Ray): CPU and
+    bytes sent per token sent, rows transformed per piece, units read, the cache."""
+    serving = {n: s for n, s in (serving or {}).items() if s.get("pieces")}
+    if not serving:
+        return
+    print(f"{indent}source serving   CPU and bytes sent per token sent; pieces; rows "
+          "transformed per piece; units read; cache now / at most", file=out)
+    for name, s in serving.items():
+        tokens = max(s["tokens_sent"], 1)
+        print(f"{indent}  {name:<14} {s['cpu_s'] / tokens * 1e9:>9,.1f} ns  "
+              f"{s['bytes_sent'] / tokens:>6.2f} B  {s['pieces']:,}  "
+              f"{s['rows_transformed'] / s['pieces']:.2f}  {s['units_read']:,}  "
+              f"{_fmt_bytes(s['cached_bytes'])} / {_fmt_bytes(s['peak_cached_bytes'])}",
+              file=out)
 
 
 def _print_context(summary: dict, out) -> None:
@@ -269,11 +289,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
             extra = {k: v for k, v in a.items()
                      if k not in ("name", "role", "pid", "rss_bytes", "node",
                                   "source_profile", "source_allocation",
-                                  "source_timeline")}
+                                  "source_timeline", "source_serving")}
             print(f"  {a['name']:<48} node {a['node'][:12]} pid {a['pid']:<7} "
                   f"rss {_fmt_bytes(a['rss_bytes']):>9}  "
                   + " ".join(f"{k}={v}" for k, v in extra.items()))
             _print_profile(a.get("source_profile"), sys.stdout, indent="    ")
+            _print_serving(a.get("source_serving"), sys.stdout, indent="    ")
             _print_allocation(a.get("source_allocation"), sys.stdout, indent="    ")
             _print_timeline(a.get("source_timeline"), sys.stdout, indent="    ")
     if args.job and not jobs.actor_names(args.job, args.namespace):

@@ -12,6 +12,18 @@ from braid.ray_runtime._ray import ray
 from braid.ray_runtime.client import RayStream
 
 
+def serving_over(actors: list) -> Dict[str, Dict[str, int]]:
+    """Per source, what its piece fetches cost summed over every process that serves it
+    (each process's `source_serving`, service/source_service.h ServeProfile)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for a in actors:
+        for name, figures in (a.get("source_serving") or {}).items():
+            total = out.setdefault(name, {})
+            for key, value in figures.items():
+                total[key] = total.get(key, 0) + value
+    return out
+
+
 def run_job(config: "_core.Config", steps: int,
             progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
     """Runs ``steps`` steps; returns ``_core.run_job``'s summary plus ``runtime`` and
@@ -56,6 +68,7 @@ def run_job(config: "_core.Config", steps: int,
                 summary["source_allocation"] = a["source_allocation"]
             if a.get("role") == "planner" and "source_timeline" in a:
                 summary["source_timeline"] = a["source_timeline"]
+        summary["source_serving"] = serving_over(actors)
         return summary
     finally:
         for stream in streams:

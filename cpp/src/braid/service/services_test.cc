@@ -359,6 +359,31 @@ TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
   EXPECT_THAT(r.status().message(), HasSubstr("no row"));
 }
 
+// Fetch's figures: each piece's row transformed, a unit read once and then cached, the
+// tokens and the reply's bytes counted.
+TEST_F(ServicesTest, FetchCountsWhatItReadsTransformsAndSends) {
+  auto service = MakeServing(*config_, 0, int64_t{8} << 20);
+  ASSERT_TRUE(service.ok());
+  // The first token of rows 0 and 1 of file 0 (one row group), as one-token documents.
+  const int64_t two[2 * kRequestFields] = {0, 0, 0, 1, 1, 0, 1, 0, 1, 1};
+  for (int call = 1; call <= 2; ++call) {
+    auto r = (*service)->Fetch(two, 2);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->tokens.size(), 2u);
+    const ServeProfile p = (*service)->serve_profile();
+    EXPECT_EQ(p.calls, call);
+    EXPECT_EQ(p.pieces, 2 * call);
+    EXPECT_EQ(p.rows_transformed, 2 * call);  // a row per piece, cached unit or not
+    EXPECT_EQ(p.tokens_sent, 2 * call);
+    EXPECT_EQ(p.bytes_sent, call * int64_t(2 * sizeof(int32_t) + 3 * sizeof(int64_t)));
+    EXPECT_EQ(p.units_read, 1);  // the second call finds the unit cached
+    EXPECT_GT(p.bytes_read, 0);
+    EXPECT_EQ(p.cached_bytes, p.bytes_read);
+    EXPECT_EQ(p.peak_cached_bytes, p.cached_bytes);
+    EXPECT_GT(p.cpu_ns, 0);
+  }
+}
+
 // An image-caption job in `dir` (a tiny tokenizer, 24 rows, every third with two PNG
 // images, row `cut_row` undecodable), at dp = 2 with pieces cut across sequences.
 Config CaptionJob(const testing::ScopedTempDir& dir, int cut_row, OnError on_error) {

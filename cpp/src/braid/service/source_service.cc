@@ -7,6 +7,7 @@
 #include "braid/exec/read_pool.h"
 #include "braid/source/sharded_source.h"
 #include "braid/source/source_loader.h"
+#include "braid/util/cpu_time_internal.h"
 
 namespace braid {
 namespace {
@@ -109,6 +110,14 @@ int64_t SourceService::cached_bytes() const {
   return cached_;
 }
 
+ServeProfile SourceService::serve_profile() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ServeProfile p = served_;
+  p.calls = requests_;
+  p.cached_bytes = cached_;
+  return p;
+}
+
 Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
                                                       int32_t* row_group) {
   const auto& list = files_->files();
@@ -163,6 +172,9 @@ Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
   lru_.push_front(key_tuple);
   unit.lru = lru_.begin();
   cached_ += unit.bytes;
+  ++served_.units_read;
+  served_.bytes_read += unit.bytes;
+  served_.peak_cached_bytes = std::max(served_.peak_cached_bytes, cached_);
   return &cache_.emplace(key_tuple, std::move(unit)).first->second;
 }
 
@@ -179,6 +191,7 @@ Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row,
   const SourceFiles::File& f = files_->files()[size_t(file)];
   const RowLocation where{&f.path, rg, row};
   RowOutput out;
+  ++served_.rows_transformed;
   ARROW_RETURN_NOT_OK(transform_->Apply(cols, index, /*want_payload=*/true, where, &out));
   if (out.skip != SkipReason::kNone || out.payload == nullptr) {
     return DataError(where.ToString(), "the row has no tokens now (" +
@@ -249,6 +262,7 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
                        "this source service does not serve payloads");
   }
   ++requests_;
+  const int64_t cpu_start_ns = internal::ThreadCpuNs();
   PieceReply reply;
   reply.offsets.reserve(size_t(n) + 1);
   bool masked = false;
@@ -289,6 +303,13 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
         AddImages(*payload, encoded, k, start, len, file, row, &reply, &path_index));
     reply.offsets.push_back(static_cast<int64_t>(reply.tokens.size()));
   }
+  served_.pieces += n;
+  served_.tokens_sent += int64_t(reply.tokens.size());
+  served_.bytes_sent +=
+      int64_t(reply.tokens.size() * sizeof(int32_t) + reply.offsets.size() * sizeof(int64_t) +
+              reply.loss_mask.size() + reply.images.size() * sizeof(int64_t) +
+              reply.image_bytes.size() + reply.paths.size());
+  served_.cpu_ns += internal::ThreadCpuNs() - cpu_start_ns;
   return reply;
 }
 
@@ -371,6 +392,12 @@ SourceService* SourceSet::find(int32_t source) const {
 std::vector<SourceProfile> SourceSet::profiles() const {
   std::vector<SourceProfile> out;
   for (const auto& s : services_) out.push_back(s ? s->profile() : SourceProfile{});
+  return out;
+}
+
+std::vector<ServeProfile> SourceSet::serve_profiles() const {
+  std::vector<ServeProfile> out;
+  for (const auto& s : services_) out.push_back(s ? s->serve_profile() : ServeProfile{});
   return out;
 }
 

@@ -17,6 +17,11 @@
 //     whole and kept in a cache bounded by `cache_bytes` (least recently used first out):
 //     the pieces of one step come from few shuffle windows.
 //
+// Fetch keeps its own figures (ServeProfile): the calls and pieces answered, the tokens
+// and bytes sent, the units read (cache misses) and their bytes, the rows transformed
+// (once per piece: a row is transformed again for each piece of it asked for) and the
+// thread CPU of the calls, and the cache's bytes now and at most.
+//
 // Fetch errors name the file, row group and row: a row whose tokens no longer cover the
 // planned piece (the file changed since it was planned), a row that is now skipped
 // (null, empty), an unreadable row group (after SourceFiles' retries). Images are sent
@@ -52,6 +57,35 @@ namespace braid {
 
 class ReadPool;
 class ShardedSource;
+
+/// What answering piece requests (SourceService::Fetch) cost so far, or a sum over
+/// services of one source. A value.
+struct ServeProfile {
+  int64_t calls = 0;        ///< Fetch calls answered
+  int64_t pieces = 0;       ///< pieces sent
+  int64_t tokens_sent = 0;  ///< their tokens, the label token after each included
+  int64_t bytes_sent = 0;   ///< the replies' arrays (tokens, offsets, masks, images)
+  int64_t units_read = 0;   ///< row groups (or blocks) read: the cache's misses
+  int64_t bytes_read = 0;   ///< their columns' bytes (Arrow buffers, decompressed)
+  int64_t rows_transformed = 0;  ///< rows transformed (one per piece)
+  int64_t cpu_ns = 0;            ///< thread CPU of the Fetch calls
+  int64_t cached_bytes = 0;      ///< the cache's bytes now (a gauge)
+  int64_t peak_cached_bytes = 0; ///< and at most (a sum over services: at most that)
+
+  ServeProfile& operator+=(const ServeProfile& o) {
+    calls += o.calls;
+    pieces += o.pieces;
+    tokens_sent += o.tokens_sent;
+    bytes_sent += o.bytes_sent;
+    units_read += o.units_read;
+    bytes_read += o.bytes_read;
+    rows_transformed += o.rows_transformed;
+    cpu_ns += o.cpu_ns;
+    cached_bytes += o.cached_bytes;
+    peak_cached_bytes += o.peak_cached_bytes;
+    return *this;
+  }
+};
 
 class SourceService {
  public:
@@ -103,6 +137,8 @@ class SourceService {
   int64_t cached_bytes() const;
   /// Fetch calls answered so far.
   int64_t requests() const;
+  /// What Fetch cost so far (zeros when it has not been called). Thread-safe.
+  ServeProfile serve_profile() const;
   /// The stream's payloads blanked after their metadata was published (an image whose
   /// body did not decode, on_error: skip). Thread-safe.
   int64_t blanked_payloads() const;
@@ -148,6 +184,7 @@ class SourceService {
   std::list<std::tuple<int32_t, int32_t, int64_t>> lru_;  // GUARDED_BY(mu_), newest first
   int64_t cached_ = 0;                                     // GUARDED_BY(mu_)
   int64_t requests_ = 0;                                   // GUARDED_BY(mu_)
+  ServeProfile served_;                                    // GUARDED_BY(mu_)
 };
 
 /// Sources of one job opened together: their services and the pool their streams read
@@ -186,6 +223,7 @@ class SourceSet {
   /// Per source of the set, in order: SourceService::blanked_payloads() and the others.
   std::vector<int64_t> blanked_payloads() const;
   std::vector<SourceProfile> profiles() const;
+  std::vector<ServeProfile> serve_profiles() const;
   std::vector<int64_t> skipped_files() const;
   std::vector<int64_t> unreadable_files() const;
 

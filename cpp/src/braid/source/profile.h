@@ -11,9 +11,13 @@
 // `source_profile`) and the Ray planner host's figures (`braid status`) report them. This
 // is the input the auto-partitioning of issue 21 sizes source loaders from.
 //
-// What it does not count: the Ray runtime's piece fetches (service/source_service.h
-// Fetch) and the images a constructor decodes from fetched pieces (wire.h AttachPieces)
-// run outside the source loaders.
+// It also keeps what the loader holds (held_bytes, peak_held_bytes): the bytes of the
+// samples queued ahead of the consumer, charged as the memory budget charges them (a
+// payload's bytes, or without payloads the bytes its row decoded to), now and at most.
+//
+// What it does not count: the Ray runtime's piece fetches (their own figures:
+// service/source_service.h ServeProfile) and the images a constructor decodes from
+// fetched pieces (wire.h AttachPieces) run outside the source loaders.
 //
 // A read step is counted before its samples are queued: a consumer never holds a sample
 // its profile does not count yet.
@@ -39,6 +43,10 @@ struct SourceProfile {
   /// Wall time the stream's consumer (the planner) waited in Next() for a sample that
   /// was not read yet: the source held the planning up.
   int64_t consumer_wait_ns = 0;
+  /// Bytes queued ahead of the consumer now, and the most so far (gauges, not costs: a
+  /// sum over loaders adds each loader's figure, so the peak is at most their sum).
+  int64_t held_bytes = 0;
+  int64_t peak_held_bytes = 0;
 
   SourceProfile& operator+=(const SourceProfile& o) {
     samples += o.samples;
@@ -49,6 +57,8 @@ struct SourceProfile {
     payloads_finished += o.payloads_finished;
     finish_cpu_ns += o.finish_cpu_ns;
     consumer_wait_ns += o.consumer_wait_ns;
+    held_bytes += o.held_bytes;
+    peak_held_bytes += o.peak_held_bytes;
     return *this;
   }
 
@@ -95,6 +105,14 @@ class ProfileCounters {
   void AddConsumerWait(int64_t ns) {
     consumer_wait_ns_.fetch_add(ns, std::memory_order_relaxed);
   }
+  /// The loader's queue holds `bytes` now.
+  void SetHeld(int64_t bytes) {
+    held_bytes_.store(bytes, std::memory_order_relaxed);
+    int64_t peak = peak_held_bytes_.load(std::memory_order_relaxed);
+    while (bytes > peak &&
+           !peak_held_bytes_.compare_exchange_weak(peak, bytes, std::memory_order_relaxed)) {
+    }
+  }
   SourceProfile Snapshot() const {
     SourceProfile p;
     p.samples = samples_.load(std::memory_order_relaxed);
@@ -105,6 +123,8 @@ class ProfileCounters {
     p.payloads_finished = payloads_finished_.load(std::memory_order_relaxed);
     p.finish_cpu_ns = finish_cpu_ns_.load(std::memory_order_relaxed);
     p.consumer_wait_ns = consumer_wait_ns_.load(std::memory_order_relaxed);
+    p.held_bytes = held_bytes_.load(std::memory_order_relaxed);
+    p.peak_held_bytes = peak_held_bytes_.load(std::memory_order_relaxed);
     return p;
   }
 
@@ -112,6 +132,7 @@ class ProfileCounters {
   std::atomic<int64_t> samples_{0}, tokens_{0}, rows_read_{0}, bytes_read_{0};
   std::atomic<int64_t> read_cpu_ns_{0}, payloads_finished_{0}, finish_cpu_ns_{0};
   std::atomic<int64_t> consumer_wait_ns_{0};
+  std::atomic<int64_t> held_bytes_{0}, peak_held_bytes_{0};
 };
 
 }  // namespace braid

@@ -331,6 +331,7 @@ Result<Sample> SourceLoader::Next() {
     Queued& front = queue_.front();
     Sample s = std::move(front.sample);
     queued_bytes_ -= front.bytes;
+    profile_.SetHeld(queued_bytes_);
     queue_.pop_front();
     // Resume reading once the queue is half empty (not per sample: a task per sample
     // costs more than the sample).
@@ -420,6 +421,7 @@ bool SourceLoader::PushBatch(std::vector<Sample>* batch,
     queued_bytes_ += bytes;
     queue_.push_back(Queued{std::move((*batch)[j]), bytes});
   }
+  profile_.SetHeld(queued_bytes_);
   const bool wake = consumer_waiting_;
   lock.unlock();
   if (wake) cv_.notify_all();

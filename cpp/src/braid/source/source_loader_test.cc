@@ -332,6 +332,28 @@ TEST_F(SourceLoaderTest, EverySampleTakenIsAlreadyInTheProfile) {
   }
 }
 
+// The profile's held bytes follow the queue: something is held once reading starts,
+// never more than the read-ahead and one batch past it, and never more than the peak.
+TEST_F(SourceLoaderTest, TheProfileHoldsWhatTheQueueHolds) {
+  const Config config = OneSourceConfig(src());
+  SourceLoader::Options options;
+  options.read_ahead_bytes = int64_t{16} << 10;
+  auto loader = MakeLoader(config, {}, options);
+  ASSERT_NE(loader, nullptr);
+  int64_t largest = 0;  // the largest sample's charge: 64 bytes and 4 a token
+  for (int64_t i = 0; i < 2 * total_rows(); ++i) {
+    auto s = loader->Next();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    largest = std::max(largest, 64 + 4 * s->meta.tokens);
+    const SourceProfile p = loader->profile();
+    ASSERT_LE(p.held_bytes, p.peak_held_bytes);
+  }
+  const SourceProfile p = loader->profile();
+  EXPECT_GT(p.peak_held_bytes, 0);
+  // A batch is at most 1024 rows of a token column.
+  EXPECT_LE(p.peak_held_bytes, options.read_ahead_bytes + 1024 * largest);
+}
+
 TEST_F(SourceLoaderTest, DestroyWhileTheReaderIsBlockedOnAFullQueue) {
   const Config config = OneSourceConfig(src());
   SourceLoader::Options tiny;
