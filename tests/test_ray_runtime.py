@@ -474,12 +474,13 @@ def test_cli_run_and_status_on_ray(ray_cluster, small_dataset, tmp_path):
     assert all(a["steps"][1] == b["steps"][0] for a, b in zip(timeline, timeline[1:]))
     assert set(timeline[0]["sources"]) == {"web", "code"}
     assert sum(span["sources"]["web"]["samples"] for span in timeline) > 0
-    # What the source actor's fetches cost: a row transformed per piece, at least the
-    # delivered tokens sent (steps are built ahead), the bytes of their arrays.
+    # What the source actor's fetches cost: a row transformed for its first piece only
+    # (documents are cut into pieces here), at least the delivered tokens sent (steps
+    # are built ahead), the bytes of their arrays.
     serving = report["source_serving"]
     assert set(serving) == {"web", "code"}, serving
     for name, s in serving.items():
-        assert s["pieces"] > 0 and s["rows_transformed"] == s["pieces"], (name, s)
+        assert 0 < s["rows_transformed"] <= s["pieces"], (name, s)
         assert s["bytes_sent"] >= 4 * s["tokens_sent"] > 0, (name, s)
         assert s["units_read"] > 0 and s["peak_cached_bytes"] >= s["cached_bytes"] > 0
     sent = sum(s["tokens_sent"] for s in serving.values())

@@ -27,6 +27,9 @@ int64_t ColumnsBytes(const Columns& cols) {
   return bytes;
 }
 
+// What keeping a row's payload costs beyond its bytes (the map node, the handle).
+constexpr int64_t kKeptRowOverheadBytes = 96;
+
 }  // namespace
 
 Result<std::unique_ptr<SourceService>> SourceService::Make(const Config& config,
@@ -162,26 +165,41 @@ Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
     first += cols.empty() ? 0 : cols[0]->length();
     unit.bytes += ColumnsBytes(cols);
   }
-  // Make room, oldest first; the new unit stays even when it alone exceeds the bound.
-  while (!lru_.empty() && cached_ + unit.bytes > cache_bytes_) {
-    auto oldest = cache_.find(lru_.back());
-    cached_ -= oldest->second.bytes;
-    cache_.erase(oldest);
-    lru_.pop_back();
-  }
   lru_.push_front(key_tuple);
   unit.lru = lru_.begin();
   cached_ += unit.bytes;
   ++served_.units_read;
   served_.bytes_read += unit.bytes;
-  served_.peak_cached_bytes = std::max(served_.peak_cached_bytes, cached_);
-  return &cache_.emplace(key_tuple, std::move(unit)).first->second;
+  Unit* added = &cache_.emplace(key_tuple, std::move(unit)).first->second;
+  Trim();
+  return added;
 }
 
-Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row,
+void SourceService::Trim() {
+  while (lru_.size() > 1 && cached_ > cache_bytes_) {
+    auto oldest = cache_.find(lru_.back());
+    cached_ -= oldest->second.bytes;
+    cache_.erase(oldest);
+    lru_.pop_back();
+  }
+  served_.peak_cached_bytes = std::max(served_.peak_cached_bytes, cached_);
+}
+
+Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, bool more,
                                                      std::vector<std::string_view>* encoded) {
   int32_t rg = 0;
   ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
+  if (auto kept = unit->rows.find(row); kept != unit->rows.end()) {
+    *encoded = kept->second.encoded;
+    std::shared_ptr<Payload> payload = kept->second.payload;
+    if (!more) {  // the row's last piece: the kept payload goes
+      const int64_t bytes = kKeptRowOverheadBytes + payload->bytes();
+      unit->bytes -= bytes;
+      cached_ -= bytes;
+      unit->rows.erase(kept);
+    }
+    return payload;
+  }
   const int64_t in_unit = row - unit->first_row;
   const auto chunk_it =
       std::upper_bound(unit->chunk_first.begin(), unit->chunk_first.end(), in_unit);
@@ -201,6 +219,14 @@ Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row,
   }
   // A deferred payload's images stay encoded: the constructor decodes them.
   transform_->EncodedImages(cols, index, encoded);
+  if (!more) return out.payload;
+  // Kept for the row's later pieces; the unit is the newest in the cache (UnitFor), so
+  // making room drops others only.
+  const int64_t kept_bytes = kKeptRowOverheadBytes + out.payload->bytes();
+  unit->rows.emplace(row, KeptRow{out.payload, *encoded});
+  unit->bytes += kept_bytes;
+  cached_ += kept_bytes;
+  Trim();
   return out.payload;
 }
 
@@ -272,7 +298,7 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
     const int64_t* q = requests + k * kRequestFields;
     const int32_t file = static_cast<int32_t>(q[0]);
     const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
-    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, &encoded));
+    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, /*more=*/start + len < doc_tokens, &encoded));
     const std::string& path = files_->files()[size_t(file)].path;
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
     // With batch.pad_to_multiple_of m the plan counts a document's padding too.

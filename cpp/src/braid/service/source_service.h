@@ -17,10 +17,14 @@
 //     whole and kept in a cache bounded by `cache_bytes` (least recently used first out):
 //     the pieces of one step come from few shuffle windows.
 //
+// A cached unit also keeps the payload of a row whose piece asked for does not end the
+// document, until the piece that ends it is asked for: the pieces of one long document,
+// asked for over many steps, transform (tokenize) it once while its unit stays cached.
+// The kept payloads count in the cache's bytes.
+//
 // Fetch keeps its own figures (ServeProfile): the calls and pieces answered, the tokens
 // and bytes sent, the units read (cache misses) and their bytes, the rows transformed
-// (once per piece: a row is transformed again for each piece of it asked for) and the
-// thread CPU of the calls, and the cache's bytes now and at most.
+// and the thread CPU of the calls, and the cache's bytes now and at most.
 //
 // Fetch errors name the file, row group and row: a row whose tokens no longer cover the
 // planned piece (the file changed since it was planned), a row that is now skipped
@@ -67,7 +71,7 @@ struct ServeProfile {
   int64_t bytes_sent = 0;   ///< the replies' arrays (tokens, offsets, masks, images)
   int64_t units_read = 0;   ///< row groups (or blocks) read: the cache's misses
   int64_t bytes_read = 0;   ///< their columns' bytes (Arrow buffers, decompressed)
-  int64_t rows_transformed = 0;  ///< rows transformed (one per piece)
+  int64_t rows_transformed = 0;  ///< rows transformed (a kept row's later pieces: none)
   int64_t cpu_ns = 0;            ///< thread CPU of the Fetch calls
   int64_t cached_bytes = 0;      ///< the cache's bytes now (a gauge)
   int64_t peak_cached_bytes = 0; ///< and at most (a sum over services: at most that)
@@ -153,18 +157,28 @@ class SourceService {
 
  private:
   SourceService() = default;
+  struct KeptRow {  // a row's payload, made for the first piece of it asked for
+    std::shared_ptr<Payload> payload;
+    std::vector<std::string_view> encoded;  // its images' bytes: views into the unit
+  };
   struct Unit {  // a row group, or one block of one
     std::vector<Columns> chunks;
     std::vector<int64_t> chunk_first;  // row (within the unit) of each chunk's first row
     int64_t first_row = 0;             // file row of the unit's first row
-    int64_t bytes = 0;
+    int64_t bytes = 0;                 // its columns' and its kept rows' bytes
+    std::map<int64_t, KeptRow> rows;   // file row -> its payload, while pieces follow
     std::list<std::tuple<int32_t, int32_t, int64_t>>::iterator lru;
   };
+  // Drops the least recently used units other than the newest until the cache holds at
+  // most cache_bytes_ (the newest stays even when it alone exceeds it). REQUIRES: mu_.
+  void Trim();
   // The unit holding (file, row), read if not cached. REQUIRES: mu_ held.
   Result<Unit*> UnitFor(int32_t file, int64_t row, int32_t* row_group);
   // The payload of one row, its images not decoded; `encoded`: their bytes (views into
   // the unit's columns). REQUIRES: mu_ held.
-  Result<std::shared_ptr<Payload>> Row(int32_t file, int64_t row,
+  // `more`: a later piece of the row follows, so its payload is kept with its unit until
+  // that last piece is asked for.
+  Result<std::shared_ptr<Payload>> Row(int32_t file, int64_t row, bool more,
                                        std::vector<std::string_view>* encoded);
   // Adds the images of piece `piece` ([start, start + len) of the row's tokens) to
   // `reply`. REQUIRES: mu_ held.
