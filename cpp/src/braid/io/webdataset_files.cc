@@ -509,8 +509,13 @@ class WebDatasetReader : public FormatReader {
                           ReadSampleOffsets(idx_.get(), f.index->idx, f.samples,
                                             first - 1, rows + 1, offsets));
     if (!problem.empty()) return f.index->idx + ": " + problem;
-    ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs_.get(), f.path, offsets->front()));
-    stream_ = std::make_unique<SampleStream>(std::move(tar), &wanted_, f.path);
+    auto tar = TarStream::Open(fs_.get(), f.path, offsets->front());
+    if (!tar.ok()) {
+      if (tar.status().IsIOError()) return tar.status();
+      return "reading it from offset " + std::to_string(offsets->front()) +
+             " failed: " + tar.status().message();
+    }
+    stream_ = std::make_unique<SampleStream>(std::move(*tar), &wanted_, f.path);
     file_ = file;
     next_ = first - 1;
     return std::string();

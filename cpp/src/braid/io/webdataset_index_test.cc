@@ -355,22 +355,31 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 TEST(WebDatasetIndexTest, ASampleNotWhereTheIndexSaysIsFoundWhenRead) {
-  testing::ScopedTempDir dir("braid-wdsi");
-  const Prepared p = WriteFolder(dir.Sub("prep"), /*prepare=*/true);
-  // Sample 25's offset moved to its second member: the count, the order of the offsets
-  // and the archive's end still agree, so it opens from the index.
-  auto o = p.a;
-  o[25] += 1024;
-  WriteIdx(dir.Sub("prep/a.tar.idx"), o);
-  auto files = SourceFiles::Open(Wds(dir.Sub("prep")), "sources[0]");
-  ASSERT_TRUE(files.ok()) << files.status().ToString();
-  ::testing::internal::CaptureStderr();
-  ExpectBlock(files->get(), 0, 0, 5, 5);  // samples 25 .. 29, entered at sample 24
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
-              AllOf(HasSubstr(dir.Sub("prep/a.tar") + ": its Energon index"),
-                    HasSubstr("sample 25 ('000025') starts at offset"),
-                    HasSubstr("reading it from its member headers")));
-  ExpectBlock(files->get(), 0, 0, 5, 8);  // without the index from now on
+  // Sample 25's offset moved to its second member, or sample 24's (where a block of
+  // samples 25 .. 29 is entered) into a header: the count, the order of the offsets and
+  // the archive's end still agree, so the shard opens from the index.
+  struct Case {
+    int64_t sample, moved;
+    std::string says;
+  };
+  for (const Case& c : {Case{25, 1024, "sample 25 ('000025') starts at offset"},
+                        Case{24, 100, "reading it from offset"}}) {
+    SCOPED_TRACE(c.says);
+    testing::ScopedTempDir dir("braid-wdsi");
+    const Prepared p = WriteFolder(dir.Sub("prep"), /*prepare=*/true);
+    auto o = p.a;
+    o[size_t(c.sample)] += c.moved;
+    WriteIdx(dir.Sub("prep/a.tar.idx"), o);
+    auto files = SourceFiles::Open(Wds(dir.Sub("prep")), "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    ::testing::internal::CaptureStderr();
+    ExpectBlock(files->get(), 0, 0, 5, 5);  // samples 25 .. 29, entered at sample 24
+    EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+                AllOf(HasSubstr(dir.Sub("prep/a.tar") + ": its Energon index"),
+                      HasSubstr(c.says),
+                      HasSubstr("reading it from its member headers")));
+    ExpectBlock(files->get(), 0, 0, 5, 8);  // without the index from now on
+  }
 }
 
 TEST(WebDatasetIndexTest, AShardChangedUnderItsIndexIsADataErrorNamingBoth) {
