@@ -14,13 +14,29 @@ Braid hands on). Target >= 1.0.
 
     .venv/bin/python benchmarks/formats_webdataset.py [--samples 40000] [--shards 4]
         [--image-bytes 8192] [--repeat 3]
+
+With --index, the same shards twice, one folder prepared by Megatron-Energon (`energon
+prepare`: .nv-meta/.info.json and a .tar.idx beside each shard) and one not (the same
+files, hard-linked), both read through Braid: opening the source and its first sample
+(the counts from the index, or from every shard's member headers), and a resume inside a
+shard (a braid.Loader restored from the state after --resume-batches batches, to its first
+batch: the shard entered at the sample's offset, or reopened and the samples before passed
+over), each the best of --repeat; locally, then on a loopback S3 server (moto, a test
+dependency) unless --no-s3. Prints each time and the ratio without / with the index.
+
+    .venv/bin/python benchmarks/formats_webdataset.py --index [--samples 20000]
+        [--shards 8] [--image-bytes 8192] [--resume-batches 150] [--repeat 3] [--no-s3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -59,13 +75,129 @@ def reference(paths) -> tuple:
     return tokens, time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def s3_server(bucket: str):
+    """moto's S3 server on a free loopback port with `bucket`, test credentials set."""
+    import boto3
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                             "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto's S3 server did not start")
+                time.sleep(0.1)
+        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                          AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+        url = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+        client.create_bucket(Bucket=bucket)
+        yield url, client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def index_ratios(prep: str, plain: str, repeat: int, resume_batches: int,
+                 storage: dict | None, where: str) -> None:
+    import braid
+    from braid import _core
+
+    def source(path):
+        s = {"name": "s", "path": path, "tokens_column": "json:input_ids", "workers": 1}
+        if storage:
+            s["storage"] = storage
+        return {"seed": 1, "batch": {"global_tokens": 8192, "seq_len": 4096},
+                "sources": [s]}
+
+    def open_seconds(path):
+        cfg = _core.parse_config(json.dumps(source(path)), "/")
+        return min(_core.read_source(cfg, 0, 1, payloads=False)["seconds"]
+                   for _ in range(repeat))
+
+    def resume_seconds(path):
+        config = source(path)
+        loader = braid.Loader(config, rank=0, world_size=1)
+        it = iter(loader)
+        for _ in range(resume_batches):
+            next(it)
+        state = loader.state_dict()
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            resumed = braid.Loader(config, rank=0, world_size=1)
+            resumed.load_state_dict(state)
+            next(iter(resumed))
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    o_plain, o_prep = open_seconds(plain), open_seconds(prep)
+    print(f"{where}: open + first sample: without the index {o_plain:.3f} s, with it "
+          f"{o_prep:.3f} s: {o_plain / o_prep:.1f}x")
+    r_plain, r_prep = resume_seconds(plain), resume_seconds(prep)
+    print(f"{where}: resume after {resume_batches} batches to the first batch: without "
+          f"the index {r_plain:.3f} s, with it {r_prep:.3f} s: {r_plain / r_prep:.1f}x")
+
+
+def index_main(args) -> None:
+    from harness.peers import _energon_prepare
+
+    with tempfile.TemporaryDirectory(prefix="braid-wds-") as top:
+        prep, plain = os.path.join(top, "prep"), os.path.join(top, "plain")
+        os.makedirs(prep)
+        os.makedirs(plain)
+        write_shards(prep, args.samples, args.shards, args.image_bytes, seed=4)
+        for name in os.listdir(prep):
+            os.link(os.path.join(prep, name), os.path.join(plain, name))
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
+            _energon_prepare(prep)
+        mb = sum(os.path.getsize(os.path.join(plain, n)) for n in os.listdir(plain)) / 1e6
+        print(f"{args.shards} shards of {args.samples // args.shards:,} samples, "
+              f"{mb:.0f} MB of tar")
+        index_ratios(prep, plain, args.repeat, args.resume_batches, None, "local")
+        if args.no_s3:
+            return
+        bucket = "braid-bench"
+        with s3_server(bucket) as (url, client):
+            for folder in ("prep", "plain"):
+                base = os.path.join(top, folder)
+                for dirpath, _, names in os.walk(base):
+                    for name in names:
+                        path = os.path.join(dirpath, name)
+                        key = f"{folder}/{os.path.relpath(path, base)}"
+                        client.upload_file(path, bucket, key)
+            storage = {"endpoint": url, "region": "us-east-1"}
+            index_ratios(f"s3://{bucket}/prep", f"s3://{bucket}/plain", args.repeat,
+                         args.resume_batches, storage, "S3 (moto, loopback)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=40_000)
-    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=None)
+    ap.add_argument("--shards", type=int, default=None)
     ap.add_argument("--image-bytes", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--index", action="store_true",
+                    help="time opening and resuming with and without an Energon index")
+    ap.add_argument("--resume-batches", type=int, default=150)
+    ap.add_argument("--no-s3", action="store_true")
     args = ap.parse_args()
+    if args.index:
+        args.samples = args.samples or 20_000
+        args.shards = args.shards or 8
+        index_main(args)
+        return
+    args.samples = args.samples or 40_000
+    args.shards = args.shards or 4
     with tempfile.TemporaryDirectory(prefix="braid-wds-") as top:
         root = os.path.join(top, "data")
         os.makedirs(root)
@@ -73,6 +205,7 @@ def main() -> None:
         rows = args.samples // args.shards * args.shards
         format_reads.compare(top, root, "json:input_ids", rows, tokens, reference,
                              args.repeat, "webdataset", "webdataset package", "samples")
+
 
 if __name__ == "__main__":
     main()

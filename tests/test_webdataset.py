@@ -1,10 +1,14 @@
 """WebDataset tar shards: shards written by the webdataset package's TarWriter, read
 through Braid and checked against the webdataset package's own reader on the same files:
 the samples each delivers, resume at (shard, sample), loaders, an image-caption source,
-`braid inspect`, and errors naming the shard, the sample's key and the member."""
+`braid inspect`, and errors naming the shard, the sample's key and the member. Folders
+prepared by Megatron-Energon (`energon prepare`, run here in-process) give the stream of
+the same shards without the index, open and resume without reading the samples before,
+and a stale index is a warning naming the shard."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import itertools
 import json
@@ -22,6 +26,9 @@ try:
     import webdataset as wds
 except ImportError:  # a declared dev dependency: its absence fails the tests
     pytest.fail("webdataset is not installed (requirements-dev.txt)", pytrace=False)
+if importlib.util.find_spec("megatron.energon") is None:  # writes the Energon indexes
+    pytest.fail("megatron-energon is not installed (requirements-nodeps.txt)",
+                pytrace=False)
 
 SPAN = 1000
 
@@ -213,3 +220,129 @@ def test_an_image_caption_shard_feeds_an_image_source(tmp_path, model):
             assert match, image[0, :, 0]
             found.add(tuple(colours[match[0]]))
     assert found == set(colours)
+
+
+# --- Megatron-Energon's index (.nv-meta, *.tar.idx) -----------------------------------
+
+def energon_prepare(folder: Path) -> None:
+    """`energon prepare FOLDER`, non-interactive (its command, in this process): every
+    shard in the train split."""
+    from megatron.energon.tools.prepare import command
+
+    command.main([str(folder), "--non-interactive", "--split-ratio", "1,0,0",
+                  "--sample-type", "CrudeWebdataset", "--num-workers", "1",
+                  "--no-progress", "--force-overwrite"], prog_name="energon prepare",
+                 standalone_mode=False)
+
+
+def index_config(path, **extra) -> dict:
+    # Blocks of a few samples and windows of a few blocks: a shard's units depend on the
+    # bytes the counts give.
+    return config_for(path, shuffle_window=8, shuffle_window_bytes=8192, **extra)
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    """The same seeded shards in `plain` and in `prep`, which `energon prepare` indexed."""
+    rng = np.random.default_rng(11)
+    shards = [samples_of(s, int(rng.integers(40, 90)), rng) for s in range(3)]
+    for name in ("plain", "prep"):
+        for s, recs in enumerate(shards):
+            write_shard(tmp_path / name / f"shard-{s:04d}.tar", recs)
+    energon_prepare(tmp_path / "prep")
+    assert (tmp_path / "prep" / ".nv-meta" / ".info.json").exists()
+    return tmp_path / "plain", tmp_path / "prep", shards
+
+
+def damage_headers(shard: Path, keys) -> None:
+    """Overwrites the header checksum of every member of the samples `keys`: no tar reader
+    gets past them."""
+    data = bytearray(shard.read_bytes())
+    for key in keys:
+        at = data.find(f"{key}.".encode())
+        assert at >= 0, key
+        while at >= 0:
+            start = at - at % 512
+            data[start + 148:start + 155] = b"9999999"
+            at = data.find(f"{key}.".encode(), at + 1)
+    shard.write_bytes(bytes(data))
+
+
+def test_an_energon_index_gives_the_stream_without_it(prepared, tmp_path):
+    plain, prep, shards = prepared
+    plans = [braid_cli("plan", write_config(tmp_path / f"{k}.json", index_config(folder)),
+                       "--steps", 30) for k, folder in (("a", plain), ("b", prep))]
+    assert plans[0].returncode == 0 and plans[1].returncode == 0, plans[1].stderr
+    assert plans[1].stdout == plans[0].stdout
+    assert "Energon" not in plans[1].stderr  # nothing disagreed
+    for rank in (0, 1):
+        a = list(itertools.islice(iter(braid.Loader(index_config(plain), rank=rank,
+                                                    world_size=2)), 12))
+        b = list(itertools.islice(iter(braid.Loader(index_config(prep), rank=rank,
+                                                    world_size=2)), 12))
+        for x, y in zip(a, b, strict=True):
+            assert x["input_ids"].tolist() == y["input_ids"].tolist()
+    assert_loader_resumes(index_config(prep), rank=1, n=10, split=4)
+    # Every sample, as the webdataset package reads the shards.
+    ref = {lst[0] // SPAN: lst for path in sorted(prep.glob("*.tar"))
+           for lst in reference(path)}
+    assert_every_token_once(config_for(prep, shuffle_window_bytes=8192), ref, SPAN)
+
+
+def test_opening_and_resuming_inside_a_shard_read_no_sample_before(tmp_path):
+    rng = np.random.default_rng(12)
+    recs = samples_of(0, 240, rng)
+    write_shard(tmp_path / "prep" / "shard-0000.tar", recs)
+    energon_prepare(tmp_path / "prep")
+    config = index_config(tmp_path / "prep")
+
+    def take(loader, k):
+        it = iter(loader)
+        return [next(it)["input_ids"][0].tolist() for _ in range(k)]
+
+    split, n = 24, 8
+    reference = take(braid.Loader(config, rank=0, world_size=2), split + n)
+    loader = braid.Loader(config, rank=0, world_size=2)
+    take(loader, split)
+    state = loader.state_dict()
+    # The samples before the rest's first window (less a window and a block: what the
+    # resumed loader may read, and the sample its block is entered at) lose their
+    # member headers, so a pass over them would fail.
+    rows = [t // SPAN % 1000 for ids in reference[split:] for t in ids if t > 0]
+    assert max(rows) < len(recs) and all(r > 0 for r in rows)  # within the first epoch
+    before = min(rows) - 3 * 8
+    assert before >= 60, before
+    damage_headers(tmp_path / "prep" / "shard-0000.tar",
+                   [f"s00/{r:06d}" for r in range(before)])
+    resumed = braid.Loader(config, rank=0, world_size=2)  # opens from the index alone
+    resumed.load_state_dict(state)
+    assert take(resumed, n) == reference[split:]
+    # Without the index the damaged shard does not open.
+    (tmp_path / "prep" / ".nv-meta").rename(tmp_path / "nv-meta-aside")
+    unindexed = braid_cli("plan", write_config(tmp_path / "c.json", config), "--steps", 1)
+    assert unindexed.returncode == 3 and "not a readable tar" in unindexed.stderr
+
+
+def test_a_stale_energon_index_is_a_warning_naming_the_shard(prepared, tmp_path):
+    plain, prep, shards = prepared
+    rng = np.random.default_rng(13)
+    # A shard added after `energon prepare`, one rewritten with more samples, and one
+    # whose .tar.idx lost its last offsets.
+    added, longer = samples_of(7, 25, rng), shards[1] + samples_of(8, 5, rng)
+    for folder in (plain, prep):
+        write_shard(folder / "shard-0007.tar", added)
+        write_shard(folder / "shard-0001.tar", longer)
+    idx = prep / "shard-0002.tar.idx"
+    idx.write_bytes(idx.read_bytes()[:-16])
+    plans = [braid_cli("plan", write_config(tmp_path / f"{k}.json", index_config(folder)),
+                       "--steps", 20) for k, folder in (("a", plain), ("b", prep))]
+    assert plans[1].returncode == 0, plans[1].stderr
+    assert plans[1].stdout == plans[0].stdout
+    log = plans[1].stderr
+    assert (f"{prep}/.nv-meta/.info.json does not list 1 of the source's shards "
+            f"({prep}/shard-0007.tar") in log
+    assert f"{prep}/shard-0001.tar: its Energon index" in log
+    assert "does not end at the last offset" in log
+    assert f"{prep}/shard-0002.tar: its Energon index" in log
+    assert f"{idx}: it holds {len(shards[2]) - 1} offsets" in log
+    assert "shard-0000.tar" not in log

@@ -125,9 +125,11 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                     const std::vector<ColumnSpec>& columns);
 
 /// Opens the WebDataset tar shards `paths` of `fs` (`.tar`, `.tar.gz`, `.tgz`; one unit
-/// per shard, io/webdataset_files.cc) with libarchive: reads each shard's member headers
-/// once to count its samples (members grouped by the name before the first dot of their
-/// basename). A column names a member extension (`txt`), alternatives (`jpg;png;webp`:
+/// per shard, io/webdataset_files.cc) with libarchive: counts each shard's samples from
+/// the Megatron-Energon index of its folder (io/webdataset_index_internal.h) when that
+/// agrees with the shard, else by reading its member headers once (members grouped by the
+/// name before the first dot of their basename). A column names a member extension
+/// (`txt`), alternatives (`jpg;png;webp`:
 /// the first one a sample has) or a field of a JSON member (`json:FIELD`). A column
 /// whose spec accepts none of the types such members give is a config error naming its
 /// key; with on_error: skip a shard that is not a readable tar is kept as unreadable,

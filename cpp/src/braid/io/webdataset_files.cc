@@ -17,13 +17,19 @@
 //
 // Units. A tar has no index, so a shard is one unit (the shuffle unit, like a JSON Lines
 // file: shards are permuted, and a shard larger than the source's shuffle_window_bytes is
-// read in consecutive blocks of samples); a position inside it is (shard, sample).
-// Opening a source reads every shard's member headers once (member data is skipped: a
-// seek, no read, in an uncompressed tar) to count its samples and the bytes of the
-// members its columns read; runtime.length_cache keeps those counts (keyed by the path,
-// size, modification time and the extensions read). A block is read by a stream that
-// stays open, so a shard's blocks read in order read it once, and a block behind it (a
-// resume) reopens the shard and skips the samples before.
+// read in consecutive blocks of samples); a position inside it is (shard, sample). A
+// unit's bytes are the span of its samples in the tar (first sample's first header to
+// the archive's end). Opening a source counts every shard's samples: from the
+// Megatron-Energon index of its folder when it has one that agrees with the shard
+// (webdataset_index_internal.h; no member header is read), else by reading its member
+// headers once (member data is skipped: a seek, no read, in an uncompressed tar);
+// runtime.length_cache keeps those counts (keyed by the path, size, modification time
+// and the extensions read). A block is read by a stream that stays open, so a shard's
+// blocks read in order read it once; a block behind it (a resume) reopens the shard and
+// skips the samples before, or, with the index, enters it at the offset of the sample
+// before the block and checks every sample read against the index. A shard whose index
+// disagrees with it is read from its headers from then on (a warning naming it), or is a
+// data error naming it and its index when its headers give other counts than the plan's.
 //
 // Errors. A failed read of the underlying file is a storage error (retried by
 // SourceFiles); a shard that is not a readable tar (truncated, a bad header checksum, not
@@ -41,6 +47,7 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <optional>
 #include <set>
 
 #include <arrow/api.h>
@@ -51,6 +58,8 @@
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/read_memory.h"
 #include "braid/io/source_files_internal.h"
+#include "braid/io/webdataset_index_internal.h"
+#include "braid/util/log_internal.h"
 
 namespace braid::internal {
 namespace {
@@ -66,8 +75,11 @@ class TarStream {
     if (archive_ != nullptr) archive_read_free(archive_);
   }
 
+  /// The archive of `path` from byte `offset` on (a member header's; only in an
+  /// uncompressed tar), or from its start.
   static Result<std::unique_ptr<TarStream>> Open(arrow::fs::FileSystem* fs,
-                                                 const std::string& path) {
+                                                 const std::string& path,
+                                                 int64_t offset = 0) {
     std::unique_ptr<TarStream> t(new TarStream(path));
     auto file = fs->OpenInputFile(path);
     if (!file.ok()) return StorageError(path, OneLine(file.status().message()));
@@ -75,6 +87,7 @@ class TarStream {
     auto size = t->file_->GetSize();
     if (!size.ok()) return StorageError(path, OneLine(size.status().message()));
     t->size_ = *size;
+    t->base_ = t->pos_ = std::min(offset, t->size_);
     t->archive_ = archive_read_new();
     if (t->archive_ == nullptr) return Status::OutOfMemory("libarchive");
     archive_read_support_format_tar(t->archive_);
@@ -91,6 +104,7 @@ class TarStream {
     while (true) {
       archive_entry* entry = nullptr;
       const int r = archive_read_next_header(archive_, &entry);
+      header_ = base_ + archive_read_header_position(archive_);
       if (r == ARCHIVE_EOF) return false;
       if (r != ARCHIVE_OK && r != ARCHIVE_WARN) {
         return Error("cannot read a member header");
@@ -122,6 +136,11 @@ class TarStream {
 
   /// Members read so far (every entry, for messages).
   int64_t members() const { return members_; }
+
+  /// Where the header Next read last starts (an extended header's, if it has one), or,
+  /// after Next returned false, where the archive's end-of-archive blocks (or its bytes)
+  /// end: a byte of the uncompressed tar.
+  int64_t header() const { return header_; }
 
  private:
   explicit TarStream(std::string path) : path_(std::move(path)) {}
@@ -165,7 +184,9 @@ class TarStream {
   std::string path_;
   std::shared_ptr<arrow::io::RandomAccessFile> file_;
   int64_t size_ = 0;
+  int64_t base_ = 0;  // where the archive was entered
   int64_t pos_ = 0;  // the next byte the read callback reads
+  int64_t header_ = 0;
   std::shared_ptr<arrow::Buffer> chunk_;  // what libarchive reads now
   Status io_error_;  // a failed read of file_ (the storage's failure)
   int64_t members_ = 0;
@@ -198,6 +219,7 @@ bool IsMetaName(const std::string& name) {
 // One sample: its key and the members read (data only for the extensions wanted).
 struct Sample {
   std::string key;
+  int64_t start = 0;  // its first member's header (TarStream::header)
   std::vector<std::string> extensions;  // every member's, in the tar's order
   std::vector<std::pair<std::string, std::string>> data;  // (extension, bytes) wanted
   int64_t wanted_bytes = 0;  // the sizes of the members wanted
@@ -236,13 +258,17 @@ class SampleStream {
           break;
         }
         if (IsMetaName(name_) || !SplitName(name_, &key_, &ext_)) continue;
+        header_ = tar_->header();
       }
       if (!out->key.empty() && key_ != out->key) {
         pending_ = true;  // the next sample's first member (its data not read yet)
         return true;
       }
       pending_ = false;
-      if (out->key.empty()) out->key = key_;
+      if (out->key.empty()) {
+        out->key = key_;
+        out->start = header_;
+      }
       if (std::find(out->extensions.begin(), out->extensions.end(), ext_) !=
           out->extensions.end()) {
         return DataError(path_, "sample '" + out->key + "' has two members '" + name_ +
@@ -260,6 +286,10 @@ class SampleStream {
     return !out->key.empty();
   }
 
+  /// Where the sample after the last one Next returned starts, or, at the end of the
+  /// shard, where its archive ends (TarStream::header). REQUIRES: Next returned a sample.
+  int64_t next_start() const { return pending_ ? header_ : tar_->header(); }
+
  private:
   std::unique_ptr<TarStream> tar_;
   const std::set<std::string>* wanted_;
@@ -268,7 +298,29 @@ class SampleStream {
   bool done_ = false;
   std::string name_, key_, ext_;
   int64_t size_ = 0;
+  int64_t header_ = 0;  // where the member name_ starts
 };
+
+// The samples of one shard, from its member headers, and the bytes they span in the tar
+// (from the first sample's first header to the archive's end: what an Energon index's
+// offsets give, so a shard's units are the same with and without one).
+Status CountSamples(arrow::fs::FileSystem* fs, const std::string& path, int64_t* samples,
+                    int64_t* bytes) {
+  *samples = 0;
+  *bytes = 0;
+  ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs, path));
+  const std::set<std::string> none;
+  SampleStream stream(std::move(tar), &none, path);
+  Sample s;
+  int64_t start = 0;
+  while (true) {
+    ARROW_ASSIGN_OR_RAISE(const bool more, stream.Next(/*read=*/false, &s));
+    if (!more) break;
+    if (++*samples == 1) start = s.start;
+    *bytes = stream.next_start() - start;
+  }
+  return Status::OK();
+}
 
 // A column of the source: the member(s) it reads and how.
 struct MemberColumn {
@@ -333,6 +385,10 @@ Result<MemberColumn> ColumnOf(const ColumnSpec& spec) {
 struct TarFile {
   std::string path;
   int64_t samples = 0;
+  int64_t bytes = 0;  // the span of its samples (CountSamples)
+  // With an Energon index: where it is and what it lists (the reader drops it when the
+  // shard disagrees with it).
+  std::optional<ShardIndex> index;
 };
 
 class WebDatasetReader : public FormatReader {
@@ -359,10 +415,23 @@ class WebDatasetReader : public FormatReader {
     return ListLengths(*cols.front());
   }
 
-  Result<std::vector<Columns>> ReadRows(int file, int /*unit*/, int64_t first,
+  Result<std::vector<Columns>> ReadRows(int file, int unit, int64_t first,
                                         int64_t rows) override {
-    const TarFile& f = files_[size_t(file)];
-    if (file_ != file || stream_ == nullptr || next_ > first) {
+    TarFile& f = files_[size_t(file)];
+    // With an index, a block that the open stream is not at is entered at the offset of
+    // the sample before its first (no pass over the samples before that), and each
+    // sample read is checked to start where the index says, so the block's first sample
+    // is a whole one (a new key at that offset); a block that disagrees is read again
+    // without the index.
+    std::vector<int64_t> offsets;  // of samples first - 1 .. first + rows, when entered
+    const bool at_first = file_ == file && stream_ != nullptr && next_ == first;
+    if (!at_first && first > 0 && rows > 0 && f.index.has_value()) {
+      ARROW_ASSIGN_OR_RAISE(std::string problem, Enter(f, file, first, rows, &offsets));
+      if (!problem.empty()) {
+        ARROW_RETURN_NOT_OK(DropIndex(f, problem));
+        return ReadRows(file, unit, first, rows);
+      }
+    } else if (file_ != file || stream_ == nullptr || next_ > first) {
       stream_.reset();
       ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs_.get(), f.path));
       stream_ = std::make_unique<SampleStream>(std::move(tar), &wanted_, f.path);
@@ -373,8 +442,32 @@ class WebDatasetReader : public FormatReader {
     Sample passed;
     while (next_ < first + rows) {
       const bool keep = next_ >= first;
-      auto more = stream_->Next(/*read=*/keep, keep ? &samples[size_t(next_ - first)]
-                                                    : &passed);
+      Sample* s = keep ? &samples[size_t(next_ - first)] : &passed;
+      auto more = stream_->Next(/*read=*/keep, s);
+      std::string problem;  // entered at an offset: where the shard disagrees with it
+      if (!offsets.empty()) {
+        const int64_t want = offsets[size_t(next_ - first + 1)];
+        if (!more.ok() && !more.status().IsIOError()) {
+          problem = "reading it from offset " + std::to_string(offsets.front()) +
+                    " failed: " + more.status().message();
+        } else if (more.ok() && !*more) {
+          problem = "no sample " + std::to_string(next_) + " at offset " +
+                    std::to_string(want);
+        } else if (more.ok() && s->start != want) {
+          problem = "sample " + std::to_string(next_) + " ('" + s->key +
+                    "') starts at offset " + std::to_string(s->start) + ", not " +
+                    std::to_string(want);
+        } else if (more.ok() && next_ + 1 == first + rows &&
+                   stream_->next_start() != offsets.back()) {
+          problem = "sample " + std::to_string(next_) + " ('" + s->key + "') ends at " +
+                    std::to_string(stream_->next_start()) + ", not " +
+                    std::to_string(offsets.back());
+        }
+      }
+      if (!problem.empty()) {
+        ARROW_RETURN_NOT_OK(DropIndex(f, problem));
+        return ReadRows(file, unit, first, rows);
+      }
       if (!more.ok() || !*more) {
         stream_.reset();
         file_ = -1;
@@ -394,6 +487,64 @@ class WebDatasetReader : public FormatReader {
   }
 
  private:
+  // Opens shard `file` (`f`) at sample `first` - 1 of its index, whose offsets of
+  // samples first - 1 .. first + rows it sets; "" or what disagreed. REQUIRES: first > 0.
+  Result<std::string> Enter(const TarFile& f, int file, int64_t first, int64_t rows,
+                            std::vector<int64_t>* offsets) {
+    stream_.reset();
+    file_ = -1;
+    if (idx_ == nullptr || idx_file_ != file) {
+      idx_.reset();
+      auto info = fs_->GetFileInfo(f.index->idx);
+      if (!info.ok()) return StorageError(f.index->idx, OneLine(info.status().message()));
+      if (!info->IsFile()) return std::string("it has no ") + f.index->idx;
+      auto opened = fs_->OpenInputFile(*info);
+      if (!opened.ok()) {
+        return StorageError(f.index->idx, OneLine(opened.status().message()));
+      }
+      idx_ = std::move(*opened);
+      idx_file_ = file;
+    }
+    ARROW_ASSIGN_OR_RAISE(std::string problem,
+                          ReadSampleOffsets(idx_.get(), f.index->idx, f.samples,
+                                            first - 1, rows + 1, offsets));
+    if (!problem.empty()) return f.index->idx + ": " + problem;
+    auto tar = TarStream::Open(fs_.get(), f.path, offsets->front());
+    if (!tar.ok()) {
+      if (tar.status().IsIOError()) return tar.status();
+      return "reading it from offset " + std::to_string(offsets->front()) +
+             " failed: " + tar.status().message();
+    }
+    stream_ = std::make_unique<SampleStream>(std::move(*tar), &wanted_, f.path);
+    file_ = file;
+    next_ = first - 1;
+    return std::string();
+  }
+
+  // The shard `f` disagrees with its index (`problem`): says so, and reads it without
+  // the index from now on if its member headers give the samples and bytes that opening
+  // took from the index (the plan's units); else that is a data error naming the shard
+  // and its index.
+  Status DropIndex(TarFile& f, const std::string& problem) {
+    stream_.reset();
+    file_ = -1;
+    idx_.reset();
+    LogLine(f.path + ": its Energon index (" + f.index->info + ") disagrees with it: " +
+            problem + "; reading it from its member headers");
+    int64_t samples = 0, bytes = 0;
+    ARROW_RETURN_NOT_OK(CountSamples(fs_.get(), f.path, &samples, &bytes));
+    if (samples != f.samples || bytes != f.bytes) {
+      return DataError(f.path, "has " + std::to_string(samples) + " samples spanning " +
+                                   std::to_string(bytes) + " bytes where opening took " +
+                                   std::to_string(f.samples) + " samples spanning " +
+                                   std::to_string(f.bytes) + " bytes from its Energon " +
+                                   "index (" + f.index->idx + ", " + f.index->info +
+                                   "; a stale index: run energon prepare again)");
+    }
+    f.index.reset();
+    return Status::OK();
+  }
+
   // "sample 'KEY' (row R)".
   static std::string Where(const Sample& s, int64_t row) {
     return "sample '" + s.key + "' (row " + std::to_string(row) + ")";
@@ -573,29 +724,14 @@ class WebDatasetReader : public FormatReader {
   std::vector<MemberColumn> columns_;
   std::set<std::string> wanted_;  // every extension a column reads
   bool skip_ = false;
-  // The open stream: shard file_, samples [0, next_) read.
+  // The open stream: shard file_, samples [0, next_) read or passed.
   int file_ = -1;
   int64_t next_ = 0;
   std::unique_ptr<SampleStream> stream_;
+  // The open .tar.idx, of shard idx_file_.
+  int idx_file_ = -1;
+  std::shared_ptr<arrow::io::RandomAccessFile> idx_;
 };
-
-// The samples of one shard and the bytes of the members wanted.
-Status CountSamples(arrow::fs::FileSystem* fs, const std::string& path,
-                    const std::set<std::string>& wanted, int64_t* samples,
-                    int64_t* bytes) {
-  *samples = 0;
-  *bytes = 0;
-  ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs, path));
-  SampleStream stream(std::move(tar), &wanted, path);
-  Sample s;
-  while (true) {
-    ARROW_ASSIGN_OR_RAISE(const bool more, stream.Next(/*read=*/false, &s));
-    if (!more) break;
-    ++*samples;
-    *bytes += s.wanted_bytes;
-  }
-  return Status::OK();
-}
 
 }  // namespace
 
@@ -606,7 +742,7 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
                                        const std::vector<ColumnSpec>& columns) {
   std::vector<MemberColumn> members;
   std::set<std::string> wanted;
-  std::string tag = "webdataset-count 1";
+  std::string tag = "webdataset-count 2";
   for (const auto& spec : columns) {
     ARROW_ASSIGN_OR_RAISE(auto c, ColumnOf(spec));
     for (const auto& e : c.extensions) {
@@ -618,15 +754,38 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
   FormatOpen out;
   std::vector<TarFile> files;
   const bool skip = source.on_error == OnError::kSkip;
-  for (const auto& path : paths) {
+  ARROW_ASSIGN_OR_RAISE(ShardIndexes indexes, RetryStorage([&] {
+                          return FindShardIndexes(fs.get(), paths,
+                                                  IndexSearchRoot(source.path));
+                        }));
+  for (const auto& problem : indexes.problems) LogLine(problem);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& path = paths[i];
     TarFile f;
     f.path = path;
+    f.index = std::move(indexes.shards[i]);
     ARROW_ASSIGN_OR_RAISE(
         const int64_t samples,
-        out.AddWholeFile(fs.get(), path, source, tag, [&](int64_t* n, int64_t* bytes) {
-          return CountSamples(fs.get(), path, wanted, n, bytes);
-        }));
+        out.AddWholeFile(fs.get(), path, source, tag,
+                         [&](int64_t* n, int64_t* bytes) -> Status {
+                           if (f.index.has_value()) {
+                             ARROW_ASSIGN_OR_RAISE(
+                                 const std::string problem,
+                                 CheckShardIndex(fs.get(), path, *f.index, bytes));
+                             if (problem.empty()) {
+                               *n = f.index->samples;
+                               return Status::OK();
+                             }
+                             LogLine(path + ": its Energon index (" + f.index->info +
+                                     ") disagrees with it: " + problem +
+                                     "; counting its member headers instead");
+                             f.index.reset();
+                           }
+                           return CountSamples(fs.get(), path, n, bytes);
+                         }));
     f.samples = std::max<int64_t>(samples, 0);
+    if (samples < 0) f.index.reset();  // kept as unreadable
+    f.bytes = samples < 0 ? 0 : out.files.back().row_group_bytes.front();
     files.push_back(std::move(f));
   }
   out.reader = std::make_unique<WebDatasetReader>(std::move(fs), std::move(files),
