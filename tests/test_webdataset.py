@@ -346,3 +346,33 @@ def test_a_stale_energon_index_is_a_warning_naming_the_shard(prepared, tmp_path)
     assert f"{prep}/shard-0002.tar: its Energon index" in log
     assert f"{idx}: it holds {len(shards[2]) - 1} offsets" in log
     assert "shard-0000.tar" not in log
+
+
+def test_an_energon_index_on_s3_is_read_there_and_gives_the_local_stream(prepared,
+                                                                          tmp_path):
+    """The prepared folder on the loopback S3 server: its index is read from there (its
+    info file and the .tar.idx of a shard entered inside), and every rank's tokens,
+    resumed inside a shard too, are those of the local folder without the index."""
+    from remote_fixtures import S3_BUCKET, s3_server_running
+
+    plain, prep, _ = prepared
+    with s3_server_running(tmp_path / "requests.jsonl") as server:
+        for path in prep.rglob("*"):
+            if path.is_file():
+                server.client.put_object(Bucket=S3_BUCKET,
+                                         Key=f"prep/{path.relative_to(prep)}",
+                                         Body=path.read_bytes())
+        server.start_counting()
+        remote = index_config(f"s3://{S3_BUCKET}/prep",
+                              storage={"endpoint": server.url, "region": "us-east-1"})
+        for rank in (0, 1):
+            a = list(itertools.islice(iter(braid.Loader(remote, rank=rank,
+                                                        world_size=2)), 12))
+            b = list(itertools.islice(iter(braid.Loader(index_config(plain), rank=rank,
+                                                        world_size=2)), 12))
+            for x, y in zip(a, b, strict=True):
+                assert x["input_ids"].tolist() == y["input_ids"].tolist()
+        assert server.gets("prep/.nv-meta/.info.json") > 0
+        assert_loader_resumes(remote, rank=1, n=10, split=4)
+        idx_reads = sum(server.gets(f"prep/shard-{s:04d}.tar.idx") for s in range(3))
+        assert idx_reads > 0, "a resume inside a shard enters it through its .tar.idx"
