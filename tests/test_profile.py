@@ -23,7 +23,7 @@ from conftest import braid_cli, encoded_image, make_source, write_config
 
 FIELDS = {"samples", "tokens", "rows_read", "bytes_read", "read_cpu_s",
           "payloads_finished", "finish_cpu_s", "cpu_s_per_sample", "cpu_s_per_token",
-          "bytes_per_sample", "consumer_wait_s"}
+          "bytes_per_sample", "consumer_wait_s", "held_bytes", "peak_held_bytes"}
 
 SLOW = textwrap.dedent('''
     def slow(text):
@@ -81,6 +81,8 @@ def test_profile_separates_a_python_transform_from_a_token_column(tmp_path, monk
         assert p["payloads_finished"] == 0 and p["finish_cpu_s"] == 0, (name, p)
         assert p["cpu_s_per_sample"] > 0 and p["cpu_s_per_token"] > 0, (name, p)
         assert p["consumer_wait_s"] >= 0, (name, p)
+        # Something was read ahead, and what is held now was held at some point.
+        assert 0 <= p["held_bytes"] <= p["peak_held_bytes"] and p["peak_held_bytes"] > 0
         assert p["cpu_s_per_token"] * p["tokens"] == \
             pytest.approx(p["read_cpu_s"])
     # 50,000 Python additions per row against a token list passed through: the Python

@@ -359,48 +359,78 @@ TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
   EXPECT_THAT(r.status().message(), HasSubstr("no row"));
 }
 
-// Fetch's figures, and the payloads it keeps: a row whose piece does not end its
-// document is transformed once for all its pieces (kept with its unit until the last
-// piece), a unit is read once, the tokens and the reply's bytes are counted.
-TEST_F(ServicesTest, FetchTransformsARowOnceForAllItsPiecesAndCountsWhatItSends) {
-  // Two rows of file 0 holding at least 2 tokens (a probe service: no figures kept).
-  std::vector<int64_t> rows;
-  {
-    auto probe = MakeServing(*config_, 0, int64_t{8} << 20);
-    ASSERT_TRUE(probe.ok());
-    for (int64_t row = 0; row < 50 && rows.size() < 2; ++row) {
-      const int64_t q[kRequestFields] = {0, row, 0, 1, 2};
-      if ((*probe)->Fetch(q, 1).ok()) rows.push_back(row);
+// Fetch's figures, and the payloads it keeps: a text row whose piece does not end its
+// document is tokenized once for all its pieces (kept with its unit until the last
+// piece), a unit is read once, the tokens and the reply's bytes are counted. A token
+// column's rows are not kept (their payloads are views of the unit's ids).
+TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSends) {
+  testing::ScopedTempDir dir("braid-serve-text");
+  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  std::vector<std::optional<std::string>> texts;
+  for (const auto& t : testing::RandomSentences(20, 6, /*min_words=*/4)) texts.push_back(t);
+  ASSERT_TRUE(testing::WriteTextFile(dir.Sub("text.parquet"), "text", texts).ok());
+  Config text;
+  text.seed = 1;
+  text.batch.seq_len = 64;
+  text.batch.global_tokens = 128;
+  text.tokenizer.model = dir.Sub("tok.model");
+  SourceConfig source;
+  source.name = "text";
+  source.path = dir.Sub("text.parquet");
+  source.text_column = "text";
+  text.sources.push_back(source);
+  ASSERT_TRUE(ValidateConfig(text).ok());
+  // Rows 0 and 1 as 2-token documents in two pieces: [0, 1) (more follows), then [1, 2).
+  auto fetch_twice = [](SourceService* service) {
+    std::vector<ServeProfile> after;
+    for (int64_t start = 0; start < 2; ++start) {
+      const int64_t q[2 * kRequestFields] = {0, 0, start, 1, 2, 0, 1, start, 1, 2};
+      auto r = service->Fetch(q, 2);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      after.push_back(service->serve_profile());
     }
-    ASSERT_EQ(rows.size(), 2u);
-  }
-  auto service = MakeServing(*config_, 0, int64_t{8} << 20);
-  ASSERT_TRUE(service.ok());
-  // Each row as a 2-token document in two pieces: [0, 1) (more follows), then [1, 2).
-  for (int64_t start = 0; start < 2; ++start) {
-    const int64_t q[2 * kRequestFields] = {0, rows[0], start, 1, 2,
-                                           0, rows[1], start, 1, 2};
-    auto r = (*service)->Fetch(q, 2);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    const int64_t call = start + 1;
-    const ServeProfile p = (*service)->serve_profile();
-    EXPECT_EQ(p.calls, call);
-    EXPECT_EQ(p.pieces, 2 * call);
-    EXPECT_EQ(p.rows_transformed, 2);  // the second pieces' rows were kept
-    EXPECT_EQ(p.tokens_sent, int64_t(r->tokens.size()) + (call == 2 ? 4 : 0));
-    EXPECT_EQ(p.bytes_sent, p.tokens_sent * int64_t(sizeof(int32_t)) +
+    return after;
+  };
+  auto service = MakeServing(text, 0, int64_t{8} << 20);
+  ASSERT_TRUE(service.ok()) << service.status().ToString();
+  const std::vector<ServeProfile> p = fetch_twice(service->get());
+  ASSERT_EQ(p.size(), 2u);
+  for (int64_t call = 1; call <= 2; ++call) {
+    const ServeProfile& q = p[size_t(call - 1)];
+    EXPECT_EQ(q.calls, call);
+    EXPECT_EQ(q.pieces, 2 * call);
+    EXPECT_EQ(q.rows_transformed, 2);  // the second pieces' rows were kept
+    EXPECT_EQ(q.tokens_sent, call == 1 ? 4 : 6);  // a piece and its label, then 1 each
+    EXPECT_EQ(q.bytes_sent, q.tokens_sent * int64_t(sizeof(int32_t)) +
                                 call * int64_t(3 * sizeof(int64_t)));
-    EXPECT_EQ(p.units_read, 1);  // the second call finds the unit cached
-    EXPECT_GT(p.bytes_read, 0);
-    EXPECT_GT(p.cpu_ns, 0);
-    EXPECT_GE(p.peak_cached_bytes, p.cached_bytes);
-    if (call == 1) {
-      EXPECT_GT(p.cached_bytes, p.bytes_read);  // the unit and the two kept rows
-    } else {
-      EXPECT_EQ(p.cached_bytes, p.bytes_read);  // the last pieces let them go
-      EXPECT_GT(p.peak_cached_bytes, p.cached_bytes);
-    }
+    EXPECT_EQ(q.units_read, 1);  // the second call finds the unit cached
+    EXPECT_GT(q.bytes_read, 0);
+    EXPECT_GT(q.cpu_ns, 0);
+    EXPECT_GE(q.peak_cached_bytes, q.cached_bytes);
   }
+  EXPECT_GT(p[0].cached_bytes, p[0].bytes_read);  // the unit and the two kept rows
+  EXPECT_EQ(p[1].cached_bytes, p[1].bytes_read);  // the last pieces let them go
+  EXPECT_GT(p[1].peak_cached_bytes, p[1].cached_bytes);
+
+  // A token source: every piece's row read from the unit again, nothing kept. (Rows of
+  // file 0 holding at least 2 tokens: a probe service finds them.)
+  std::vector<int64_t> rows;
+  auto probe = MakeServing(*config_, 0, int64_t{8} << 20);
+  ASSERT_TRUE(probe.ok());
+  for (int64_t row = 0; row < 50 && rows.size() < 2; ++row) {
+    const int64_t q[kRequestFields] = {0, row, 0, 1, 2};
+    if ((*probe)->Fetch(q, 1).ok()) rows.push_back(row);
+  }
+  ASSERT_EQ(rows.size(), 2u);
+  auto tokens = MakeServing(*config_, 0, int64_t{8} << 20);
+  ASSERT_TRUE(tokens.ok());
+  const int64_t q[2 * kRequestFields] = {0, rows[0], 0, 1, 2, 0, rows[1], 0, 1, 2};
+  ASSERT_TRUE((*tokens)->Fetch(q, 2).ok());
+  const ServeProfile t = (*tokens)->serve_profile();
+  EXPECT_EQ(t.rows_transformed, 2);
+  EXPECT_EQ(t.cached_bytes, t.bytes_read);
 }
 
 // An image-caption job in `dir` (a tiny tokenizer, 24 rows, every third with two PNG

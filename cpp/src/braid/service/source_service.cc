@@ -219,7 +219,10 @@ Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, b
   }
   // A deferred payload's images stay encoded: the constructor decodes them.
   transform_->EncodedImages(cols, index, encoded);
-  if (!more) return out.payload;
+  // A token column's payload is a view of the unit's own ids: nothing to save.
+  if (!more || !config_.sources[size_t(source_index_)].tokens_column.empty()) {
+    return out.payload;
+  }
   // Kept for the row's later pieces; the unit is the newest in the cache (UnitFor), so
   // making room drops others only.
   const int64_t kept_bytes = kKeptRowOverheadBytes + out.payload->bytes();
