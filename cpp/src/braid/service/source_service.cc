@@ -301,7 +301,8 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
     const int64_t* q = requests + k * kRequestFields;
     const int32_t file = static_cast<int32_t>(q[0]);
     const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
-    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, /*more=*/start + len < doc_tokens, &encoded));
+    const bool more = start + len < doc_tokens;  // a later piece of the row follows
+    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, more, &encoded));
     const std::string& path = files_->files()[size_t(file)].path;
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
     // With batch.pad_to_multiple_of m the plan counts a document's padding too.
