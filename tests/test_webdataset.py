@@ -159,6 +159,7 @@ def test_inspect_reads_the_shards(corpus):
     info = json.loads(result.stdout)
     assert info["rows"] == sum(len(recs) for _, recs in shards.values())
     assert "cls, json, txt" in info["schema"]
+    assert "no Megatron-Energon index" in info["schema"]
     assert "WebDataset" in braid_cli("inspect", "--help").stdout
 
 
@@ -275,6 +276,11 @@ def test_an_energon_index_gives_the_stream_without_it(prepared, tmp_path):
     assert plans[0].returncode == 0 and plans[1].returncode == 0, plans[1].stderr
     assert plans[1].stdout == plans[0].stdout
     assert "Energon" not in plans[1].stderr  # nothing disagreed
+    inspected = braid_cli("inspect", prep, "--json", "--column", "json:input_ids")
+    assert inspected.returncode == 0, inspected.stderr
+    info = json.loads(inspected.stdout)
+    assert "Megatron-Energon index: 3 of 3 shards listed in" in info["schema"], info
+    assert info["rows"] == sum(len(recs) for recs in shards)
     for rank in (0, 1):
         a = list(itertools.islice(iter(braid.Loader(index_config(plain), rank=rank,
                                                     world_size=2)), 12))

@@ -11,6 +11,7 @@
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/megatron_index.h"
 #include "braid/io/source_files.h"
+#include "braid/io/webdataset_index_internal.h"
 
 namespace braid {
 namespace {
@@ -96,6 +97,23 @@ Result<Inspection> InspectOther(const std::string& path, SourceFormat format,
     for (const auto& e : *exts) list += (list.empty() ? "" : ", ") + e;
     out.schema = "WebDataset: samples of members grouped by key; member extensions " +
                  std::string("(the first shard's first 100 samples): ") + list;
+    // Whether a Megatron-Energon index lists the shards (their counts come from it once
+    // it agrees with each shard, checked below as a source opens them).
+    ARROW_ASSIGN_OR_RAISE(
+        auto indexes,
+        internal::FindShardIndexes(fs.get(), paths, internal::IndexSearchRoot(path)));
+    int64_t listed = 0;
+    std::string info;
+    for (const auto& shard : indexes.shards) {
+      if (!shard.has_value()) continue;
+      if (listed++ == 0) info = shard->info;
+    }
+    out.schema += listed == 0
+                      ? std::string("\nno Megatron-Energon index (.nv-meta): samples are "
+                                    "counted from the member headers")
+                      : "\nMegatron-Energon index: " + std::to_string(listed) + " of " +
+                            std::to_string(paths.size()) + " shards listed in " + info;
+    for (const auto& problem : indexes.problems) out.schema += "\n" + problem;
   } else {
     out.schema = "JSON Lines: one object per line; fields are read by name";
   }
