@@ -24,6 +24,26 @@ Result<std::vector<RowLength>> FormatReader::ReadLengths(int, int) {
   return Status::NotImplemented("this format has no token counts");
 }
 
+Result<std::optional<std::vector<RowLength>>> FormatReader::ReadRowLengths(int, int,
+                                                                            int64_t,
+                                                                            int64_t) {
+  return std::optional<std::vector<RowLength>>();
+}
+
+Result<std::optional<std::vector<RowLength>>> ListLengthsOfRows(FormatReader* reader,
+                                                                int file, int unit,
+                                                                int64_t first,
+                                                                int64_t rows) {
+  ARROW_ASSIGN_OR_RAISE(auto chunks, reader->ReadRows(file, unit, first, rows));
+  std::vector<RowLength> out;
+  out.reserve(size_t(rows));
+  for (const auto& cols : chunks) {
+    const std::vector<RowLength> lengths = ListLengths(*cols.front());
+    out.insert(out.end(), lengths.begin(), lengths.end());
+  }
+  return std::optional<std::vector<RowLength>>(std::move(out));
+}
+
 void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
                                 const std::string& path) {
   const std::string prefix = path + ": ";

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,16 @@ class FormatReader {
   /// Each row's token count in one unit without its tokens, for token sources; formats
   /// without counts return NotImplemented (their sources are not token sources).
   virtual Result<std::vector<RowLength>> ReadLengths(int file, int unit);
+
+  /// The counts of rows [first, first + rows) of one unit alone, for formats whose
+  /// ReadLengths reads the whole unit's rows (a JSON Lines file, a WebDataset shard:
+  /// their lists are read to be counted), so a block of a large unit is counted from its
+  /// own rows (ReadRows: the stream that stays open, an Energon offset) and not from all
+  /// of the unit's. Null when the whole unit's counts are the cheaper way (the default:
+  /// Megatron's index, an IPC batch's offsets).
+  virtual Result<std::optional<std::vector<RowLength>>> ReadRowLengths(int file, int unit,
+                                                                       int64_t first,
+                                                                       int64_t rows);
 };
 
 /// What opening a format's files gives SourceFiles.
@@ -75,6 +86,13 @@ Status RefuseUnreadable(const Status& error, int tries);
 /// Each row's token count of a token column (list or large_list of integers): its
 /// lists' lengths, a null row null, a null id noted.
 std::vector<RowLength> ListLengths(const arrow::Array& list);
+
+/// FormatReader::ReadRowLengths of a format whose token column is its first column:
+/// ListLengths of `reader`'s ReadRows(file, unit, first, rows).
+Result<std::optional<std::vector<RowLength>>> ListLengthsOfRows(FormatReader* reader,
+                                                                int file, int unit,
+                                                                int64_t first,
+                                                                int64_t rows);
 
 /// The Arrow type a column is read as from JSON (JSON Lines records, WebDataset `.json`
 /// members): the first of string, list<int32>, chat messages

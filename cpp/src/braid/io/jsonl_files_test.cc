@@ -117,6 +117,16 @@ TEST(JsonlFilesTest, EveryCompressionReadsWholeAndInBlocks) {
       }
       EXPECT_EQ(at, std::min<int64_t>(150, b * 40 + 40));
     }
+    // A block's counts from its own records, in order and behind the reader.
+    for (int64_t b : {0, 1, 3, 2}) {
+      const int64_t first = b * 40, rows = std::min<int64_t>(40, 150 - first);
+      auto counts = (*files)->ReadBlockLengths(0, 0, first, rows);
+      ASSERT_TRUE(counts.ok()) << counts.status().ToString();
+      ASSERT_EQ(int64_t((*counts)->size()), rows);
+      for (int64_t i = 0; i < rows; ++i) {
+        EXPECT_EQ((**counts)[size_t(i)].tokens, int64_t(docs[size_t(first + i)].size()));
+      }
+    }
   }
   // A directory of them is detected as JSON Lines, files in sorted order.
   auto all = SourceFiles::Open(Jsonl(dir.path().string()), "sources[0]");

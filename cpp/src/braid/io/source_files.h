@@ -209,6 +209,17 @@ class SourceFiles {
   Result<std::shared_ptr<const std::vector<RowLength>>> ReadLengths(int file,
                                                                     int row_group);
 
+  /// The counts of rows [first, first + rows) of one row group (a block of it): for a
+  /// JSON Lines file or a WebDataset shard (one unit of the whole file, whose counts are
+  /// its lists' lengths) read from those rows alone, as ReadBlock reads them (so a block
+  /// behind the reader enters a shard at its Energon offset); else sliced from
+  /// ReadLengths (the whole row group's counts, kept for its next block). Retried and
+  /// failing as ReadLengths.
+  Result<std::shared_ptr<const std::vector<RowLength>>> ReadBlockLengths(int file,
+                                                                         int row_group,
+                                                                         int64_t first,
+                                                                         int64_t rows);
+
  private:
   SourceFiles() = default;
 

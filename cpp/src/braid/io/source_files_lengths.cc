@@ -41,6 +41,35 @@ Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengths(
       file, row_group, [&] { return ReadLengthsOnce(file, row_group); });
 }
 
+Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadBlockLengths(
+    int file, int row_group, int64_t first, int64_t rows) {
+  if (format_reader_) {
+    ARROW_ASSIGN_OR_RAISE(
+        std::optional<std::vector<RowLength>> block,
+        Retried<std::optional<std::vector<RowLength>>>(
+            file, row_group, [&]() -> Result<std::optional<std::vector<RowLength>>> {
+              return format_reader_->ReadRowLengths(file, row_group, first, rows);
+            }));
+    if (block.has_value()) {
+      if (int64_t(block->size()) != rows) {
+        return DataError(DataLocation(files_[size_t(file)].path, row_group, -1),
+                         "rows " + std::to_string(first) + ".." +
+                             std::to_string(first + rows) + " gave " +
+                             std::to_string(block->size()) + " counts");
+      }
+      return std::make_shared<const std::vector<RowLength>>(std::move(*block));
+    }
+  }
+  ARROW_ASSIGN_OR_RAISE(auto whole, ReadLengths(file, row_group));
+  if (first == 0 && rows == int64_t(whole->size())) return whole;
+  if (first < 0 || rows < 0 || first + rows > int64_t(whole->size())) {
+    return Status::Invalid("rows ", first, "..", first + rows, " of a row group of ",
+                           whole->size());
+  }
+  return std::make_shared<const std::vector<RowLength>>(whole->begin() + first,
+                                                        whole->begin() + first + rows);
+}
+
 Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengthsOnce(
     int file, int row_group) {
   const File& f = files_[static_cast<size_t>(file)];

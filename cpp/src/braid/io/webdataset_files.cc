@@ -414,6 +414,12 @@ class WebDatasetReader : public FormatReader {
     ARROW_ASSIGN_OR_RAISE(auto cols, ReadColumns(file, unit));
     return ListLengths(*cols.front());
   }
+  // A block's counts from its own records: not the whole shard's.
+  Result<std::optional<std::vector<RowLength>>> ReadRowLengths(int file, int unit,
+                                                               int64_t first,
+                                                               int64_t rows) override {
+    return ListLengthsOfRows(this, file, unit, first, rows);
+  }
 
   Result<std::vector<Columns>> ReadRows(int file, int unit, int64_t first,
                                         int64_t rows) override {

@@ -271,6 +271,15 @@ TEST(WebDatasetIndexTest, OpeningReadsNoHeaderAndABlockIsEnteredAtItsSample) {
   ExpectBlock(files->get(), 0, 0, 7, 3);
   ExpectBlock(files->get(), 0, 0, 7, 6);
   ExpectBlock(files->get(), 0, 0, 7, 5);
+  // Planning counts a block from its own samples, entered the same way; the whole
+  // shard's counts would pass over the damaged headers.
+  auto counts = (*files)->ReadBlockLengths(0, 0, 21, 29);
+  ASSERT_TRUE(counts.ok()) << counts.status().ToString();
+  ASSERT_EQ((*counts)->size(), 29u);
+  for (int64_t i = 0; i < 29; ++i) {
+    EXPECT_EQ((**counts)[size_t(i)].tokens, int64_t(Expected(21 + i).size())) << i;
+  }
+  EXPECT_FALSE((*files)->ReadLengths(0, 0).ok());
   // The damaged samples themselves are a data error naming the shard.
   auto damaged = (*files)->ReadBlock(0, 0, 7, 0);
   ASSERT_FALSE(damaged.ok());

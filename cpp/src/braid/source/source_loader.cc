@@ -536,17 +536,19 @@ Status SourceLoader::LoadWindow() {
       to_cache_.push_back(CacheWrite{std::move(entry), slot, -1});
     }
     if (lengths_only_) {
-      // Token counts alone: the row group's (read once for all its blocks), then this
-      // entry's rows of it.
+      // Token counts alone: this entry's rows of its row group (a Parquet row group's
+      // counts are read once for all its blocks; a whole-file unit's block from its own
+      // rows: SourceFiles::ReadBlockLengths).
       const int64_t first = block_rows == 0 ? 0 : w.blocks[e] * block_rows;
       if (block_rows != 0) {
         unread_rows = std::min(block_rows, f.row_group_rows[size_t(rg)] - first);
       }
-      auto lengths = files_->ReadLengths(file, rg);
+      auto lengths = block_rows == 0 ? files_->ReadLengths(file, rg)
+                                     : files_->ReadBlockLengths(file, rg, first, unread_rows);
       read = lengths.status();
       if (read.ok()) {
         for (int64_t i = 0; i < unread_rows; ++i) {
-          rows_.push_back(RowRef{file, row + first + i, rg, first + i,
+          rows_.push_back(RowRef{file, row + first + i, rg, i,
                                  static_cast<int64_t>(lengths_.size())});
         }
         lengths_.push_back(std::move(*lengths));
