@@ -19,7 +19,8 @@
 //
 // A cached unit also keeps the payload of a row whose piece asked for does not end the
 // document (a source that transforms rows: not a token column, whose payloads are views
-// of the unit's ids), until the piece that ends it is asked for: the pieces of one long document,
+// of the unit's ids), until the piece that ends it is asked for or the unit leaves the
+// cache: the pieces of one long document,
 // asked for over many steps, transform (tokenize) it once while its unit stays cached.
 // The kept payloads count in the cache's bytes.
 //
