@@ -286,10 +286,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if "error" in a:
                 print(f"  {a['name']:<48} not answering: {a['error']}")
                 continue
+            # A serving process's calls and cache are in its `source serving` lines.
+            serving = ("requests", "cached_bytes") if a.get("source_serving") else ()
             extra = {k: v for k, v in a.items()
                      if k not in ("name", "role", "pid", "rss_bytes", "node",
                                   "source_profile", "source_allocation",
-                                  "source_timeline", "source_serving")}
+                                  "source_timeline", "source_serving", *serving)}
             print(f"  {a['name']:<48} node {a['node'][:12]} pid {a['pid']:<7} "
                   f"rss {_fmt_bytes(a['rss_bytes']):>9}  "
                   + " ".join(f"{k}={v}" for k, v in extra.items()))
