@@ -16,6 +16,7 @@
 #include "braid/source/source_loader.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/temp_dir.h"
+#include "braid/testing/formats_fixture.h"
 
 namespace braid {
 namespace {
@@ -72,16 +73,6 @@ SourceConfig Jsonl(const std::string& path, OnError on_error = OnError::kFail) {
   return s;
 }
 
-std::vector<int32_t> Row(const arrow::Array& a, int64_t i) {
-  const auto& list = static_cast<const arrow::ListArray&>(a);
-  const auto& v = static_cast<const arrow::Int32Array&>(*list.values());
-  std::vector<int32_t> out;
-  for (int64_t k = list.value_offset(i); k < list.value_offset(i + 1); ++k) {
-    out.push_back(v.Value(k));
-  }
-  return out;
-}
-
 TEST(JsonlFilesTest, EveryCompressionReadsWholeAndInBlocks) {
   testing::ScopedTempDir dir("braid-jsonl");
   const Docs docs = MakeDocs(150, 1);
@@ -101,7 +92,7 @@ TEST(JsonlFilesTest, EveryCompressionReadsWholeAndInBlocks) {
     auto whole = (*files)->ReadColumns(0, 0);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     ASSERT_EQ(whole->front()->length(), 150);
-    for (int64_t i = 0; i < 150; ++i) EXPECT_EQ(Row(*whole->front(), i), docs[size_t(i)]);
+    for (int64_t i = 0; i < 150; ++i) EXPECT_EQ(testing::ListRowIds(*whole->front(), i), docs[size_t(i)]);
     auto lengths = (*files)->ReadLengths(0, 0);
     ASSERT_TRUE(lengths.ok());
     EXPECT_EQ((**lengths)[17].tokens, int64_t(docs[17].size()));
@@ -112,7 +103,7 @@ TEST(JsonlFilesTest, EveryCompressionReadsWholeAndInBlocks) {
       int64_t at = b * 40;
       for (const auto& chunk : *block) {
         for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-          EXPECT_EQ(Row(*chunk.front(), i), docs[size_t(at)]) << at;
+          EXPECT_EQ(testing::ListRowIds(*chunk.front(), i), docs[size_t(at)]) << at;
         }
       }
       EXPECT_EQ(at, std::min<int64_t>(150, b * 40 + 40));
@@ -180,8 +171,8 @@ TEST(JsonlFilesTest, ARecordLongerThanArrowsBlockIsRead) {
   ASSERT_TRUE(files.ok()) << files.status().ToString();
   auto cols = (*files)->ReadColumns(0, 0);
   ASSERT_TRUE(cols.ok()) << cols.status().ToString();
-  EXPECT_EQ(Row(*cols->front(), 2).size(), 1'200'000u);
-  EXPECT_EQ(Row(*cols->front(), 4), docs[4]);
+  EXPECT_EQ(testing::ListRowIds(*cols->front(), 2).size(), 1'200'000u);
+  EXPECT_EQ(testing::ListRowIds(*cols->front(), 4), docs[4]);
 }
 
 TEST(JsonlFilesTest, AWholeFileReadsAsArrowsBlocksWithTheRowsOfReadColumns) {
@@ -197,14 +188,14 @@ TEST(JsonlFilesTest, AWholeFileReadsAsArrowsBlocksWithTheRowsOfReadColumns) {
   int64_t at = 0;
   for (const auto& chunk : *chunks) {
     for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-      ASSERT_EQ(Row(*chunk.front(), i), docs[size_t(at)]) << at;
+      ASSERT_EQ(testing::ListRowIds(*chunk.front(), i), docs[size_t(at)]) << at;
     }
   }
   EXPECT_EQ(at, 1500);
   auto whole = (*files)->ReadColumns(0, 0);
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   ASSERT_EQ(whole->front()->length(), 1500);
-  EXPECT_EQ(Row(*whole->front(), 1499), docs[1499]);
+  EXPECT_EQ(testing::ListRowIds(*whole->front(), 1499), docs[1499]);
 }
 
 TEST(JsonlFilesTest, BadBytesNameTheFile) {

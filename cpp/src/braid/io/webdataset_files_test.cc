@@ -3,8 +3,6 @@
 // alternatives), blocks in order and behind the reader, missing members and corrupt
 // tars under both error policies. Shards are written with libarchive's writer (pax, as
 // Python's tarfile writes them; the Python tests use the webdataset package's own).
-#include <archive.h>
-#include <archive_entry.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,59 +17,33 @@
 #include "braid/source/source_loader.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/temp_dir.h"
+#include "braid/testing/formats_fixture.h"
 
 namespace braid {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using Members = std::vector<std::pair<std::string, std::string>>;  // (name, bytes)
+using Members = testing::TarMembers;
+using testing::ListRowIds;
+using testing::SampleIds;
+using testing::SampleIdsJson;
+using testing::SampleKey;
 
 // A tar of `members` in order (gzip-compressed when `gzip`).
 void WriteTar(const std::string& path, const Members& members, bool gzip = false) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  archive* a = archive_write_new();
-  archive_write_set_format_pax_restricted(a);
-  if (gzip) archive_write_add_filter_gzip(a);
-  ASSERT_EQ(archive_write_open_filename(a, path.c_str()), ARCHIVE_OK);
-  for (const auto& [name, bytes] : members) {
-    archive_entry* e = archive_entry_new();
-    archive_entry_set_pathname(e, name.c_str());
-    archive_entry_set_size(e, la_int64_t(bytes.size()));
-    archive_entry_set_filetype(e, AE_IFREG);
-    archive_entry_set_perm(e, 0644);
-    ASSERT_EQ(archive_write_header(a, e), ARCHIVE_OK);
-    ASSERT_EQ(archive_write_data(a, bytes.data(), bytes.size()),
-              la_ssize_t(bytes.size()));
-    archive_entry_free(e);
-  }
-  archive_write_close(a);
-  archive_write_free(a);
-}
-
-std::string Key(int64_t i) {
-  char name[16];
-  std::snprintf(name, sizeof(name), "%06lld", static_cast<long long>(i));
-  return name;
-}
-
-std::string Ids(int64_t i) {
-  std::string out = "[";
-  for (int64_t k = 0; k <= i % 9; ++k) {
-    out += (k ? "," : "") + std::to_string(i * 100 + k);
-  }
-  return out + "]";
+  ASSERT_TRUE(testing::WriteTarShard(path, members, gzip).ok()) << path;
 }
 
 // Sample i: a caption, a class, a JSON record with token ids; every third an image.
 Members Shard(int64_t first, int64_t n) {
   Members out;
   for (int64_t i = first; i < first + n; ++i) {
-    out.emplace_back(Key(i) + ".txt", "caption " + std::to_string(i));
-    out.emplace_back(Key(i) + ".cls", std::to_string(i % 10) + "\n");
-    out.emplace_back(Key(i) + ".json",
-                     "{\"input_ids\": " + Ids(i) + ",\n  \"meta\": {\"x\": [1, null]}}");
-    if (i % 3 == 0) out.emplace_back(Key(i) + ".jpg", std::string(20 + i, '\xff'));
+    out.emplace_back(SampleKey(i) + ".txt", "caption " + std::to_string(i));
+    out.emplace_back(SampleKey(i) + ".cls", std::to_string(i % 10) + "\n");
+    out.emplace_back(SampleKey(i) + ".json", "{\"input_ids\": " + SampleIdsJson(i) +
+                                                 ",\n  \"meta\": {\"x\": [1, null]}}");
+    if (i % 3 == 0) out.emplace_back(SampleKey(i) + ".jpg", std::string(20 + i, '\xff'));
   }
   return out;
 }
@@ -93,22 +65,6 @@ ColumnSpec Spec(const std::string& name, arrow::Type::type id) {
                     }};
 }
 
-std::vector<int32_t> Row(const arrow::Array& a, int64_t i) {
-  const auto& list = static_cast<const arrow::ListArray&>(a);
-  const auto& v = static_cast<const arrow::Int32Array&>(*list.values());
-  std::vector<int32_t> out;
-  for (int64_t k = list.value_offset(i); k < list.value_offset(i + 1); ++k) {
-    out.push_back(v.Value(k));
-  }
-  return out;
-}
-
-std::vector<int32_t> Expected(int64_t i) {
-  std::vector<int32_t> out;
-  for (int64_t k = 0; k <= i % 9; ++k) out.push_back(int32_t(i * 100 + k));
-  return out;
-}
-
 TEST(WebDatasetFilesTest, TokenListsFromAJsonFieldWholeAndInBlocks) {
   testing::ScopedTempDir dir("braid-wds");
   WriteTar(dir.Sub("a.tar"), Shard(0, 50));
@@ -126,11 +82,11 @@ TEST(WebDatasetFilesTest, TokenListsFromAJsonFieldWholeAndInBlocks) {
     auto whole = (*files)->ReadColumns(f, 0);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     for (int64_t i = 0; i < file.num_rows; ++i) {
-      EXPECT_EQ(Row(*whole->front(), i), Expected(first + i));
+      EXPECT_EQ(ListRowIds(*whole->front(), i), SampleIds(first + i));
     }
     auto lengths = (*files)->ReadLengths(f, 0);
     ASSERT_TRUE(lengths.ok());
-    EXPECT_EQ((**lengths)[7].tokens, int64_t(Expected(first + 7).size()));
+    EXPECT_EQ((**lengths)[7].tokens, int64_t(SampleIds(first + 7).size()));
     // Blocks in order, then behind the reader (a resume inside the shard).
     for (int64_t b : {0, 1, 2, 1, 0, 2}) {
       auto block = (*files)->ReadBlock(f, 0, 12, b);
@@ -138,7 +94,7 @@ TEST(WebDatasetFilesTest, TokenListsFromAJsonFieldWholeAndInBlocks) {
       int64_t at = b * 12;
       for (const auto& chunk : *block) {
         for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-          EXPECT_EQ(Row(*chunk.front(), i), Expected(first + at)) << at;
+          EXPECT_EQ(ListRowIds(*chunk.front(), i), SampleIds(first + at)) << at;
         }
       }
       EXPECT_EQ(at, std::min<int64_t>(file.num_rows, b * 12 + 12));
@@ -194,10 +150,10 @@ TEST(WebDatasetFilesTest, AMissingMemberNamesShardSampleAndMemberOrIsANullUnderS
   testing::ScopedTempDir dir("braid-wds");
   Members m = Shard(0, 6);
   m.erase(std::remove_if(m.begin(), m.end(),
-                         [](const auto& x) { return x.first == Key(4) + ".json"; }),
+                         [](const auto& x) { return x.first == SampleKey(4) + ".json"; }),
           m.end());
-  m.emplace_back(Key(6) + ".json", "{\"other\": 1}");  // no input_ids field
-  m.emplace_back(Key(7) + ".json", "{\"input_ids\": [1, 2");  // not JSON
+  m.emplace_back(SampleKey(6) + ".json", "{\"other\": 1}");  // no input_ids field
+  m.emplace_back(SampleKey(7) + ".json", "{\"input_ids\": [1, 2");  // not JSON
   WriteTar(dir.Sub("m.tar"), m);
   auto failing = SourceFiles::Open(Wds(dir.Sub("m.tar")), "sources[0]");
   ASSERT_TRUE(failing.ok()) << failing.status().ToString();
@@ -228,7 +184,7 @@ TEST(WebDatasetFilesTest, AMissingMemberNamesShardSampleAndMemberOrIsANullUnderS
   ASSERT_EQ(a.length(), 8);
   EXPECT_EQ(a.null_count(), 3);
   EXPECT_TRUE(a.IsNull(4) && a.IsNull(6) && a.IsNull(7));
-  EXPECT_EQ(Row(a, 5), Expected(5));
+  EXPECT_EQ(ListRowIds(a, 5), SampleIds(5));
 }
 
 TEST(WebDatasetFilesTest, ACorruptTarFailsNamingItOrIsSkippedUnderSkip) {
@@ -239,7 +195,7 @@ TEST(WebDatasetFilesTest, ACorruptTarFailsNamingItOrIsSkippedUnderSkip) {
   {
     std::fstream f(dir.Sub("d/b.tar"), std::ios::in | std::ios::out | std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), {});
-    const size_t name = bytes.find(Key(25) + ".json");
+    const size_t name = bytes.find(SampleKey(25) + ".json");
     ASSERT_NE(name, std::string::npos);
     f.seekp(std::streamoff(name - name % 512 + 148));
     f.write("9999999", 7);
@@ -285,7 +241,7 @@ TEST(WebDatasetFilesTest, TheStreamHasEverySampleOncePerEpochAndResumesInsideASh
   for (const auto& r : reads) {
     EXPECT_TRUE(seen[r.meta.epoch].emplace(r.meta.file, r.meta.row).second);
     ASSERT_NE(r.payload, nullptr);
-    EXPECT_EQ(r.payload->tokens, Expected(r.meta.file * 70 + r.meta.row));
+    EXPECT_EQ(r.payload->tokens, SampleIds(r.meta.file * 70 + r.meta.row));
   }
   EXPECT_EQ(seen[0].size(), 120u);
   EXPECT_EQ(seen[1].size(), 120u);

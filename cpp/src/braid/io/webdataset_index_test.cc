@@ -5,8 +5,6 @@
 // shard and the shard is read from its headers, or, once planned from the index, a data
 // error naming the shard and the index. The index is written here from libarchive's
 // writer positions; the Python tests use `energon prepare` itself.
-#include <archive.h>
-#include <archive_entry.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -22,42 +20,25 @@
 #include "braid/source/source_loader.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/temp_dir.h"
+#include "braid/testing/formats_fixture.h"
 
 namespace braid {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using Members = std::vector<std::pair<std::string, std::string>>;  // (name, bytes)
+using Members = testing::TarMembers;
+using testing::ListRowIds;
+using testing::SampleIds;
+using testing::SampleIdsJson;
+using testing::SampleKey;
 
-// A tar of `members` (pax, as Python's tarfile writes); returns the offset of each
-// sample's first header (a new key) and then the archive's end: a .tar.idx's values.
+// A tar of `members`; the offset of each sample's first header, then the archive's
+// end: a .tar.idx's values.
 std::vector<int64_t> WriteTar(const std::string& path, const Members& members) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  std::vector<int64_t> offsets;
-  archive* a = archive_write_new();
-  archive_write_set_format_pax_restricted(a);
-  EXPECT_EQ(archive_write_open_filename(a, path.c_str()), ARCHIVE_OK);
-  std::string last_key;
-  for (const auto& [name, bytes] : members) {
-    const std::string key = name.substr(0, name.find('.'));
-    if (key != last_key) offsets.push_back(archive_filter_bytes(a, 0));
-    last_key = key;
-    archive_entry* e = archive_entry_new();
-    archive_entry_set_pathname(e, name.c_str());
-    archive_entry_set_size(e, la_int64_t(bytes.size()));
-    archive_entry_set_filetype(e, AE_IFREG);
-    archive_entry_set_perm(e, 0644);
-    EXPECT_EQ(archive_write_header(a, e), ARCHIVE_OK);
-    EXPECT_EQ(archive_write_data(a, bytes.data(), bytes.size()),
-              la_ssize_t(bytes.size()));
-    EXPECT_EQ(archive_write_finish_entry(a), ARCHIVE_OK);
-    archive_entry_free(e);
-  }
-  offsets.push_back(archive_filter_bytes(a, 0));
-  archive_write_close(a);
-  archive_write_free(a);
-  return offsets;
+  auto offsets = testing::WriteTarShard(path, members);
+  EXPECT_TRUE(offsets.ok()) << offsets.status().ToString();
+  return offsets.ok() ? *offsets : std::vector<int64_t>{};
 }
 
 void WriteIdx(const std::string& path, const std::vector<int64_t>& offsets) {
@@ -88,40 +69,15 @@ void WriteInfo(const std::string& folder, const std::map<std::string, int64_t>& 
   }
 }
 
-std::string Key(int64_t i) {
-  char name[16];
-  std::snprintf(name, sizeof(name), "%06lld", static_cast<long long>(i));
-  return name;
-}
-
 // Sample i: a caption and a JSON record of i % 9 + 1 token ids, every third an image.
 Members Shard(int64_t first, int64_t n) {
   Members out;
   for (int64_t i = first; i < first + n; ++i) {
-    out.emplace_back(Key(i) + ".txt", "caption " + std::to_string(i));
-    std::string ids = "[";
-    for (int64_t k = 0; k <= i % 9; ++k) {
-      if (k > 0) ids += ',';
-      ids += std::to_string(i * 100 + k);
+    out.emplace_back(SampleKey(i) + ".txt", "caption " + std::to_string(i));
+    out.emplace_back(SampleKey(i) + ".json", "{\"input_ids\": " + SampleIdsJson(i) + "}");
+    if (i % 3 == 0) {
+      out.emplace_back(SampleKey(i) + ".jpg", std::string(600 + 7 * i, '\xff'));
     }
-    out.emplace_back(Key(i) + ".json", "{\"input_ids\": " + ids + "]}");
-    if (i % 3 == 0) out.emplace_back(Key(i) + ".jpg", std::string(600 + 7 * i, '\xff'));
-  }
-  return out;
-}
-
-std::vector<int32_t> Expected(int64_t i) {
-  std::vector<int32_t> out;
-  for (int64_t k = 0; k <= i % 9; ++k) out.push_back(int32_t(i * 100 + k));
-  return out;
-}
-
-std::vector<int32_t> Row(const arrow::Array& a, int64_t i) {
-  const auto& list = static_cast<const arrow::ListArray&>(a);
-  const auto& v = static_cast<const arrow::Int32Array&>(*list.values());
-  std::vector<int32_t> out;
-  for (int64_t k = list.value_offset(i); k < list.value_offset(i + 1); ++k) {
-    out.push_back(v.Value(k));
   }
   return out;
 }
@@ -143,7 +99,7 @@ void ExpectBlock(SourceFiles* files, int file, int64_t base, int64_t n, int64_t 
   int64_t at = block * n;
   for (const auto& chunk : *read) {
     for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-      EXPECT_EQ(Row(*chunk.front(), i), Expected(base + at)) << at;
+      EXPECT_EQ(ListRowIds(*chunk.front(), i), SampleIds(base + at)) << at;
     }
   }
   EXPECT_EQ(at, std::min(files->files()[size_t(file)].num_rows, block * n + n));
@@ -258,7 +214,7 @@ TEST(WebDatasetIndexTest, OpeningReadsNoHeaderAndABlockIsEnteredAtItsSample) {
                    std::ios::in | std::ios::out | std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), {});
     for (int64_t i = 0; i < 20; ++i) {
-      const size_t name = bytes.find(Key(i) + ".txt");
+      const size_t name = bytes.find(SampleKey(i) + ".txt");
       ASSERT_NE(name, std::string::npos);
       f.seekp(std::streamoff(name - name % 512 + 148));
       f.write("9999999", 7);
@@ -277,7 +233,7 @@ TEST(WebDatasetIndexTest, OpeningReadsNoHeaderAndABlockIsEnteredAtItsSample) {
   ASSERT_TRUE(counts.ok()) << counts.status().ToString();
   ASSERT_EQ((*counts)->size(), 29u);
   for (int64_t i = 0; i < 29; ++i) {
-    EXPECT_EQ((**counts)[size_t(i)].tokens, int64_t(Expected(21 + i).size())) << i;
+    EXPECT_EQ((**counts)[size_t(i)].tokens, int64_t(SampleIds(21 + i).size())) << i;
   }
   EXPECT_FALSE((*files)->ReadLengths(0, 0).ok());
   // The damaged samples themselves are a data error naming the shard.
