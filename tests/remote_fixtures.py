@@ -175,6 +175,14 @@ class S3Server:
     def __init__(self, url: str, client, log_path, proc=None) -> None:
         self.url, self.client, self.log_path, self.proc = url, client, log_path, proc
 
+    def upload_tree(self, root, prefix: str) -> None:
+        """Every file under local folder `root` as an object `prefix/RELATIVE/PATH`."""
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                self.client.put_object(Bucket=S3_BUCKET,
+                                       Key=f"{prefix}/{path.relative_to(root)}",
+                                       Body=path.read_bytes())
+
     def kill(self) -> None:
         """Stops the server at once (a store that goes down and stays down)."""
         self.proc.kill()

@@ -100,11 +100,7 @@ def test_the_mixed_job_on_s3_gives_the_local_tensors(mixed, tmp_path):
 
     root, rel, config = mixed
     with s3_server_running(tmp_path / "requests.jsonl") as server:
-        for path in root.rglob("*"):
-            if path.is_file():
-                server.client.put_object(Bucket=S3_BUCKET,
-                                         Key=f"mixed/{path.relative_to(root)}",
-                                         Body=path.read_bytes())
+        server.upload_tree(root, "mixed")
         remote = config_for({k: f"s3://{S3_BUCKET}/mixed/{v}" for k, v in rel.items()},
                             storage={"endpoint": server.url, "region": "us-east-1"})
         got = take_batches([braid.Loader(remote, r, 2) for r in range(2)], 8)

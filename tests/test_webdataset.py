@@ -363,11 +363,7 @@ def test_an_energon_index_on_s3_is_read_there_and_gives_the_local_stream(prepare
 
     plain, prep, _ = prepared
     with s3_server_running(tmp_path / "requests.jsonl") as server:
-        for path in prep.rglob("*"):
-            if path.is_file():
-                server.client.put_object(Bucket=S3_BUCKET,
-                                         Key=f"prep/{path.relative_to(prep)}",
-                                         Body=path.read_bytes())
+        server.upload_tree(prep, "prep")
         server.start_counting()
         remote = index_config(f"s3://{S3_BUCKET}/prep",
                               storage={"endpoint": server.url, "region": "us-east-1"})
