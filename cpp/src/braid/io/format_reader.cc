@@ -8,6 +8,8 @@
 #include <utility>
 
 #include <arrow/api.h>
+#include <arrow/io/interfaces.h>
+#include <arrow/util/parallel.h>
 
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/retry_internal.h"
@@ -56,40 +58,66 @@ void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
   files.push_back(std::move(file));
 }
 
-Result<int64_t> FormatOpen::AddWholeFile(
-    arrow::fs::FileSystem* fs, const std::string& path, const SourceConfig& source,
-    const std::string& tag, const std::function<Status(int64_t*, int64_t*)>& count) {
-  SourceFiles::File file;
-  file.path = path;
-  int64_t rows = 0, bytes = 0;
-  int tries = 0;
-  std::string key;  // with runtime.length_cache: the counts of an unchanged file
-  if (!source.length_cache_dir.empty()) {
-    auto info = fs->GetFileInfo(path);
-    if (info.ok() && info->IsFile()) key = KeptCountKey(tag, path, *info);
+Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
+    arrow::fs::FileSystem* fs, const std::vector<std::string>& paths,
+    const SourceConfig& source, const std::string& tag, const WholeFileCount& count) {
+  struct Counted {
+    int64_t rows = 0;
+    int64_t bytes = 0;
+    int tries = 0;
+    std::string key;  // with runtime.length_cache: the counts of an unchanged file
+    Status status;
+  };
+  std::vector<Counted> counted(paths.size());
+  auto count_one = [&](int i) {
+    Counted& c = counted[size_t(i)];
+    const std::string& path = paths[size_t(i)];
+    if (!source.length_cache_dir.empty()) {
+      auto info = fs->GetFileInfo(path);
+      if (info.ok() && info->IsFile()) c.key = KeptCountKey(tag, path, *info);
+    }
+    if (!c.key.empty() && ReadKeptCount(source.length_cache_dir, c.key, &c.rows, &c.bytes)) {
+      return Status::OK();
+    }
+    c.status = RetryStorage([&] { return count(size_t(i), &c.rows, &c.bytes); },
+                            kStorageRetryDelaysMs, &c.tries);
+    if (c.status.ok() && !c.key.empty()) {
+      WriteKeptCount(source.length_cache_dir, c.key, c.rows, c.bytes);
+    }
+    return Status::OK();  // a file's failure is its own (below), not the loop's
+  };
+  // The files are counted side by side on Arrow's I/O threads (reading is what they
+  // wait on: decompression here, a round trip per header on a remote store), then added
+  // in path order, so what is kept, and the first error, do not depend on which count
+  // ended first.
+  ARROW_RETURN_NOT_OK(arrow::internal::OptionalParallelFor(
+      paths.size() > 1, static_cast<int>(paths.size()), count_one,
+      arrow::io::default_io_context().executor()));
+  std::vector<int64_t> rows(paths.size(), -1);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const Counted& c = counted[i];
+    SourceFiles::File file;
+    file.path = paths[i];
+    if (!c.status.ok()) {
+      if (source.on_error != OnError::kSkip) return RefuseUnreadable(c.status, c.tries);
+      Status st = c.status;
+      if (c.tries > 1) st = st.WithMessage(st.message(), " (", c.tries, " tries)");
+      KeepUnreadable(std::move(file), st, paths[i]);
+      continue;
+    }
+    file.row_group_rows = {c.rows};
+    file.row_group_first_row = {0};
+    file.row_group_bytes = {c.bytes};
+    if (!c.key.empty()) {
+      // What keys the file's cached token lengths: the same file, counted the same.
+      file.row_group_digest = {
+          Fnv1a(c.key + '|' + std::to_string(c.rows) + '|' + std::to_string(c.bytes))};
+    }
+    file.column = 0;
+    file.num_rows = c.rows;
+    files.push_back(std::move(file));
+    rows[i] = c.rows;
   }
-  Status st;
-  if (key.empty() || !ReadKeptCount(source.length_cache_dir, key, &rows, &bytes)) {
-    st = RetryStorage([&] { return count(&rows, &bytes); }, kStorageRetryDelaysMs, &tries);
-    if (st.ok() && !key.empty()) WriteKeptCount(source.length_cache_dir, key, rows, bytes);
-  }
-  if (!st.ok()) {
-    if (source.on_error != OnError::kSkip) return RefuseUnreadable(st, tries);
-    if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
-    KeepUnreadable(std::move(file), st, path);
-    return -1;
-  }
-  file.row_group_rows = {rows};
-  file.row_group_first_row = {0};
-  file.row_group_bytes = {bytes};
-  if (!key.empty()) {
-    // What keys the file's cached token lengths: the same file, counted the same.
-    file.row_group_digest = {
-        Fnv1a(key + '|' + std::to_string(rows) + '|' + std::to_string(bytes))};
-  }
-  file.column = 0;
-  file.num_rows = rows;
-  files.push_back(std::move(file));
   return rows;
 }
 

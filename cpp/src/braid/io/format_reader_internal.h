@@ -69,14 +69,22 @@ struct FormatOpen {
   /// "`path`: " when `path` is given (File::unreadable is shown after the path).
   void KeepUnreadable(SourceFiles::File file, const Status& error, const std::string& path);
 
-  /// Adds `path`, a file that is one unit (JSON Lines, WebDataset): its rows and decoded
-  /// bytes counted by `count` (retried on storage errors) or, with runtime.length_cache,
-  /// read from there for the unchanged file (`tag`: the format and what was counted;
-  /// kept there after a count). Returns its rows, or -1 when it is kept as unreadable
-  /// (on_error: skip); fails (RefuseUnreadable) when it cannot be counted otherwise.
-  Result<int64_t> AddWholeFile(arrow::fs::FileSystem* fs, const std::string& path,
-                               const SourceConfig& source, const std::string& tag,
-                               const std::function<Status(int64_t* rows, int64_t* bytes)>& count);
+  /// Counts one file of AddWholeFiles (`file`: its index in `paths`) into its rows and
+  /// decoded bytes. Called for several files at once, from other threads.
+  using WholeFileCount = std::function<Status(size_t file, int64_t* rows, int64_t* bytes)>;
+
+  /// Adds `paths`, files that are one unit each (JSON Lines, WebDataset), in order: each
+  /// one's rows and decoded bytes counted by `count` (retried on storage errors) or, with
+  /// runtime.length_cache, read from there for the unchanged file (`tag`: the format and
+  /// what was counted; kept there after a count). The files are counted concurrently on
+  /// Arrow's I/O thread pool. Returns each file's rows, -1 for one kept as unreadable
+  /// (on_error: skip); fails (RefuseUnreadable) on the first file, in path order, that
+  /// cannot be counted otherwise.
+  Result<std::vector<int64_t>> AddWholeFiles(arrow::fs::FileSystem* fs,
+                                             const std::vector<std::string>& paths,
+                                             const SourceConfig& source,
+                                             const std::string& tag,
+                                             const WholeFileCount& count);
 };
 
 /// `error` of an unreadable file under on_error: raise, with the hint that says how to

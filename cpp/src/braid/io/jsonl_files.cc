@@ -8,8 +8,9 @@
 // shuffle unit: files are permuted, and a file larger than the source's
 // shuffle_window_bytes is read in consecutive blocks of records, each a shuffle window
 // or part of one); a position inside it is (file, record). Opening a source so reads
-// every file once, to count its records (its lines holding anything but whitespace, as
-// Arrow's reader skips blank ones) and its decoded bytes; a block is read by a streaming
+// every file once (several side by side: FormatOpen::AddWholeFiles), to count its
+// records (its lines holding anything but whitespace, as Arrow's reader skips blank
+// ones) and its decoded bytes; a block is read by a streaming
 // reader that stays open, so a file's blocks read in order decode it once, and a block
 // behind it (a resume) reopens the file and skips the records before.
 //
@@ -322,20 +323,21 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   (void)key_path;
   auto schema = arrow::schema(fields);
   FormatOpen out;
-  std::vector<JsonlFile> files;
-  for (const auto& path : paths) {
-    JsonlFile f;
-    f.path = path;
-    if (EndsWith(path, ".gz")) f.compression = arrow::Compression::GZIP;
-    if (EndsWith(path, ".zst")) f.compression = arrow::Compression::ZSTD;
-    ARROW_ASSIGN_OR_RAISE(
-        const int64_t records,
-        out.AddWholeFile(fs.get(), path, source, "jsonl-count 1",
-                         [&](int64_t* n, int64_t* bytes) {
-                           return CountRecords(fs.get(), f, n, bytes);
-                         }));
-    f.records = std::max<int64_t>(records, 0);
-    files.push_back(std::move(f));
+  std::vector<JsonlFile> files(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) {
+    JsonlFile& f = files[i];
+    f.path = paths[i];
+    if (EndsWith(f.path, ".gz")) f.compression = arrow::Compression::GZIP;
+    if (EndsWith(f.path, ".zst")) f.compression = arrow::Compression::ZSTD;
+  }
+  ARROW_ASSIGN_OR_RAISE(
+      const std::vector<int64_t> records,
+      out.AddWholeFiles(fs.get(), paths, source, "jsonl-count 1",
+                        [&](size_t i, int64_t* n, int64_t* bytes) {
+                          return CountRecords(fs.get(), files[i], n, bytes);
+                        }));
+  for (size_t i = 0; i < files.size(); ++i) {
+    files[i].records = std::max<int64_t>(records[i], 0);
   }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(files), columns,
                                              std::move(schema));

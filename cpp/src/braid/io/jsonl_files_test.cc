@@ -227,6 +227,55 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
   EXPECT_FALSE((*typed)->ReadColumns(0, 0).ok());
 }
 
+// Files are counted side by side (FormatOpen::AddWholeFiles): what is kept, each file's
+// counts and the error are those of path order, however the counts finish.
+TEST(JsonlFilesTest, FilesCountedSideBySideKeepPathOrder) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const arrow::Compression::type kinds[] = {arrow::Compression::UNCOMPRESSED,
+                                            arrow::Compression::GZIP,
+                                            arrow::Compression::ZSTD};
+  const char* suffixes[] = {"", ".gz", ".zst"};
+  std::vector<int64_t> written;
+  for (int i = 0; i < 12; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "part-%02d.jsonl%s", i, suffixes[i % 3]);
+    if (i == 4 || i == 8) {  // not what their names say (gzip, zstd)
+      ASSERT_TRUE(Write(dir.Sub(name), "not compressed at all").ok());
+      written.push_back(-1);
+      continue;
+    }
+    const int64_t n = 40 + 37 * i;  // the larger files come last
+    ASSERT_TRUE(Write(dir.Sub(name), Lines(MakeDocs(n, 100 + uint64_t(i))),
+                      kinds[i % 3]).ok());
+    written.push_back(n);
+  }
+  for (int round = 0; round < 5; ++round) {
+    auto failed = SourceFiles::Open(Jsonl(dir.path().string()), "sources[0]");
+    ASSERT_FALSE(failed.ok());
+    EXPECT_THAT(failed.status().message(), HasSubstr(dir.Sub("part-04.jsonl.gz")));
+    EXPECT_THAT(failed.status().message(),
+                ::testing::Not(HasSubstr(dir.Sub("part-08.jsonl.zst"))));
+    auto files = SourceFiles::Open(Jsonl(dir.path().string(), OnError::kSkip),
+                                   "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    ASSERT_EQ((*files)->files().size(), written.size());
+    EXPECT_EQ((*files)->unreadable_files(), 2);
+    int64_t total = 0;
+    for (size_t i = 0; i < written.size(); ++i) {
+      const auto& f = (*files)->files()[i];
+      if (written[i] < 0) {
+        EXPECT_FALSE(f.unreadable.empty()) << f.path;
+        EXPECT_EQ(f.num_rows, 0) << f.path;
+        continue;
+      }
+      EXPECT_TRUE(f.unreadable.empty()) << f.path << ": " << f.unreadable;
+      EXPECT_EQ(f.num_rows, written[i]) << f.path;
+      total += written[i];
+    }
+    EXPECT_EQ((*files)->total_rows(), total);
+  }
+}
+
 TEST(JsonlFilesTest, TheLengthCacheKeepsTheRecordCountsOfUnchangedFiles) {
   testing::ScopedTempDir dir("braid-jsonl");
   const std::string path = dir.Sub("a.jsonl.gz");

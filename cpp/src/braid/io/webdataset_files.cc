@@ -22,7 +22,8 @@
 // the archive's end). Opening a source counts every shard's samples: from the
 // Megatron-Energon index of its folder when it has one that agrees with the shard
 // (webdataset_index_internal.h; no member header is read), else by reading its member
-// headers once (member data is skipped: a seek, no read, in an uncompressed tar);
+// headers once (member data is skipped: a seek, no read, in an uncompressed tar;
+// several shards side by side, FormatOpen::AddWholeFiles);
 // runtime.length_cache keeps those counts (keyed by the path, size, modification time
 // and the extensions read). A block is read by a stream that stays open, so a shard's
 // blocks read in order read it once; a block behind it (a resume) reopens the shard and
@@ -758,41 +759,44 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
   }
   for (const auto& e : wanted) tag += ' ' + e;
   FormatOpen out;
-  std::vector<TarFile> files;
   const bool skip = source.on_error == OnError::kSkip;
   ARROW_ASSIGN_OR_RAISE(ShardIndexes indexes, RetryStorage([&] {
                           return FindShardIndexes(fs.get(), paths,
                                                   IndexSearchRoot(source.path));
                         }));
   for (const auto& problem : indexes.problems) LogLine(problem);
+  std::vector<TarFile> files(paths.size());
+  // An index that disagrees with its shard, said after the counts, in path order.
+  std::vector<std::string> stale(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) {
-    const std::string& path = paths[i];
-    TarFile f;
-    f.path = path;
-    f.index = std::move(indexes.shards[i]);
-    ARROW_ASSIGN_OR_RAISE(
-        const int64_t samples,
-        out.AddWholeFile(fs.get(), path, source, tag,
-                         [&](int64_t* n, int64_t* bytes) -> Status {
-                           if (f.index.has_value()) {
-                             ARROW_ASSIGN_OR_RAISE(
-                                 const std::string problem,
-                                 CheckShardIndex(fs.get(), path, *f.index, bytes));
-                             if (problem.empty()) {
-                               *n = f.index->samples;
-                               return Status::OK();
-                             }
-                             LogLine(path + ": its Energon index (" + f.index->info +
-                                     ") disagrees with it: " + problem +
-                                     "; counting its member headers instead");
-                             f.index.reset();
-                           }
-                           return CountSamples(fs.get(), path, n, bytes);
-                         }));
-    f.samples = std::max<int64_t>(samples, 0);
-    if (samples < 0) f.index.reset();  // kept as unreadable
-    f.bytes = samples < 0 ? 0 : out.files.back().row_group_bytes.front();
-    files.push_back(std::move(f));
+    files[i].path = paths[i];
+    files[i].index = std::move(indexes.shards[i]);
+  }
+  ARROW_ASSIGN_OR_RAISE(
+      const std::vector<int64_t> samples,
+      out.AddWholeFiles(
+          fs.get(), paths, source, tag, [&](size_t i, int64_t* n, int64_t* bytes) -> Status {
+            TarFile& f = files[i];
+            if (f.index.has_value()) {
+              ARROW_ASSIGN_OR_RAISE(const std::string problem,
+                                    CheckShardIndex(fs.get(), f.path, *f.index, bytes));
+              if (problem.empty()) {
+                *n = f.index->samples;
+                return Status::OK();
+              }
+              stale[i] = f.path + ": its Energon index (" + f.index->info +
+                         ") disagrees with it: " + problem +
+                         "; counting its member headers instead";
+              f.index.reset();
+            }
+            return CountSamples(fs.get(), f.path, n, bytes);
+          }));
+  for (size_t i = 0; i < files.size(); ++i) {  // out.files[i] is paths[i]'s
+    if (!stale[i].empty()) LogLine(stale[i]);
+    TarFile& f = files[i];
+    f.samples = std::max<int64_t>(samples[i], 0);
+    if (samples[i] < 0) f.index.reset();  // kept as unreadable
+    f.bytes = samples[i] < 0 ? 0 : out.files[i].row_group_bytes.front();
   }
   out.reader = std::make_unique<WebDatasetReader>(std::move(fs), std::move(files),
                                                   std::move(members), std::move(wanted),
