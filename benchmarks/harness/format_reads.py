@@ -3,16 +3,42 @@ on the same files, one thread each (benchmarks/formats_*.py).
 
 Braid reads twice per round: counting the rows when the source opens, and with
 runtime.length_cache holding the counts of an earlier open. The readers take turns, so a
-change in the machine's load falls on all of them; each keeps its best run.
+change in the machine's load falls on all of them; each keeps its best run. A Braid
+process keeps the counts it took of each unchanged file, so each counting round reads
+the files under new names (hard links in a folder of its own), which it has not counted.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Callable, List, Tuple
+import subprocess
+import sys
+from typing import Any, Callable, Dict, List, Tuple
 
 from braid import _core
+
+_READ = """
+import json, sys
+from braid import _core
+job = json.load(sys.stdin)
+cfg = _core.parse_config(json.dumps(job["config"]), "/")
+r = _core.read_source(cfg, 0, job["rows"], job["payloads"])
+json.dump({k: r[k] for k in ("samples", "payload_tokens", "seconds")}, sys.stdout)
+"""
+
+
+def read_in_fresh_process(config: Dict[str, Any], rows: int,
+                          payloads: bool = True) -> Dict[str, Any]:
+    """`_core.read_source(config, 0, rows, payloads)` in a new Python process (nothing
+    that this one opened or counted is known there): its samples, payload_tokens and
+    seconds (the read's own timing, the process's start not included)."""
+    out = subprocess.run([sys.executable, "-c", _READ], check=True, capture_output=True,
+                         text=True,
+                         input=json.dumps({"config": config, "rows": rows,
+                                           "payloads": payloads}))
+    return json.loads(out.stdout)
+
 
 
 def compare(top: str, root: str, tokens_column: str, rows: int, tokens: int,
@@ -23,11 +49,11 @@ def compare(top: str, root: str, tokens_column: str, rows: int, tokens: int,
     prints each rate and Braid's ratio to the reference. `top` holds the length cache."""
     paths = sorted(os.path.join(root, p) for p in os.listdir(root))
 
-    def config(**runtime):
+    def config(folder, **runtime):
         return _core.parse_config(json.dumps({
             "seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
             "runtime": runtime,
-            "sources": [{"name": "s", "path": root, "tokens_column": tokens_column,
+            "sources": [{"name": "s", "path": folder, "tokens_column": tokens_column,
                          "workers": 1}]}), "/")
 
     def braid_read(cfg):
@@ -35,13 +61,19 @@ def compare(top: str, root: str, tokens_column: str, rows: int, tokens: int,
         assert r["samples"] == rows and r["payload_tokens"] == tokens
         return r["payload_tokens"], r["seconds"]
 
-    counted = config()
-    kept = config(length_cache=os.path.join(top, "counts"))
+    def new_names(round_):  # the same files, not yet counted by this process
+        folder = os.path.join(top, f"round-{round_}")
+        os.makedirs(folder)
+        for p in paths:
+            os.link(p, os.path.join(folder, os.path.basename(p)))
+        return folder
+
+    kept = config(root, length_cache=os.path.join(top, "counts"))
     braid_read(kept)  # keeps the counts
     runs = {"ref": [], "counted": [], "kept": []}
-    for _ in range(repeat):
+    for round_ in range(repeat):
         runs["ref"].append(reference(paths))
-        runs["counted"].append(braid_read(counted))
+        runs["counted"].append(braid_read(config(new_names(round_))))
         runs["kept"].append(braid_read(kept))
     ref_tok, ref_s = min(runs["ref"], key=lambda r: r[1])
     mb = sum(os.path.getsize(p) for p in paths) / 1e6

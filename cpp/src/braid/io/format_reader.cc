@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <arrow/api.h>
@@ -58,6 +60,38 @@ void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
   files.push_back(std::move(file));
 }
 
+namespace {
+
+// The counts taken in this process, by KeptCountKey: a source's loaders, its planner
+// stream and its server each open its files, and an unchanged file is counted once.
+struct CountsInProcess {
+  std::mutex mu;
+  std::unordered_map<std::string, std::pair<int64_t, int64_t>> counts;
+};
+
+CountsInProcess& Counts() {
+  static CountsInProcess* counts = new CountsInProcess();  // never destroyed
+  return *counts;
+}
+
+}  // namespace
+
+bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes) {
+  CountsInProcess& kept = Counts();
+  std::lock_guard<std::mutex> lock(kept.mu);
+  auto it = kept.counts.find(key);
+  if (it == kept.counts.end()) return false;
+  *records = it->second.first;
+  *bytes = it->second.second;
+  return true;
+}
+
+void KeepCountInProcess(const std::string& key, int64_t records, int64_t bytes) {
+  CountsInProcess& kept = Counts();
+  std::lock_guard<std::mutex> lock(kept.mu);
+  kept.counts[key] = {records, bytes};
+}
+
 Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     arrow::fs::FileSystem* fs, const std::vector<std::string>& paths,
     const SourceConfig& source, const std::string& tag, const WholeFileCount& count) {
@@ -69,20 +103,22 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     Status status;
   };
   std::vector<Counted> counted(paths.size());
+  const std::string& dir = source.length_cache_dir;
   auto count_one = [&](int i) {
     Counted& c = counted[size_t(i)];
     const std::string& path = paths[size_t(i)];
-    if (!source.length_cache_dir.empty()) {
-      auto info = fs->GetFileInfo(path);
-      if (info.ok() && info->IsFile()) c.key = KeptCountKey(tag, path, *info);
-    }
-    if (!c.key.empty() && ReadKeptCount(source.length_cache_dir, c.key, &c.rows, &c.bytes)) {
+    auto info = fs->GetFileInfo(path);
+    if (info.ok() && info->IsFile()) c.key = KeptCountKey(tag, path, *info);
+    if (!c.key.empty() && (CountKeptInProcess(c.key, &c.rows, &c.bytes) ||
+                           (!dir.empty() && ReadKeptCount(dir, c.key, &c.rows, &c.bytes)))) {
+      KeepCountInProcess(c.key, c.rows, c.bytes);
       return Status::OK();
     }
     c.status = RetryStorage([&] { return count(size_t(i), &c.rows, &c.bytes); },
                             kStorageRetryDelaysMs, &c.tries);
     if (c.status.ok() && !c.key.empty()) {
-      WriteKeptCount(source.length_cache_dir, c.key, c.rows, c.bytes);
+      KeepCountInProcess(c.key, c.rows, c.bytes);
+      if (!dir.empty()) WriteKeptCount(dir, c.key, c.rows, c.bytes);
     }
     return Status::OK();  // a file's failure is its own (below), not the loop's
   };
@@ -108,7 +144,7 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     file.row_group_rows = {c.rows};
     file.row_group_first_row = {0};
     file.row_group_bytes = {c.bytes};
-    if (!c.key.empty()) {
+    if (!dir.empty() && !c.key.empty()) {
       // What keys the file's cached token lengths: the same file, counted the same.
       file.row_group_digest = {
           Fnv1a(c.key + '|' + std::to_string(c.rows) + '|' + std::to_string(c.bytes))};

@@ -74,9 +74,10 @@ struct FormatOpen {
   using WholeFileCount = std::function<Status(size_t file, int64_t* rows, int64_t* bytes)>;
 
   /// Adds `paths`, files that are one unit each (JSON Lines, WebDataset), in order: each
-  /// one's rows and decoded bytes counted by `count` (retried on storage errors) or, with
-  /// runtime.length_cache, read from there for the unchanged file (`tag`: the format and
-  /// what was counted; kept there after a count). The files are counted concurrently on
+  /// one's rows and decoded bytes counted by `count` (retried on storage errors), or
+  /// taken for an unchanged file from the counts kept in this process or, with
+  /// runtime.length_cache, from there (`tag`: the format and what was counted; a count is
+  /// kept in both). The files are counted concurrently on
   /// Arrow's I/O thread pool. Returns each file's rows, -1 for one kept as unreadable
   /// (on_error: skip); fails (RefuseUnreadable) on the first file, in path order, that
   /// cannot be counted otherwise.
@@ -119,6 +120,11 @@ bool ReadKeptCount(const std::string& dir, const std::string& key, int64_t* reco
                    int64_t* bytes);
 void WriteKeptCount(const std::string& dir, const std::string& key, int64_t records,
                     int64_t bytes);
+/// The same kept in this process, for every source (thread-safe): a file opened again
+/// (by another loader of its source, the planner's stream, a server) is not counted
+/// again while it is unchanged.
+bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes);
+void KeepCountInProcess(const std::string& key, int64_t records, int64_t bytes);
 
 /// Opens the Megatron indexed datasets `prefixes` of `fs` (io/megatron_index.h): each is
 /// one file of the source; its units are runs of documents. Reads each index's header

@@ -276,6 +276,27 @@ TEST(JsonlFilesTest, FilesCountedSideBySideKeepPathOrder) {
   }
 }
 
+// Every loader of a source (and its planner stream, its server) opens its files: an
+// unchanged file is counted once in a process, with or without runtime.length_cache.
+TEST(JsonlFilesTest, AnUnchangedFileIsCountedOnceInAProcess) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const std::string path = dir.Sub("a.jsonl.zst");
+  ASSERT_TRUE(Write(path, Lines(MakeDocs(45, 8)), arrow::Compression::ZSTD).ok());
+  auto first = SourceFiles::Open(Jsonl(path), "sources[0]");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ((*first)->total_rows(), 45);
+  const auto size = std::filesystem::file_size(path);
+  const auto mtime = std::filesystem::last_write_time(path);
+  ASSERT_TRUE(Write(path, std::string(size, 'x')).ok());
+  std::filesystem::last_write_time(path, mtime);
+  auto again = SourceFiles::Open(Jsonl(path), "sources[0]");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->total_rows(), 45);
+  // Changed (a new time): counted again, and it is no zstd now.
+  std::filesystem::last_write_time(path, mtime + std::chrono::seconds(5));
+  EXPECT_FALSE(SourceFiles::Open(Jsonl(path), "sources[0]").ok());
+}
+
 TEST(JsonlFilesTest, TheLengthCacheKeepsTheRecordCountsOfUnchangedFiles) {
   testing::ScopedTempDir dir("braid-jsonl");
   const std::string path = dir.Sub("a.jsonl.gz");

@@ -250,7 +250,8 @@ class SourceFiles {
   // The files behind file `path` (a Megatron dataset: its .idx and .bin; else itself).
   std::vector<std::string> Underlying(const std::string& path) const;
   // Stamps file `index` (stamps_): each underlying file's type, size and modification
-  // time (a storage error when a stat fails; the caller retries).
+  // time (a storage error when a stat fails; the caller retries). Calls for different
+  // indexes may run at once when stamps_ already holds `index`.
   Status Stamp(size_t index, const std::string& path);
   // After a read of `file`: a data error naming it (and it is lost) when an underlying
   // file changed since its stamp; a storage error when that cannot be told (retried with

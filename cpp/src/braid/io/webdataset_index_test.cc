@@ -10,6 +10,7 @@
 
 #include <arrow/api.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -241,8 +242,12 @@ TEST(WebDatasetIndexTest, OpeningReadsNoHeaderAndABlockIsEnteredAtItsSample) {
   ASSERT_FALSE(damaged.ok());
   EXPECT_THAT(damaged.status().message(),
               AllOf(HasSubstr(dir.Sub("prep/a.tar")), HasSubstr("not a readable tar")));
-  // Without the index the shard does not open.
+  // Without the index the shard does not open. (Its modification time moved, so that
+  // the counts this process kept for the unchanged shard are not taken instead.)
   std::filesystem::remove_all(dir.Sub("prep/.nv-meta"));
+  std::filesystem::last_write_time(
+      dir.Sub("prep/a.tar"),
+      std::filesystem::last_write_time(dir.Sub("prep/a.tar")) + std::chrono::seconds(2));
   auto unindexed = SourceFiles::Open(Wds(dir.Sub("prep")), "sources[0]");
   ASSERT_FALSE(unindexed.ok());
   EXPECT_THAT(unindexed.status().message(), HasSubstr("not a readable tar"));
