@@ -1,6 +1,6 @@
-// SourceFiles::Open (source_files.h): every file's footer, read once, with retries; the
-// type check of each column the transform reads; per row group its rows, the bytes it
-// decodes to and, with a length cache, its digest. Also the column specs and IntegerAt.
+// SourceFiles::Open (source_files.h): every file's footer, read once (several side by
+// side), with retries; the type check of each column the transform reads; per row group
+// its rows, the bytes it decodes to and, with a length cache, its digest. Also the column specs and IntegerAt.
 // Reads are in source_files_read.cc and source_files_lengths.cc, the file listing in
 // source_paths.cc, opening a Parquet file in parquet_open.cc.
 //
@@ -257,22 +257,43 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
   }
   const bool skip = source.on_error == OnError::kSkip;
   std::string first_unreadable;  // the error of the first file skipped
+  // The footers, read side by side on Arrow's I/O threads (a round trip or two each on
+  // a remote store) kFootersAtOnce files at a time, so that no more footers than that
+  // are held; each file is then taken in path order. A failure makes the file
+  // unreadable. Storage failures are retried (io/retry_internal.h). A footer is read
+  // from the cached copy when there is one, else remotely: copies are made when rows are
+  // read, so opening does not fill (or, smaller than the source, churn) the cache before
+  // the first batch.
+  constexpr size_t kFootersAtOnce = 64;
+  out->stamps_.resize(paths.size());
+  std::vector<Result<std::unique_ptr<parquet::arrow::FileReader>>> footers;
+  std::vector<int> footer_tries;
   for (const auto& path : paths) {
     File file;
     file.path = path;
     const size_t index = out->files_.size();
-    // The footer and schema; a failure here makes the file unreadable. Storage failures
-    // are retried (io/retry_internal.h). A footer is read from the cached copy when
-    // there is one, else remotely: copies are made when rows are read, so opening does
-    // not fill (or, smaller than the source, churn) the cache before the first batch.
-    int tries = 0;
-    auto reader = internal::RetryStorage(
-        [&]() -> Result<std::unique_ptr<parquet::arrow::FileReader>> {
-          // Stamped before the footer is read (the header's "Files that change").
-          ARROW_RETURN_NOT_OK(out->Stamp(index, path));
-          return out->OpenFile(path, index, /*download=*/false);
-        },
-        internal::kStorageRetryDelaysMs, &tries);
+    if (index % kFootersAtOnce == 0) {
+      const size_t n = std::min(kFootersAtOnce, paths.size() - index);
+      footers.clear();
+      footers.resize(n);  // each read below
+      footer_tries.assign(n, 0);
+      ARROW_RETURN_NOT_OK(arrow::internal::OptionalParallelFor(
+          n > 1, static_cast<int>(n),
+          [&](int k) {
+            const size_t i = index + size_t(k);
+            footers[size_t(k)] = internal::RetryStorage(
+                [&]() -> Result<std::unique_ptr<parquet::arrow::FileReader>> {
+                  // Stamped before the footer is read (the header's "Files that change").
+                  ARROW_RETURN_NOT_OK(out->Stamp(i, paths[i]));
+                  return out->OpenFile(paths[i], i, /*download=*/false);
+                },
+                internal::kStorageRetryDelaysMs, &footer_tries[size_t(k)]);
+            return Status::OK();
+          },
+          arrow::io::default_io_context().executor()));
+    }
+    auto reader = std::move(footers[index % kFootersAtOnce]);
+    const int tries = footer_tries[index % kFootersAtOnce];
     std::shared_ptr<arrow::Schema> schema;
     Status footer = reader.status();
     if (footer.ok()) {

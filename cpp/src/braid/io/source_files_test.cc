@@ -251,6 +251,57 @@ TEST_F(FlakyStorageTest, AFooterThatNeverAnswersIsSkippedAtOpenOrFails) {
   EXPECT_EQ(skipping->rows_per_epoch(), 30 + 40);
 }
 
+// Footers are read side by side, 64 files at a time: what is kept, each file's row
+// groups and the error are those of path order, in the first batch and after it.
+TEST_F(FlakyStorageTest, FootersReadSideBySideKeepPathOrder) {
+  std::vector<int64_t> rows;
+  auto name = [&](int f) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "many/part-%03d.parquet", f);
+    return dir_.Sub(buf);
+  };
+  std::filesystem::create_directories(dir_.Sub("many"));
+  for (int f = 0; f < 70; ++f) {
+    testing::TokenFileOptions opts;
+    opts.row_group_rows = 4 + f % 5;
+    rows.push_back(5 + f);
+    const auto docs = testing::RandomDocs(rows.back(), {}, uint64_t(100 + f));
+    ASSERT_TRUE(testing::WriteTokenFile(name(f), docs, opts).ok());
+  }
+  Flaky().open_failures[name(5)] = -1;   // in the first 64
+  Flaky().open_failures[name(66)] = -1;  // after them
+  SourceConfig s;
+  s.name = "src";
+  s.path = "flaky://" + dir_.Sub("many/*.parquet");
+  s.tokens_column = "input_ids";
+  s.on_error = OnError::kFail;
+  auto failing = SourceFiles::Open(s, "sources[0]");
+  ASSERT_FALSE(failing.ok());
+  EXPECT_THAT(failing.status().message(), AllOf(HasSubstr(name(5)), HasSubstr("(4 tries)")));
+  EXPECT_THAT(failing.status().message(), ::testing::Not(HasSubstr(name(66))));
+  s.on_error = OnError::kSkip;
+  auto files = SourceFiles::Open(s, "sources[0]");
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  ASSERT_EQ((*files)->files().size(), 70u);
+  EXPECT_EQ((*files)->unreadable_files(), 2);
+  int64_t total = 0;
+  for (int f = 0; f < 70; ++f) {
+    const auto& file = (*files)->files()[size_t(f)];
+    EXPECT_NE(file.path.find(name(f)), std::string::npos) << f;
+    if (f == 5 || f == 66) {
+      EXPECT_THAT(file.unreadable, HasSubstr("cannot reach")) << f;
+      EXPECT_EQ(file.num_rows, 0) << f;
+      continue;
+    }
+    EXPECT_TRUE(file.unreadable.empty()) << f;
+    EXPECT_EQ(file.num_rows, rows[size_t(f)]) << f;
+    const int64_t per = 4 + f % 5;
+    EXPECT_EQ(int64_t(file.row_group_rows.size()), (rows[size_t(f)] + per - 1) / per) << f;
+    total += rows[size_t(f)];
+  }
+  EXPECT_EQ((*files)->total_rows(), total);
+}
+
 // ---------------------------------------------------------------------------
 // ReadLengths: each row's token count without its tokens.
 
