@@ -37,7 +37,6 @@ import contextlib
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,7 +44,7 @@ import time
 
 import numpy as np
 
-from harness import format_reads
+from harness import format_reads, s3
 
 
 def write_shards(root: str, samples: int, shards: int, image_bytes: int, seed: int) -> int:
@@ -76,38 +75,6 @@ def reference(paths) -> tuple:
         ids = np.asarray(json.loads(sample["json"])["input_ids"], dtype=np.int32)
         tokens += len(ids)
     return tokens, time.perf_counter() - start
-
-
-@contextlib.contextmanager
-def s3_server(bucket: str):
-    """moto's S3 server on a free loopback port with `bucket`, test credentials set."""
-    import boto3
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("moto's S3 server did not start")
-                time.sleep(0.1)
-        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                          AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
-        url = f"http://127.0.0.1:{port}"
-        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-        client.create_bucket(Bucket=bucket)
-        yield url, client
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 _RESUME = """
@@ -199,7 +166,7 @@ def index_main(args) -> None:
         if args.no_s3:
             return
         bucket = "braid-bench"
-        with s3_server(bucket) as (url, client):
+        with s3.server(bucket) as (url, client):
             for folder in ("prep", "plain"):
                 base = os.path.join(top, folder)
                 for dirpath, _, names in os.walk(base):

@@ -28,13 +28,14 @@ json.dump({k: r[k] for k in ("samples", "payload_tokens", "seconds")}, sys.stdou
 """
 
 
-def read_in_fresh_process(config: Dict[str, Any], rows: int,
-                          payloads: bool = True) -> Dict[str, Any]:
+def read_in_fresh_process(config: Dict[str, Any], rows: int, payloads: bool = True,
+                          env: Dict[str, str] | None = None) -> Dict[str, Any]:
     """`_core.read_source(config, 0, rows, payloads)` in a new Python process (nothing
-    that this one opened or counted is known there): its samples, payload_tokens and
-    seconds (the read's own timing, the process's start not included)."""
+    that this one opened or counted is known there), with `env` added to this process's
+    environment: its samples, payload_tokens and seconds (the read's own timing, opening
+    the source included, the process's start not)."""
     out = subprocess.run([sys.executable, "-c", _READ], check=True, capture_output=True,
-                         text=True,
+                         text=True, env={**os.environ, **(env or {})},
                          input=json.dumps({"config": config, "rows": rows,
                                            "payloads": payloads}))
     return json.loads(out.stdout)
