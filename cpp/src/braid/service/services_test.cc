@@ -360,7 +360,7 @@ TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
 }
 
 // Fetch's figures, and the payloads it keeps: a text row whose piece does not end its
-// document is tokenized once for all its pieces (kept with its unit until the last
+// document is tokenized once for all its pieces (kept in the cache until the last
 // piece), a unit is read once, the tokens and the reply's bytes are counted. A token
 // column's rows are not kept (their payloads are views of the unit's ids).
 TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSends) {
@@ -431,6 +431,64 @@ TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSen
   const ServeProfile t = (*tokens)->serve_profile();
   EXPECT_EQ(t.rows_transformed, 2);
   EXPECT_EQ(t.cached_bytes, t.bytes_read);
+}
+
+// A kept row is an entry of the cache of its own: when its unit leaves the cache, the
+// row's later pieces still come from the kept payload, with no read and no transform.
+TEST_F(ServicesTest, AKeptRowOutlivesItsUnitInTheCache) {
+  testing::ScopedTempDir dir("braid-serve-kept");
+  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  std::vector<std::optional<std::string>> texts;
+  for (const auto& t : testing::RandomSentences(20, 7, /*min_words=*/30)) {
+    texts.push_back(t);
+  }
+  // Two units: rows 0-9 and 10-19.
+  ASSERT_TRUE(testing::WriteTextFile(dir.Sub("text.parquet"), "text", texts, 10).ok());
+  Config text;
+  text.seed = 1;
+  text.batch.seq_len = 64;
+  text.batch.global_tokens = 128;
+  text.tokenizer.model = dir.Sub("tok.model");
+  SourceConfig source;
+  source.name = "text";
+  source.path = dir.Sub("text.parquet");
+  source.text_column = "text";
+  text.sources.push_back(source);
+  ASSERT_TRUE(ValidateConfig(text).ok());
+  // The units' bytes, from a probe.
+  int64_t unit_bytes[2] = {0, 0};
+  auto probe = MakeServing(text, 0, int64_t{8} << 20);
+  ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+  for (int u = 0; u < 2; ++u) {
+    const int64_t q[kRequestFields] = {0, 10 * u, 0, 2, 2};
+    ASSERT_TRUE((*probe)->Fetch(q, 1).ok());
+    unit_bytes[u] = (*probe)->serve_profile().bytes_read - (u ? unit_bytes[0] : 0);
+  }
+  // Room for one unit and a kept row, not for both units.
+  const int64_t bound = std::max(unit_bytes[0], unit_bytes[1]) + 600;
+  ASSERT_LT(bound, unit_bytes[0] + unit_bytes[1]);
+  auto service = MakeServing(text, 0, bound);
+  ASSERT_TRUE(service.ok());
+  const int64_t first[kRequestFields] = {0, 0, 0, 1, 2};   // row 0's first piece
+  const int64_t other[kRequestFields] = {0, 10, 0, 2, 2};  // all of row 10
+  const int64_t last[kRequestFields] = {0, 0, 1, 1, 2};    // row 0's last piece
+  ASSERT_TRUE((*service)->Fetch(first, 1).ok());
+  ASSERT_TRUE((*service)->Fetch(other, 1).ok());  // its unit pushes row 0's out
+  auto r = (*service)->Fetch(last, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const ServeProfile p = (*service)->serve_profile();
+  EXPECT_EQ(p.units_read, 2);        // row 0's unit is not read again
+  EXPECT_EQ(p.rows_transformed, 2);  // nor row 0 tokenized again
+  EXPECT_LE(p.peak_cached_bytes, bound);
+  // The same tokens as a service that never let anything go.
+  auto roomy = MakeServing(text, 0, int64_t{8} << 20);
+  ASSERT_TRUE(roomy.ok());
+  ASSERT_TRUE((*roomy)->Fetch(first, 1).ok());
+  auto expected = (*roomy)->Fetch(last, 1);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(r->tokens, expected->tokens);
 }
 
 // An image-caption job in `dir` (a tiny tokenizer, 24 rows, every third with two PNG

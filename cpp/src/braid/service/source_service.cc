@@ -145,7 +145,7 @@ Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
       rg_rows, rg_bytes, config_.sources[size_t(source_index_)].shuffle_window_bytes);
   const int64_t in_rg = row - f.row_group_first_row[size_t(rg)];
   const int64_t block = block_rows == 0 ? 0 : in_rg / block_rows;
-  const auto key_tuple = std::make_tuple(file, rg, block);
+  const UnitKey key_tuple{file, rg, block};
   auto found = cache_.find(key_tuple);
   if (found != cache_.end()) {
     lru_.splice(lru_.begin(), lru_, found->second.lru);
@@ -165,7 +165,7 @@ Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
     first += cols.empty() ? 0 : cols[0]->length();
     unit.bytes += ColumnsBytes(cols);
   }
-  lru_.push_front(key_tuple);
+  lru_.push_front(EntryKey{key_tuple});
   unit.lru = lru_.begin();
   cached_ += unit.bytes;
   ++served_.units_read;
@@ -177,9 +177,15 @@ Result<SourceService::Unit*> SourceService::UnitFor(int32_t file, int64_t row,
 
 void SourceService::Trim() {
   while (lru_.size() > 1 && cached_ > cache_bytes_) {
-    auto oldest = cache_.find(lru_.back());
-    cached_ -= oldest->second.bytes;
-    cache_.erase(oldest);
+    if (const auto* unit = std::get_if<UnitKey>(&lru_.back())) {
+      auto oldest = cache_.find(*unit);
+      cached_ -= oldest->second.bytes;
+      cache_.erase(oldest);
+    } else {
+      auto oldest = kept_.find(std::get<RowKey>(lru_.back()));
+      cached_ -= oldest->second.bytes;
+      kept_.erase(oldest);
+    }
     lru_.pop_back();
   }
   served_.peak_cached_bytes = std::max(served_.peak_cached_bytes, cached_);
@@ -187,19 +193,20 @@ void SourceService::Trim() {
 
 Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, bool more,
                                                      std::vector<std::string_view>* encoded) {
-  int32_t rg = 0;
-  ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
-  if (auto kept = unit->rows.find(row); kept != unit->rows.end()) {
+  if (auto kept = kept_.find(RowKey{file, row}); kept != kept_.end()) {
     *encoded = kept->second.encoded;
     std::shared_ptr<Payload> payload = kept->second.payload;
-    if (!more) {  // the row's last piece: the kept payload goes
-      const int64_t bytes = kKeptRowOverheadBytes + payload->bytes();
-      unit->bytes -= bytes;
-      cached_ -= bytes;
-      unit->rows.erase(kept);
+    if (more) {
+      lru_.splice(lru_.begin(), lru_, kept->second.lru);
+    } else {  // the row's last piece: the kept payload goes
+      cached_ -= kept->second.bytes;
+      lru_.erase(kept->second.lru);
+      kept_.erase(kept);
     }
     return payload;
   }
+  int32_t rg = 0;
+  ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
   const int64_t in_unit = row - unit->first_row;
   const auto chunk_it =
       std::upper_bound(unit->chunk_first.begin(), unit->chunk_first.end(), in_unit);
@@ -223,12 +230,15 @@ Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, b
   if (!more || !config_.sources[size_t(source_index_)].tokens_column.empty()) {
     return out.payload;
   }
-  // Kept for the row's later pieces; the unit is the newest in the cache (UnitFor), so
-  // making room drops others only.
-  const int64_t kept_bytes = kKeptRowOverheadBytes + out.payload->bytes();
-  unit->rows.emplace(row, KeptRow{out.payload, *encoded});
-  unit->bytes += kept_bytes;
-  cached_ += kept_bytes;
+  // Kept for the row's later pieces, the newest entry of the cache (making room drops
+  // others only), with the chunk its encoded images are views into.
+  KeptRow kept{out.payload, *encoded, {}, kKeptRowOverheadBytes + out.payload->bytes(), {}};
+  if (!encoded->empty()) kept.columns = cols;
+  for (std::string_view image : *encoded) kept.bytes += int64_t(image.size());
+  lru_.push_front(EntryKey{RowKey{file, row}});
+  kept.lru = lru_.begin();
+  cached_ += kept.bytes;
+  kept_.emplace(RowKey{file, row}, std::move(kept));
   Trim();
   return out.payload;
 }

@@ -17,12 +17,13 @@
 //     whole and kept in a cache bounded by `cache_bytes` (least recently used first out):
 //     the pieces of one step come from few shuffle windows.
 //
-// A cached unit also keeps the payload of a row whose piece asked for does not end the
+// The cache also keeps the payload of a row whose piece asked for does not end the
 // document (a source that transforms rows: not a token column, whose payloads are views
-// of the unit's ids), until the piece that ends it is asked for or the unit leaves the
-// cache: the pieces of one long document,
-// asked for over many steps, transform (tokenize) it once while its unit stays cached.
-// The kept payloads count in the cache's bytes.
+// of the unit's ids), until the piece that ends it is asked for or the entry leaves the
+// cache: the pieces of one long document, asked for over many steps, transform
+// (tokenize) it once while its payload stays cached, and need its unit no more. Units
+// and kept rows are entries of one cache, one least-recently-used order and one bound
+// (a kept row counts its payload's bytes and the encoded images it holds on to).
 //
 // Fetch keeps its own figures (ServeProfile): the calls and pieces answered, the tokens
 // and bytes sent, the units read (cache misses) and their bytes, the rows transformed
@@ -47,6 +48,8 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "braid/config/config.h"
@@ -159,20 +162,26 @@ class SourceService {
 
  private:
   SourceService() = default;
+  using UnitKey = std::tuple<int32_t, int32_t, int64_t>;  // file, row group, block
+  using RowKey = std::pair<int32_t, int64_t>;              // file, row
+  // An entry of the cache, in its least-recently-used order: a unit or a kept row.
+  using EntryKey = std::variant<UnitKey, RowKey>;
   struct KeptRow {  // a row's payload, made for the first piece of it asked for
     std::shared_ptr<Payload> payload;
-    std::vector<std::string_view> encoded;  // its images' bytes: views into the unit
+    std::vector<std::string_view> encoded;  // its images' bytes: views into `columns`
+    Columns columns;  // the chunk `encoded` points into (none without images)
+    int64_t bytes = 0;
+    std::list<EntryKey>::iterator lru;
   };
   struct Unit {  // a row group, or one block of one
     std::vector<Columns> chunks;
     std::vector<int64_t> chunk_first;  // row (within the unit) of each chunk's first row
     int64_t first_row = 0;             // file row of the unit's first row
-    int64_t bytes = 0;                 // its columns' and its kept rows' bytes
-    std::map<int64_t, KeptRow> rows;   // file row -> its payload, while pieces follow
-    std::list<std::tuple<int32_t, int32_t, int64_t>>::iterator lru;
+    int64_t bytes = 0;                 // its columns' bytes
+    std::list<EntryKey>::iterator lru;
   };
-  // Drops the least recently used units other than the newest until the cache holds at
-  // most cache_bytes_ (the newest stays even when it alone exceeds it). REQUIRES: mu_.
+  // Drops the least recently used entries other than the newest until the cache holds
+  // at most cache_bytes_ (the newest stays even when it alone exceeds it). REQUIRES: mu_.
   void Trim();
   // The unit holding (file, row), read if not cached. REQUIRES: mu_ held.
   Result<Unit*> UnitFor(int32_t file, int64_t row, int32_t* row_group);
@@ -196,8 +205,9 @@ class SourceService {
   std::unique_ptr<SourceFiles> files_;
   std::unique_ptr<Transform> transform_;
   mutable std::mutex mu_;
-  std::map<std::tuple<int32_t, int32_t, int64_t>, Unit> cache_;  // GUARDED_BY(mu_)
-  std::list<std::tuple<int32_t, int32_t, int64_t>> lru_;  // GUARDED_BY(mu_), newest first
+  std::map<UnitKey, Unit> cache_;     // GUARDED_BY(mu_)
+  std::map<RowKey, KeptRow> kept_;    // GUARDED_BY(mu_) rows whose later pieces follow
+  std::list<EntryKey> lru_;           // GUARDED_BY(mu_) both maps' entries, newest first
   int64_t cached_ = 0;                                     // GUARDED_BY(mu_)
   int64_t requests_ = 0;                                   // GUARDED_BY(mu_)
   ServeProfile served_;                                    // GUARDED_BY(mu_)
