@@ -62,11 +62,20 @@ void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
 
 namespace {
 
-// The counts taken in this process, by KeptCountKey: a source's loaders, its planner
-// stream and its server each open its files, and an unchanged file is counted once.
+// The counts taken in this process, by two 64-bit hashes of KeptCountKey (FNV-1a from two
+// starting points; no key text held: about 64 bytes a file for the process's life): a source's loaders, its
+// planner stream and its server each open its files, and an unchanged file is counted
+// once. Both hashes of two keys agreeing is as unlikely as a 128-bit collision for keys
+// nobody chooses to collide (hash_internal.h).
 struct CountsInProcess {
+  struct KeyHash {
+    size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
+      return size_t(k.first);
+    }
+  };
   std::mutex mu;
-  std::unordered_map<std::string, std::pair<int64_t, int64_t>> counts;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, std::pair<int64_t, int64_t>, KeyHash>
+      counts;
 };
 
 CountsInProcess& Counts() {
@@ -74,12 +83,16 @@ CountsInProcess& Counts() {
   return *counts;
 }
 
+std::pair<uint64_t, uint64_t> InProcessKey(const std::string& key) {
+  return {Fnv1a(key), Fnv1a(key, Fnv1a("\x01"))};
+}
+
 }  // namespace
 
 bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes) {
   CountsInProcess& kept = Counts();
   std::lock_guard<std::mutex> lock(kept.mu);
-  auto it = kept.counts.find(key);
+  auto it = kept.counts.find(InProcessKey(key));
   if (it == kept.counts.end()) return false;
   *records = it->second.first;
   *bytes = it->second.second;
@@ -89,7 +102,7 @@ bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes
 void KeepCountInProcess(const std::string& key, int64_t records, int64_t bytes) {
   CountsInProcess& kept = Counts();
   std::lock_guard<std::mutex> lock(kept.mu);
-  kept.counts[key] = {records, bytes};
+  kept.counts[InProcessKey(key)] = {records, bytes};
 }
 
 Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
