@@ -63,10 +63,10 @@ void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
 namespace {
 
 // The counts taken in this process, by two 64-bit hashes of KeptCountKey (FNV-1a from two
-// starting points; no key text held: about 64 bytes a file for the process's life): a source's loaders, its
-// planner stream and its server each open its files, and an unchanged file is counted
-// once. Both hashes of two keys agreeing is as unlikely as a 128-bit collision for keys
-// nobody chooses to collide (hash_internal.h).
+// starting points; no key text held: about 64 bytes a file for the process's life): a
+// source's loaders, its planner stream and its server each open its files, and an
+// unchanged file is counted once. Both hashes of two keys agreeing is as unlikely as a
+// 128-bit collision for keys nobody chooses to collide (hash_internal.h).
 struct CountsInProcess {
   struct KeyHash {
     size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
@@ -112,7 +112,7 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     int64_t rows = 0;
     int64_t bytes = 0;
     int tries = 0;
-    std::string key;  // with runtime.length_cache: the counts of an unchanged file
+    std::string key;  // KeptCountKey: what keeps the counts of the unchanged file
     Status status;
   };
   std::vector<Counted> counted(paths.size());
@@ -135,10 +135,10 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     }
     return Status::OK();  // a file's failure is its own (below), not the loop's
   };
-  // The files are counted side by side on Arrow's I/O threads (reading is what they
-  // wait on: decompression here, a round trip per header on a remote store), then added
-  // in path order, so what is kept, and the first error, do not depend on which count
-  // ended first.
+  // The files are counted side by side on Arrow's I/O threads (a count decompresses a
+  // file, or reads its headers: round trips on a remote store), then added in path
+  // order, so what is kept, and the first error, do not depend on which count ended
+  // first.
   ARROW_RETURN_NOT_OK(arrow::internal::OptionalParallelFor(
       paths.size() > 1, static_cast<int>(paths.size()), count_one,
       arrow::io::default_io_context().executor()));

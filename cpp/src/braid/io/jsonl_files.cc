@@ -10,9 +10,9 @@
 // or part of one); a position inside it is (file, record). Opening a source so reads
 // every file once (several side by side: FormatOpen::AddWholeFiles), to count its
 // records (its lines holding anything but whitespace, as Arrow's reader skips blank
-// ones) and its decoded bytes; a block is read by a streaming
-// reader that stays open, so a file's blocks read in order decode it once, and a block
-// behind it (a resume) reopens the file and skips the records before.
+// ones) and its decoded bytes; a block is read by a streaming reader that stays open,
+// so a file's blocks read in order decode it once, and a block behind it (a resume)
+// reopens the file and skips the records before.
 //
 // With runtime.length_cache, the counts of each file are kept there (keyed by its path,
 // size and modification time), and a later open of an unchanged file reads them instead.

@@ -1,8 +1,9 @@
 // SourceFiles::Open (source_files.h): every file's footer, read once (several side by
 // side), with retries; the type check of each column the transform reads; per row group
-// its rows, the bytes it decodes to and, with a length cache, its digest. Also the column specs and IntegerAt.
-// Reads are in source_files_read.cc and source_files_lengths.cc, the file listing in
-// source_paths.cc, opening a Parquet file in parquet_open.cc.
+// its rows, the bytes it decodes to and, with a length cache, its digest. Also the
+// column specs and IntegerAt. Reads are in source_files_read.cc and
+// source_files_lengths.cc, the file listing in source_paths.cc, opening a Parquet file
+// in parquet_open.cc.
 //
 // Thread-compatible, as SourceFiles.
 #include "braid/io/source_files.h"
