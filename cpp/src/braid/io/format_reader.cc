@@ -107,7 +107,8 @@ void KeepCountInProcess(const std::string& key, int64_t records, int64_t bytes) 
 
 Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     arrow::fs::FileSystem* fs, const std::vector<std::string>& paths,
-    const SourceConfig& source, const std::string& tag, const WholeFileCount& count) {
+    const std::vector<arrow::fs::FileInfo>& stamps, const SourceConfig& source,
+    const std::string& tag, const WholeFileCount& count) {
   struct Counted {
     int64_t rows = 0;
     int64_t bytes = 0;
@@ -120,10 +121,14 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
   auto count_one = [&](int i) {
     Counted& c = counted[size_t(i)];
     const std::string& path = paths[size_t(i)];
-    auto info = fs->GetFileInfo(path);
-    if (info.ok() && info->IsFile()) c.key = KeptCountKey(tag, path, *info);
-    if (!c.key.empty() && (CountKeptInProcess(c.key, &c.rows, &c.bytes) ||
-                           (!dir.empty() && ReadKeptCount(dir, c.key, &c.rows, &c.bytes)))) {
+    if (size_t(i) < stamps.size() && stamps[size_t(i)].IsFile()) {
+      c.key = KeptCountKey(tag, path, stamps[size_t(i)]);
+    }
+    const bool kept =
+        !c.key.empty() &&
+        (CountKeptInProcess(c.key, &c.rows, &c.bytes) ||
+         (!dir.empty() && ReadKeptCount(dir, c.key, &c.rows, &c.bytes)));
+    if (kept) {
       KeepCountInProcess(c.key, c.rows, c.bytes);
       return Status::OK();
     }

@@ -71,21 +71,21 @@ struct FormatOpen {
 
   /// Counts one file of AddWholeFiles (`file`: its index in `paths`) into its rows and
   /// decoded bytes. Called for several files at once, from other threads.
-  using WholeFileCount = std::function<Status(size_t file, int64_t* rows, int64_t* bytes)>;
+  using WholeFileCount =
+      std::function<Status(size_t file, int64_t* rows, int64_t* bytes)>;
 
   /// Adds `paths`, files that are one unit each (JSON Lines, WebDataset), in order: each
   /// one's rows and decoded bytes counted by `count` (retried on storage errors), or
-  /// taken for an unchanged file from the counts kept in this process or, with
-  /// runtime.length_cache, from there (`tag`: the format and what was counted; a count is
-  /// kept in both). The files are counted concurrently on
-  /// Arrow's I/O thread pool. Returns each file's rows, -1 for one kept as unreadable
-  /// (on_error: skip); fails (RefuseUnreadable) on the first file, in path order, that
-  /// cannot be counted otherwise.
-  Result<std::vector<int64_t>> AddWholeFiles(arrow::fs::FileSystem* fs,
-                                             const std::vector<std::string>& paths,
-                                             const SourceConfig& source,
-                                             const std::string& tag,
-                                             const WholeFileCount& count);
+  /// taken for an unchanged file (its stamp in `stamps`: size and modification time)
+  /// from the counts kept in this process or, with runtime.length_cache, from there
+  /// (`tag`: the format and what was counted; a count is kept in both). The files are
+  /// counted concurrently on Arrow's I/O thread pool. Returns each file's rows, -1 for
+  /// one kept as unreadable (on_error: skip); fails (RefuseUnreadable) on the first
+  /// file, in path order, that cannot be counted otherwise.
+  Result<std::vector<int64_t>> AddWholeFiles(
+      arrow::fs::FileSystem* fs, const std::vector<std::string>& paths,
+      const std::vector<arrow::fs::FileInfo>& stamps, const SourceConfig& source,
+      const std::string& tag, const WholeFileCount& count);
 };
 
 /// `error` of an unreadable file under on_error: raise, with the hint that says how to
@@ -137,12 +137,14 @@ Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                      const std::vector<ColumnSpec>& columns);
 
 /// Opens the JSON Lines files `paths` of `fs` (.jsonl / .json, plain, .gz or .zst; one
-/// unit per file, io/jsonl_files.cc): reads each once to count its records. A column
+/// unit per file, io/jsonl_files.cc; `stamps`: each path's stamp, SourceFiles'): reads
+/// each once to count its records. A column
 /// whose spec accepts none of string, list<int32>, chat messages or int64 is a config
 /// error naming its key; with on_error: skip a file that does not decompress is kept as
 /// unreadable, else that is an error naming it.
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const std::vector<std::string>& paths,
+                                  const std::vector<arrow::fs::FileInfo>& stamps,
                                   const SourceConfig& source, const std::string& key_path,
                                   const std::vector<ColumnSpec>& columns);
 
@@ -157,7 +159,8 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                     const std::vector<ColumnSpec>& columns);
 
 /// Opens the WebDataset tar shards `paths` of `fs` (`.tar`, `.tar.gz`, `.tgz`; one unit
-/// per shard, io/webdataset_files.cc) with libarchive: counts each shard's samples from
+/// per shard, io/webdataset_files.cc; `stamps` as for OpenJsonlFiles) with libarchive:
+/// counts each shard's samples from
 /// the Megatron-Energon index of its folder (io/webdataset_index_internal.h) when that
 /// agrees with the shard, else by reading its member headers once (members grouped by the
 /// name before the first dot of their basename). A column names a member extension
@@ -168,6 +171,7 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
 /// else that is an error naming it.
 Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                        const std::vector<std::string>& paths,
+                                       const std::vector<arrow::fs::FileInfo>& stamps,
                                        const SourceConfig& source,
                                        const std::string& key_path,
                                        const std::vector<ColumnSpec>& columns);

@@ -309,6 +309,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
 
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const std::vector<std::string>& paths,
+                                  const std::vector<arrow::fs::FileInfo>& stamps,
                                   const SourceConfig& source, const std::string& key_path,
                                   const std::vector<ColumnSpec>& columns) {
   arrow::FieldVector fields;
@@ -332,7 +333,7 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   }
   ARROW_ASSIGN_OR_RAISE(
       const std::vector<int64_t> records,
-      out.AddWholeFiles(fs.get(), paths, source, "jsonl-count 1",
+      out.AddWholeFiles(fs.get(), paths, stamps, source, "jsonl-count 1",
                         [&](size_t i, int64_t* n, int64_t* bytes) {
                           return CountRecords(fs.get(), files[i], n, bytes);
                         }));

@@ -96,6 +96,8 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
       },
       arrow::io::default_io_context().executor()));
   for (const Status& st : stamped) ARROW_RETURN_NOT_OK(st);
+  std::vector<arrow::fs::FileInfo> stamps;  // of each path's one file (not Megatron's)
+  for (const auto& stamp : stamps_) stamps.push_back(stamp.front());
   internal::FormatOpen opened;
   switch (format_) {
     case SourceFormat::kMegatron: {
@@ -116,7 +118,7 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                            "is not supported on JSON Lines sources yet (text_column, "
                            "chat and tokens_column are)");
       }
-      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, paths, source,
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, paths, stamps, source,
                                                              key_path, columns_));
       break;
     }
@@ -131,8 +133,9 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                            "is not supported on WebDataset sources yet (text_column, "
                            "chat, tokens_column and image_column are)");
       }
-      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenWebDatasetFiles(fs_, paths, source,
-                                                                  key_path, columns_));
+      ARROW_ASSIGN_OR_RAISE(opened,
+                            internal::OpenWebDatasetFiles(fs_, paths, stamps, source,
+                                                          key_path, columns_));
       break;
     }
     default:

@@ -277,7 +277,8 @@ TEST_F(FlakyStorageTest, FootersReadSideBySideKeepPathOrder) {
   s.on_error = OnError::kFail;
   auto failing = SourceFiles::Open(s, "sources[0]");
   ASSERT_FALSE(failing.ok());
-  EXPECT_THAT(failing.status().message(), AllOf(HasSubstr(name(5)), HasSubstr("(4 tries)")));
+  EXPECT_THAT(failing.status().message(),
+              AllOf(HasSubstr(name(5)), HasSubstr("(4 tries)")));
   EXPECT_THAT(failing.status().message(), ::testing::Not(HasSubstr(name(66))));
   s.on_error = OnError::kSkip;
   auto files = SourceFiles::Open(s, "sources[0]");
@@ -296,7 +297,8 @@ TEST_F(FlakyStorageTest, FootersReadSideBySideKeepPathOrder) {
     EXPECT_TRUE(file.unreadable.empty()) << f;
     EXPECT_EQ(file.num_rows, rows[size_t(f)]) << f;
     const int64_t per = 4 + f % 5;
-    EXPECT_EQ(int64_t(file.row_group_rows.size()), (rows[size_t(f)] + per - 1) / per) << f;
+    EXPECT_EQ(int64_t(file.row_group_rows.size()), (rows[size_t(f)] + per - 1) / per)
+        << f;
     total += rows[size_t(f)];
   }
   EXPECT_EQ((*files)->total_rows(), total);

@@ -744,6 +744,7 @@ class WebDatasetReader : public FormatReader {
 
 Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                        const std::vector<std::string>& paths,
+                                       const std::vector<arrow::fs::FileInfo>& stamps,
                                        const SourceConfig& source,
                                        const std::string& /*key_path*/,
                                        const std::vector<ColumnSpec>& columns) {
@@ -775,7 +776,8 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
   ARROW_ASSIGN_OR_RAISE(
       const std::vector<int64_t> samples,
       out.AddWholeFiles(
-          fs.get(), paths, source, tag, [&](size_t i, int64_t* n, int64_t* bytes) -> Status {
+          fs.get(), paths, stamps, source, tag,
+          [&](size_t i, int64_t* n, int64_t* bytes) -> Status {
             TarFile& f = files[i];
             if (f.index.has_value()) {
               ARROW_ASSIGN_OR_RAISE(const std::string problem,

@@ -232,7 +232,8 @@ Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, b
   }
   // Kept for the row's later pieces, the newest entry of the cache (making room drops
   // others only), with the chunk its encoded images are views into.
-  KeptRow kept{out.payload, *encoded, {}, kKeptRowOverheadBytes + out.payload->bytes(), {}};
+  KeptRow kept{out.payload, *encoded, {}, kKeptRowOverheadBytes + out.payload->bytes(),
+               {}};
   if (!encoded->empty()) kept.columns = cols;
   for (std::string_view image : *encoded) kept.bytes += int64_t(image.size());
   lru_.push_front(EntryKey{RowKey{file, row}});
