@@ -105,6 +105,12 @@ void KeepCountInProcess(const std::string& key, int64_t records, int64_t bytes) 
   kept.counts[InProcessKey(key)] = {records, bytes};
 }
 
+void ForgetCountsKeptInProcess() {
+  CountsInProcess& kept = Counts();
+  std::lock_guard<std::mutex> lock(kept.mu);
+  kept.counts.clear();
+}
+
 Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     arrow::fs::FileSystem* fs, const std::vector<std::string>& paths,
     const std::vector<arrow::fs::FileInfo>& stamps, const SourceConfig& source,

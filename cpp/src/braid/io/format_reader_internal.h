@@ -125,6 +125,9 @@ void WriteKeptCount(const std::string& dir, const std::string& key, int64_t reco
 /// again while it is unchanged.
 bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes);
 void KeepCountInProcess(const std::string& key, int64_t records, int64_t bytes);
+/// Forgets the counts kept in this process (a test that shows what runtime.length_cache
+/// alone keeps). Thread-safe.
+void ForgetCountsKeptInProcess();
 
 /// Opens the Megatron indexed datasets `prefixes` of `fs` (io/megatron_index.h): each is
 /// one file of the source; its units are runs of documents. Reads each index's header

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 
+#include "braid/io/format_reader_internal.h"
 #include "braid/io/source_files.h"
 #include "braid/source/source_loader.h"
 #include "braid/testing/memory_stream.h"
@@ -61,6 +62,16 @@ Status Write(const std::string& path, const std::string& body,
   }
   ARROW_RETURN_NOT_OK(out->Write(body.data(), int64_t(body.size())));
   return out->Close();
+}
+
+// Rewrites `path` with as many bytes of 'x' and its old modification time, which it
+// returns: the same file to a stat, not JSON Lines (nor gzip, zstd) to a reader.
+std::filesystem::file_time_type GarbleKeepingSizeAndTime(const std::string& path) {
+  const auto size = std::filesystem::file_size(path);
+  const auto mtime = std::filesystem::last_write_time(path);
+  EXPECT_TRUE(Write(path, std::string(size, 'x')).ok());
+  std::filesystem::last_write_time(path, mtime);
+  return mtime;
 }
 
 SourceConfig Jsonl(const std::string& path, OnError on_error = OnError::kFail) {
@@ -285,10 +296,7 @@ TEST(JsonlFilesTest, AnUnchangedFileIsCountedOnceInAProcess) {
   auto first = SourceFiles::Open(Jsonl(path), "sources[0]");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ((*first)->total_rows(), 45);
-  const auto size = std::filesystem::file_size(path);
-  const auto mtime = std::filesystem::last_write_time(path);
-  ASSERT_TRUE(Write(path, std::string(size, 'x')).ok());
-  std::filesystem::last_write_time(path, mtime);
+  const auto mtime = GarbleKeepingSizeAndTime(path);
   auto again = SourceFiles::Open(Jsonl(path), "sources[0]");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ((*again)->total_rows(), 45);
@@ -306,11 +314,10 @@ TEST(JsonlFilesTest, TheLengthCacheKeepsTheRecordCountsOfUnchangedFiles) {
   auto first = SourceFiles::Open(s, "sources[0]");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ((*first)->total_rows(), 60);
-  // The same size and time, other bytes: the counts come from the cache, unread.
-  const auto size = std::filesystem::file_size(path);
-  const auto mtime = std::filesystem::last_write_time(path);
-  ASSERT_TRUE(Write(path, std::string(size, 'x')).ok());
-  std::filesystem::last_write_time(path, mtime);
+  // The same size and time, other bytes: the counts come from the cache, unread (not
+  // from what this process kept: forgotten, as a new process has not got them).
+  const auto mtime = GarbleKeepingSizeAndTime(path);
+  internal::ForgetCountsKeptInProcess();
   auto kept = SourceFiles::Open(s, "sources[0]");
   ASSERT_TRUE(kept.ok()) << kept.status().ToString();
   EXPECT_EQ((*kept)->total_rows(), 60);

@@ -359,18 +359,18 @@ TEST_F(ServicesTest, AFetchOutsideTheRowNamesTheFileAndRow) {
   EXPECT_THAT(r.status().message(), HasSubstr("no row"));
 }
 
-// Fetch's figures, and the payloads it keeps: a text row whose piece does not end its
-// document is tokenized once for all its pieces (kept in the cache until the last
-// piece), a unit is read once, the tokens and the reply's bytes are counted. A token
-// column's rows are not kept (their payloads are views of the unit's ids).
-TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSends) {
-  testing::ScopedTempDir dir("braid-serve-text");
-  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+// A text job in `dir`: a tiny tokenizer and one Parquet file of 20 rows of random
+// sentences of at least `min_words` words (seed `seed`), in row groups of
+// `row_group_rows`, tokenized by the source.
+Config TextServingJob(const testing::ScopedTempDir& dir, uint64_t seed, int min_words,
+                      int64_t row_group_rows) {
+  EXPECT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
                                               dir.Sub("tok"), 100)
                   .ok());
   std::vector<std::optional<std::string>> texts;
-  for (const auto& t : testing::RandomSentences(20, 6, /*min_words=*/4)) texts.push_back(t);
-  ASSERT_TRUE(testing::WriteTextFile(dir.Sub("text.parquet"), "text", texts).ok());
+  for (const auto& t : testing::RandomSentences(20, seed, min_words)) texts.push_back(t);
+  EXPECT_TRUE(
+      testing::WriteTextFile(dir.Sub("text.parquet"), "text", texts, row_group_rows).ok());
   Config text;
   text.seed = 1;
   text.batch.seq_len = 64;
@@ -381,7 +381,17 @@ TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSen
   source.path = dir.Sub("text.parquet");
   source.text_column = "text";
   text.sources.push_back(source);
-  ASSERT_TRUE(ValidateConfig(text).ok());
+  EXPECT_TRUE(ValidateConfig(text).ok());
+  return text;
+}
+
+// Fetch's figures, and the payloads it keeps: a text row whose piece does not end its
+// document is tokenized once for all its pieces (kept in the cache until the last
+// piece), a unit is read once, the tokens and the reply's bytes are counted. A token
+// column's rows are not kept (their payloads are views of the unit's ids).
+TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSends) {
+  testing::ScopedTempDir dir("braid-serve-text");
+  const Config text = TextServingJob(dir, 6, /*min_words=*/4, /*row_group_rows=*/64);
   // Rows 0 and 1 as 2-token documents in two pieces: [0, 1) (more follows), then [1, 2).
   auto fetch_twice = [](SourceService* service) {
     std::vector<ServeProfile> after;
@@ -437,26 +447,8 @@ TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSen
 // row's later pieces still come from the kept payload, with no read and no transform.
 TEST_F(ServicesTest, AKeptRowOutlivesItsUnitInTheCache) {
   testing::ScopedTempDir dir("braid-serve-kept");
-  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
-                                              dir.Sub("tok"), 100)
-                  .ok());
-  std::vector<std::optional<std::string>> texts;
-  for (const auto& t : testing::RandomSentences(20, 7, /*min_words=*/30)) {
-    texts.push_back(t);
-  }
   // Two units: rows 0-9 and 10-19.
-  ASSERT_TRUE(testing::WriteTextFile(dir.Sub("text.parquet"), "text", texts, 10).ok());
-  Config text;
-  text.seed = 1;
-  text.batch.seq_len = 64;
-  text.batch.global_tokens = 128;
-  text.tokenizer.model = dir.Sub("tok.model");
-  SourceConfig source;
-  source.name = "text";
-  source.path = dir.Sub("text.parquet");
-  source.text_column = "text";
-  text.sources.push_back(source);
-  ASSERT_TRUE(ValidateConfig(text).ok());
+  const Config text = TextServingJob(dir, 7, /*min_words=*/30, /*row_group_rows=*/10);
   // The units' bytes, from a probe.
   int64_t unit_bytes[2] = {0, 0};
   auto probe = MakeServing(text, 0, int64_t{8} << 20);
