@@ -49,7 +49,7 @@ def test_run_under_skip_counts_and_logs_the_truncated_file(bad_glob, tmp_path):
     assert data["skipped_files"] == {"web": 1, "code": 0}
     assert data["skipped_files_rows_unknown"] == {"web": 1, "code": 0}
     assert data["steps"] == 8
-    assert "files skipped 1 (1 with unreadable footers: rows unknown)" in result.stdout
+    assert "files skipped 1 (1 that did not open: rows unknown)" in result.stdout
 
 
 def test_run_under_fail_is_one_line_naming_the_file(bad_glob):

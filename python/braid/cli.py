@@ -206,7 +206,7 @@ def _skipped_files(summary: dict, name: str) -> str:
         return ""
     unknown = summary.get("skipped_files_rows_unknown", {}).get(name, 0)
     return (f", files skipped {files}"
-            + (f" ({unknown} with unreadable footers: rows unknown)" if unknown else ""))
+            + (f" ({unknown} that did not open: rows unknown)" if unknown else ""))
 
 
 def _run(config, steps: int, report: Optional[str]) -> dict:

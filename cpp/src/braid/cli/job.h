@@ -45,7 +45,7 @@ struct RunSummary {
   /// Per source: files skipped under on_error: skip, in whole or part (a footer or a row
   /// group that did not read; the rows of a skipped row group are among `skipped`).
   std::vector<int64_t> skipped_files;
-  /// Per source: those of skipped_files whose footer did not read, so their rows are
+  /// Per source: those of skipped_files that did not open, so their rows are
   /// unknown (not among `skipped`).
   std::vector<int64_t> skipped_files_rows_unknown;
   /// Per source: what loading it cost this process (source/profile.h), whole run.

@@ -102,7 +102,7 @@ class Engine {
   /// or a row group that did not read; found when read, read-ahead included).
   /// Thread-safe.
   std::vector<int64_t> skipped_files() const;
-  /// Per source, those of skipped_files() whose footer did not read: their rows are
+  /// Per source, those of skipped_files() that did not open: their rows are
   /// unknown and not among the skipped samples. Thread-safe.
   std::vector<int64_t> unreadable_files() const;
 

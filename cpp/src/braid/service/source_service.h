@@ -157,7 +157,7 @@ class SourceService {
   /// The stream's files skipped so far under on_error: skip, in whole or part (a footer
   /// or a row group that did not read). Thread-safe.
   int64_t skipped_files() const;
-  /// Of skipped_files(), those whose footer did not read: their rows are unknown.
+  /// Of skipped_files(), those that did not open: their rows are unknown.
   int64_t unreadable_files() const;
 
  private:

@@ -75,7 +75,7 @@ class ShardedSource : public SampleStream {
   /// Files skipped so far under on_error: skip, over every loader (indexes in sorted path
   /// order; SourceLoader::skipped_files). Thread-safe.
   std::vector<int32_t> skipped_files() const;
-  /// Files whose footer did not read (their rows are unknown), among skipped_files().
+  /// Files that did not open (their rows are unknown), among skipped_files().
   int64_t unreadable_files() const {
     return loaders_.front()->files().unreadable_files();
   }

@@ -471,7 +471,7 @@ Status SourceLoader::LoadWindow() {
     for (const auto& f : file_list) {
       if (options_.shard_index != 0 || f.unreadable.empty()) continue;
       LogSkipLine("file " + f.path + ": " + f.unreadable +
-                  "; its rows are unknown (the footer did not read), it yields none");
+                  "; its rows are unknown (it did not open), it yields none");
     }
   }
   // The next window of this shard, across epochs.

@@ -18,7 +18,7 @@
 // delivered flagged by meta.skip and logged on stderr naming source, file, row group, row
 // and reason: the first 10 skips of a source, then every 1000th with the count.
 //
-// Unreadable files (on_error: skip; source_files.h). A file whose footer did not read
+// Unreadable files (on_error: skip; source_files.h). A file that did not open
 // has no row groups and yields nothing; it is logged once (by shard 0, when its reader
 // starts). A row group that cannot be read (after retries, for storage failures) keeps
 // its place in the order: each of its rows is delivered as a skip (SkipReason::kError),
@@ -197,7 +197,7 @@ class SourceLoader : public SampleStream {
   int64_t blanked_payloads() const { return blanked_.load(std::memory_order_relaxed); }
 
   /// The files skipped so far under on_error: skip, in whole or part, as indexes in
-  /// sorted path order: those whose footer did not read, and those with a row group this
+  /// sorted path order: those that did not open, and those with a row group this
   /// loader could not read (found when read: read-ahead included). Sorted. Thread-safe.
   std::vector<int32_t> skipped_files() const;
 
