@@ -150,6 +150,18 @@ def test_timeline_spans_the_steps_and_shows_which_source_costs(tmp_path, monkeyp
         assert totals[name]["wait_s"] <= p["consumer_wait_s"] + 1e-9
     per_sample = {name: t["cpu_s"] / t["samples"] for name, t in totals.items()}
     assert per_sample["slow"] > 10 * per_sample["cheap"], totals
+    # Each span's wall time, and per source the time its threads (one at least) were
+    # given and how much of it its read steps used: the slow source's were the busier.
+    wall = sum(span["wall_s"] for span in timeline)
+    assert wall > 0, timeline
+    busy = {}
+    for name in ("cheap", "slow"):
+        spans = [span["sources"][name] for span in timeline]
+        given = sum(s["thread_s"] for s in spans)
+        assert given >= wall * (1 - 1e-9), (name, given, wall)
+        assert all(s["busy"] is not None and s["busy"] >= 0 for s in spans), spans
+        busy[name] = sum(s["busy"] * s["thread_s"] for s in spans) / given
+    assert busy["slow"] > busy["cheap"], busy
     # The report draws them per step (matplotlib is a test requirement).
     path = write_config(tmp_path / "job.json", config)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mod"))
@@ -161,5 +173,5 @@ def test_timeline_spans_the_steps_and_shows_which_source_costs(tmp_path, monkeyp
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["source_timeline"][0]["steps"][0] == 0
     assert set(report["source_timeline"][0]["sources"]) == {"cheap", "slow"}
-    for plot in ("source_cpu.png", "source_wait.png"):
+    for plot in ("source_cpu.png", "source_wait.png", "source_busy.png"):
         assert (tmp_path / "report" / plot).stat().st_size > 0, plot

@@ -69,10 +69,16 @@ nb::list TimelineToList(const std::vector<ProfileSpan>& spans,
       d["samples"] = p.samples;
       d["tokens"] = p.tokens;
       d["bytes_read"] = p.bytes_read;
+      // The thread time its loaders had, and how much of it their read steps used.
+      const int64_t thread_ns = i < span.thread_ns.size() ? span.thread_ns[i] : 0;
+      d["thread_s"] = 1e-9 * double(thread_ns);
+      d["busy"] = thread_ns > 0 ? nb::cast(double(p.read_cpu_ns) / double(thread_ns))
+                                : nb::none();
       sources[names[i].c_str()] = d;
     }
     nb::dict entry;
     entry["steps"] = nb::make_tuple(span.first_step, span.end_step);
+    entry["wall_s"] = 1e-9 * double(span.wall_ns);
     entry["sources"] = sources;
     out.append(entry);
   }

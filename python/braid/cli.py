@@ -110,8 +110,8 @@ def _print_summary(summary: dict, out=sys.stdout) -> None:
 
 def _print_timeline(timeline: Optional[list], out, indent: str = "  ") -> None:
     """Per source: CPU and the planner's wait per step over the last quarter of the
-    steps, and the span in which planning waited on it the most (report.json has every
-    span)."""
+    steps, how busy its threads were then, and the span in which planning waited on it
+    the most (report.json has every span)."""
     if not timeline:
         return
     first, end = timeline[0]["steps"][0], timeline[-1]["steps"][1]
@@ -119,16 +119,25 @@ def _print_timeline(timeline: Optional[list], out, indent: str = "  ") -> None:
     recent = [span for span in timeline if span["steps"][1] > since] or timeline[-1:]
     a = recent[0]["steps"][0]
     print(f"{indent}source time      ms per step of CPU and of the planner's wait on it, "
-          f"steps {a}-{end - 1}; the most wait in a span of {len(timeline)}", file=out)
+          f"busy (read CPU / its threads' time), steps {a}-{end - 1}; the most wait in a "
+          f"span of {len(timeline)}", file=out)
 
     def per_step(spans: list, name: str, key: str) -> float:
         steps = sum(max(1, s["steps"][1] - s["steps"][0]) for s in spans)
         return 1000 * sum(s["sources"][name][key] for s in spans) / steps
 
+    def busy(spans: list, name: str) -> str:
+        given = [s["sources"][name] for s in spans
+                 if s["sources"][name].get("busy") is not None]
+        thread_s = sum(d["thread_s"] for d in given)
+        if thread_s <= 0:
+            return "idle"
+        return f"{100 * sum(d['busy'] * d['thread_s'] for d in given) / thread_s:.0f} %"
+
     for name in timeline[-1]["sources"]:
         worst = max(timeline, key=lambda span: per_step([span], name, "wait_s"))
         print(f"{indent}  {name:<14} {per_step(recent, name, 'cpu_s'):>9,.2f} "
-              f"{per_step(recent, name, 'wait_s'):>9,.2f}   "
+              f"{per_step(recent, name, 'wait_s'):>9,.2f} {busy(recent, name):>6}   "
               f"{per_step([worst], name, 'wait_s'):,.2f} at steps {worst['steps'][0]}-"
               f"{worst['steps'][1] - 1}", file=out)
 

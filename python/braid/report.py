@@ -105,4 +105,17 @@ def _plots(summary: dict, directory: str) -> List[str]:
             ax.set_title(f"Per source: {label}")
             ax.legend(fontsize="small")
             save(fig, file)
+        # How busy each source's threads were (read CPU over its threads' time; a gap
+        # where it had none): 1 means its threads were the limit.
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for name in names:
+            ys = [span["sources"][name].get("busy") for span in timeline]
+            ys = [float("nan") if y is None else y for y in ys]
+            ax.step(starts + [starts[-1] + widths[-1]], ys + ys[-1:], where="post", lw=1,
+                    label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("busy")
+        ax.set_title("Per source: read CPU / its threads' time")
+        ax.legend(fontsize="small")
+        save(fig, "source_busy.png")
     return paths

@@ -92,16 +92,23 @@ void PlannerService::Stop() {
 void PlannerService::Rescale(int64_t step) {
   std::lock_guard<std::mutex> lock(shares_mu_);
   const std::vector<SourceProfile> profiles = sources_->profiles();
-  timeline_.Record(step, profiles);
-  if (!config_.runtime.autoscale) return;
-  std::vector<SourceShare> shares = AllocateSources(
-      config_, step, profiles, sources_->threads(), MemoryBudgetBytes(config_), shares_);
-  if (shares == shares_) return;
-  sources_->SetShares(shares);
-  shares_ = shares;
-  if (share_changes_.size() < kMaxShareChanges) {
-    share_changes_.push_back(ShareChange{step, std::move(shares)});
+  if (config_.runtime.autoscale) {
+    std::vector<SourceShare> shares =
+        AllocateSources(config_, step, profiles, sources_->threads(),
+                        MemoryBudgetBytes(config_), shares_);
+    if (shares != shares_) {
+      sources_->SetShares(shares);
+      shares_ = shares;
+      if (share_changes_.size() < kMaxShareChanges) {
+        share_changes_.push_back(ShareChange{step, std::move(shares)});
+      }
+    }
   }
+  // The costs so far, and each source's threads from now on.
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  timeline_.Record(step, profiles,
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(),
+                   sources_->workers());
 }
 
 std::vector<ProfileSpan> PlannerService::timeline() const {

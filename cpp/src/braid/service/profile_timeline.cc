@@ -19,41 +19,62 @@ SourceProfile Minus(const SourceProfile& a, const SourceProfile& b) {
   return d;
 }
 
-void Add(std::vector<SourceProfile>* into, const std::vector<SourceProfile>& more) {
-  if (into->size() < more.size()) into->resize(more.size());
-  for (size_t i = 0; i < more.size(); ++i) (*into)[i] += more[i];
+// Adds `more`'s costs, wall time and thread time to `into` (its steps are the caller's).
+void Add(ProfileSpan* into, const ProfileSpan& more) {
+  auto& sources = into->sources;
+  if (sources.size() < more.sources.size()) sources.resize(more.sources.size());
+  for (size_t i = 0; i < more.sources.size(); ++i) sources[i] += more.sources[i];
+  auto& thread_ns = into->thread_ns;
+  if (thread_ns.size() < more.thread_ns.size()) thread_ns.resize(more.thread_ns.size());
+  for (size_t i = 0; i < more.thread_ns.size(); ++i) thread_ns[i] += more.thread_ns[i];
+  into->wall_ns += more.wall_ns;
 }
 
 }  // namespace
 
 ProfileTimeline::ProfileTimeline(size_t max_spans) : max_spans_(std::max<size_t>(2, max_spans)) {}
 
-void ProfileTimeline::Record(int64_t step, const std::vector<SourceProfile>& cumulative) {
+void ProfileTimeline::Record(int64_t step, const std::vector<SourceProfile>& cumulative,
+                             int64_t now_ns, const std::vector<int64_t>& threads) {
   if (!recorded_) {
     recorded_ = true;
     last_step_ = step;
     last_ = cumulative;
+    last_ns_ = now_ns;
+    last_threads_ = threads;
     return;
   }
-  std::vector<SourceProfile> delta(cumulative.size());
+  // What the sources cost since the last record, how long that took, and the thread
+  // time each was given (the threads it had since then).
+  ProfileSpan delta;
+  delta.sources.resize(cumulative.size());
   for (size_t i = 0; i < cumulative.size(); ++i) {
-    delta[i] = i < last_.size() ? Minus(cumulative[i], last_[i]) : cumulative[i];
+    delta.sources[i] = i < last_.size() ? Minus(cumulative[i], last_[i]) : cumulative[i];
+  }
+  delta.wall_ns = std::max<int64_t>(0, now_ns - last_ns_);
+  delta.thread_ns.resize(last_threads_.size());
+  for (size_t i = 0; i < last_threads_.size(); ++i) {
+    delta.thread_ns[i] = last_threads_[i] * delta.wall_ns;
   }
   last_ = cumulative;
+  last_ns_ = now_ns;
+  last_threads_ = threads;
   if (step <= last_step_) {  // planned again: its cost goes to the span open now
-    Add(spans_.empty() ? &before_ : &spans_.back().sources, delta);
+    Add(spans_.empty() ? &before_ : &spans_.back(), delta);
     return;
   }
   // Steps [last_step_, step) were planned since the last record.
+  delta.first_step = last_step_;
+  delta.end_step = step;
   if (spans_.empty()) {
     Add(&delta, before_);  // what the first step's records before it cost
-    before_.clear();
-    spans_.push_back(ProfileSpan{last_step_, step, std::move(delta)});
+    before_ = ProfileSpan{};
+    spans_.push_back(std::move(delta));
   } else if (spans_.back().end_step - spans_.back().first_step >= width_) {
-    spans_.push_back(ProfileSpan{last_step_, step, std::move(delta)});
+    spans_.push_back(std::move(delta));
   } else {
     spans_.back().end_step = step;
-    Add(&spans_.back().sources, delta);
+    Add(&spans_.back(), delta);
   }
   last_step_ = step;
   if (spans_.size() > max_spans_) {  // merge neighbours in pairs; the width doubles
@@ -62,7 +83,7 @@ void ProfileTimeline::Record(int64_t step, const std::vector<SourceProfile>& cum
       ProfileSpan s = std::move(spans_[i]);
       if (i + 1 < spans_.size()) {
         s.end_step = spans_[i + 1].end_step;
-        Add(&s.sources, spans_[i + 1].sources);
+        Add(&s, spans_[i + 1]);
       }
       merged.push_back(std::move(s));
     }

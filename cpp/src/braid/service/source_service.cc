@@ -99,6 +99,8 @@ int64_t SourceService::skipped_files() const {
   return stream_ ? static_cast<int64_t>(stream_->skipped_files().size()) : 0;
 }
 
+int64_t SourceService::workers() const { return stream_ ? stream_->workers() : 0; }
+
 int64_t SourceService::unreadable_files() const {
   return stream_ ? stream_->unreadable_files() : 0;
 }
@@ -433,6 +435,12 @@ SourceService* SourceSet::find(int32_t source) const {
 std::vector<SourceProfile> SourceSet::profiles() const {
   std::vector<SourceProfile> out;
   for (const auto& s : services_) out.push_back(s ? s->profile() : SourceProfile{});
+  return out;
+}
+
+std::vector<int64_t> SourceSet::workers() const {
+  std::vector<int64_t> out;
+  for (const auto& s : services_) out.push_back(s ? s->workers() : 0);
   return out;
 }
 

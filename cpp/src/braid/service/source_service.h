@@ -154,6 +154,9 @@ class SourceService {
   /// The stream's loading cost so far (source/profile.h); zeros without a stream.
   /// Thread-safe.
   SourceProfile profile() const;
+  /// The workers the stream's transform loops may use now (ShardedSource::workers); 0
+  /// without a stream. Thread-safe.
+  int64_t workers() const;
   /// The stream's files skipped so far under on_error: skip, in whole or part (a footer
   /// or a row group that did not read). Thread-safe.
   int64_t skipped_files() const;
@@ -249,6 +252,7 @@ class SourceSet {
   /// Per source of the set, in order: SourceService::blanked_payloads() and the others.
   std::vector<int64_t> blanked_payloads() const;
   std::vector<SourceProfile> profiles() const;
+  std::vector<int64_t> workers() const;
   std::vector<ServeProfile> serve_profiles() const;
   std::vector<int64_t> skipped_files() const;
   std::vector<int64_t> unreadable_files() const;

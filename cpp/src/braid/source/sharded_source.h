@@ -72,6 +72,12 @@ class ShardedSource : public SampleStream {
     for (const auto& l : loaders_) p += l->profile();
     return p;
   }
+  /// The workers its loaders' transform loops may use now, summed. Thread-safe.
+  int64_t workers() const {
+    int64_t n = 0;
+    for (const auto& l : loaders_) n += l->workers();
+    return n;
+  }
   /// Files skipped so far under on_error: skip, over every loader (indexes in sorted path
   /// order; SourceLoader::skipped_files). Thread-safe.
   std::vector<int32_t> skipped_files() const;

@@ -178,6 +178,8 @@ class SourceLoader : public SampleStream {
   /// Start() does not start it; true: it starts if Start() was called, and resumes
   /// reading ahead when its queue has room. Never changes the stream. Thread-safe.
   void SetShare(int64_t workers, int64_t read_ahead_bytes, bool ahead);
+  /// The workers its transform loop may use now (SetShare's, at least 1). Thread-safe.
+  int64_t workers() const { return workers_.load(std::memory_order_relaxed); }
   /// Stop() without the wait: the loader's queued tasks return at once when they run.
   /// Stopping many loaders: RequestStop() each, then Stop() each.
   void RequestStop();
