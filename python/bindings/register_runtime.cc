@@ -50,6 +50,7 @@ nb::dict ServeToDict(const ServeProfile& p) {
   d["units_read"] = p.units_read;
   d["bytes_read"] = p.bytes_read;
   d["rows_transformed"] = p.rows_transformed;
+  d["pieces_from_plans"] = p.pieces_from_plans;
   d["cpu_s"] = 1e-9 * double(p.cpu_ns);
   d["cached_bytes"] = p.cached_bytes;
   d["peak_cached_bytes"] = p.peak_cached_bytes;

@@ -498,6 +498,17 @@ void RegisterService(nb::module_& m) {
 
   // --- The sources' payloads ---
   nb::class_<SourceHost>(m, "SourceHost", "The payloads of the sources a process serves.")
+      .def(
+          "serve_from_plans",
+          [](SourceHost& h, PlannerHandle& planner) {
+            PlannerService* service = planner.service.get();
+            h.sources->ServeFromPlans([service](int32_t source, int32_t file, int64_t row) {
+              return service->KeptPayload(source, file, row);
+            });
+          },
+          nb::arg("planner"), nb::keep_alive<1, 2>(),
+          "Answers fetches from the payloads of the plans `planner` (a planner service in "
+          "this process whose streams read payloads) holds, before reading a row again.")
       .def("fetch",
            [](SourceHost& h, const nb::dict& requests) {
              std::vector<std::pair<int32_t, Int64Array>> asked;

@@ -180,17 +180,20 @@ def _print_profile(profile: Optional[dict], out, indent: str = "  ") -> None:
 
 def _print_serving(serving: Optional[dict], out, indent: str = "  ") -> None:
     """Per source: what answering the constructors' piece requests cost (Ray): CPU and
-    bytes sent per token sent, rows transformed per piece, units read, the cache."""
+    bytes sent per token sent, rows transformed per piece, pieces answered from the
+    planner's plans, units read, the cache."""
     serving = {n: s for n, s in (serving or {}).items() if s.get("pieces")}
     if not serving:
         return
     print(f"{indent}source serving   CPU and bytes sent per token sent; pieces; rows "
-          "transformed per piece; units read; cache now / at most", file=out)
+          "transformed per piece; pieces from plans; units read; cache now / at most",
+          file=out)
     for name, s in serving.items():
         tokens = max(s["tokens_sent"], 1)
         print(f"{indent}  {name:<14} {s['cpu_s'] / tokens * 1e9:>9,.1f} ns  "
               f"{s['bytes_sent'] / tokens:>6.2f} B  {s['pieces']:,}  "
-              f"{s['rows_transformed'] / s['pieces']:.2f}  {s['units_read']:,}  "
+              f"{s['rows_transformed'] / s['pieces']:.2f}  "
+              f"{s.get('pieces_from_plans', 0):,}  {s['units_read']:,}  "
               f"{_fmt_bytes(s['cached_bytes'])} / {_fmt_bytes(s['peak_cached_bytes'])}",
               file=out)
 

@@ -83,6 +83,7 @@ PlannerService::Options CoHostedPlannerOptions(const Config& config) {
   PlannerService::Options o = SharedPlannerOptions(config);
   o.state.plan_ahead = 1;  // its constructor asks in process: no latency to hide
   o.keep_plan = true;
+  o.index_payloads = true;  // the other nodes' fetches are answered from them
   o.state.keep_plan_steps = config.runtime.steps_in_flight + 2;
   o.reopen = PlannerService::MetadataOnly(config);
   return o;

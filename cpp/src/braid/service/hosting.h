@@ -5,7 +5,9 @@
 // node's (`JOB.planner`) hosts the planner, the sources and that node's constructor,
 // which then builds from the plans themselves, their payloads read by the planner's own
 // streams (one read of each row, as in the embedded runtime); every other node's host
-// runs its constructor, which fetches pieces by key from the first. With
+// runs its constructor, which fetches pieces by key from the first, whose source
+// services answer from the payloads of the plans its planner holds (index_payloads,
+// SourceService::ServeFromPlans) before reading a row again. With
 // runtime.source_actors or runtime.actor_resources the roles get processes of their
 // own: the planner (`JOB.planner`, placed by Ray, on nodes with actor_resources when
 // given); the sources' payloads served by the planner's process (source_actors: 0) or
@@ -60,7 +62,8 @@ PlannerService::Options SharedPlannerOptions(const Config& config);
 /// one step ahead of the newest asked for (its constructor asks in process), planning
 /// from streams that read the payloads (`open`, SourceSet kPayloads) for the
 /// constructor beside it, the plans themselves kept runtime.steps_in_flight + 2 steps
-/// (then only their wire messages), replays from metadata only.
+/// (then only their wire messages) with their payloads indexed by row (for the other
+/// nodes' fetches), replays from metadata only.
 PlannerService::Options CoHostedPlannerOptions(const Config& config);
 
 /// A node's constructor service: steps_in_flight steps built ahead, four builds at a

@@ -62,6 +62,9 @@ class PlannerService {
     bool encode = false;
     /// Hold the plan itself (payload handles: consumers in this process).
     bool keep_plan = true;
+    /// With keep_plan: index each held plan's payloads by row (KeptPayload), so that a
+    /// source service beside the planner answers other processes' fetches from them.
+    bool index_payloads = false;
     /// Plan a step no longer held again from a checkpoint; false: asking for it fails.
     bool replay = true;
     /// Opens the streams a replay plans from; null: the OpenSources of Make. (A planner
@@ -122,6 +125,10 @@ class PlannerService {
   /// (at most ProfileTimeline::kDefaultMaxSpans spans; steps planned again from a
   /// checkpoint on streams of their own are not in it).
   std::vector<ProfileSpan> timeline() const;
+  /// The payload of row `row` of file `file` of source `source` when a plan this
+  /// service holds has it (Options::index_payloads; a source without images), else an
+  /// empty handle. Thread-safe.
+  PayloadRef KeptPayload(int32_t source, int32_t file, int64_t row) const;
 
   /// The sources the planner draws from (their skip counts). Valid until destruction.
   const SourceSet& sources() const { return *sources_; }

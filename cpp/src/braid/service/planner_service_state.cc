@@ -5,6 +5,44 @@
 #include <nlohmann/json.hpp>
 
 namespace braid {
+
+std::shared_ptr<const PayloadIndex> PayloadIndex::Of(const StepPlan& plan,
+                                                     const Config& config) {
+  auto index = std::make_shared<PayloadIndex>();
+  for (const BucketPlan& bucket : plan.buckets) {
+    for (const MicroBatch& mb : bucket.micro_batches) {
+      for (const Sequence& seq : mb.sequences) {
+        for (const DocPiece& d : seq.docs) {
+          if (!d.payload || size_t(d.source) >= config.sources.size() ||
+              !config.sources[size_t(d.source)].image_column.empty()) {
+            continue;
+          }
+          index->entries.push_back(Entry{d.source, d.file, d.row, d.payload});
+        }
+      }
+    }
+  }
+  auto key = [](const Entry& e) { return std::tuple(e.source, e.file, e.row); };
+  auto& entries = index->entries;
+  std::stable_sort(entries.begin(), entries.end(),
+                   [&](const Entry& a, const Entry& b) { return key(a) < key(b); });
+  entries.erase(std::unique(entries.begin(), entries.end(),
+                            [&](const Entry& a, const Entry& b) { return key(a) == key(b); }),
+                entries.end());
+  return index;
+}
+
+PayloadRef PayloadIndex::Find(int32_t source, int32_t file, int64_t row) const {
+  const auto want = std::tuple(source, file, row);
+  const auto it = std::lower_bound(
+      entries.begin(), entries.end(), want, [](const Entry& e, const auto& k) {
+        return std::tuple(e.source, e.file, e.row) < k;
+      });
+  if (it == entries.end() || std::tuple(it->source, it->file, it->row) != want) {
+    return PayloadRef();
+  }
+  return it->payload;
+}
 namespace {
 
 using Json = nlohmann::json;
@@ -95,6 +133,15 @@ bool PlannerServiceState::Apply(const Update& update) {
   return false;
 }
 
+PayloadRef PlannerServiceState::KeptPayload(int32_t source, int32_t file,
+                                            int64_t row) const {
+  for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
+    if (it->second->payloads == nullptr) continue;
+    if (PayloadRef found = it->second->payloads->Find(source, file, row)) return found;
+  }
+  return PayloadRef();
+}
+
 void PlannerServiceState::DropOld() {
   const int64_t oldest = newest_asked_ - options_.keep_steps;
   while (!held_.empty() && held_.begin()->first < oldest) held_.erase(held_.begin());
@@ -105,6 +152,7 @@ void PlannerServiceState::DropOld() {
     if (it->second->plan == nullptr) continue;
     auto light = std::make_shared<PlannedStep>(*it->second);
     light->plan = nullptr;
+    light->payloads = nullptr;
     it->second = std::move(light);
   }
 }

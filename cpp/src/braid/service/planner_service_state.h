@@ -32,6 +32,24 @@
 
 namespace braid {
 
+/// The payloads of one plan's pieces by row: (source, file, row) in increasing order,
+/// each row once, with its payload handle (PayloadIndex::Find).
+struct PayloadIndex {
+  struct Entry {
+    int32_t source = 0;
+    int32_t file = 0;
+    int64_t row = 0;
+    PayloadRef payload;
+  };
+  std::vector<Entry> entries;
+
+  /// The pieces of `plan` whose source's payloads carry no images (their sources
+  /// transform rows into tokens the same way in any process), by row.
+  static std::shared_ptr<const PayloadIndex> Of(const StepPlan& plan, const Config& config);
+  /// The payload of row `row` of file `file` of source `source`, or an empty handle.
+  PayloadRef Find(int32_t source, int32_t file, int64_t row) const;
+};
+
 /// One planned step as a planner service hands it out: in process, the plan itself
 /// (payload handles included); across processes, its wire message and states as JSON.
 struct PlannedStep {
@@ -39,6 +57,9 @@ struct PlannedStep {
   /// The plan, every bucket (in-process consumers). Null in a step that crossed
   /// processes (it holds `encoded`) or when the service encodes only.
   std::shared_ptr<const StepPlan> plan;
+  /// The plan's payloads by row, while the plan is held (PlannerService::Options::
+  /// index_payloads); null otherwise.
+  std::shared_ptr<const PayloadIndex> payloads;
   /// EncodeStepPlan's message (every bucket, or SliceStepPlan's slice across processes).
   std::vector<int64_t> encoded;
   /// The planner's state before and after the step (what a client's state is made of).
@@ -115,6 +136,9 @@ class PlannerServiceState {
   int64_t horizon() const { return horizon_; }
   /// Step `step`'s plan when still held, else null.
   std::shared_ptr<const PlannedStep> Held(int64_t step) const;
+  /// The payload of a row that a held plan's index has (the newest such plan's), or an
+  /// empty handle.
+  PayloadRef KeptPayload(int32_t source, int32_t file, int64_t row) const;
   /// The newest checkpoint state at or before `step`. REQUIRES: step >= first_step().
   const PlannerState& CheckpointBefore(int64_t step) const;
 

@@ -1,12 +1,14 @@
 // The roles as services, composed as the Ray runtime composes them (planner service ->
 // wire message -> decoded bucket -> payloads fetched by key -> BuildMicroBatch), give the
 // embedded runtime's micro-batches bit for bit; and the messages fail cleanly when bad.
+#include <set>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "braid/construct/constructor.h"
 #include "braid/plan/planner.h"
-#include "braid/service/planner_service.h"
+#include "braid/service/hosting.h"
 #include "braid/runtime/engine.h"
 #include "braid/service/source_service.h"
 #include "braid/service/planner_service.h"
@@ -441,6 +443,78 @@ TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSen
   const ServeProfile t = (*tokens)->serve_profile();
   EXPECT_EQ(t.rows_transformed, 2);
   EXPECT_EQ(t.cached_bytes, t.bytes_read);
+}
+
+// The first node's host of a Ray job: its planner's streams read the payloads, so the
+// pieces other nodes fetch are answered from the plans it holds, byte for byte what a
+// read of the file gives, with no read and no transform; a row no held plan has is read.
+TEST_F(ServicesTest, FetchesAreAnsweredFromTheCoHostedPlannersPayloadsBitForBit) {
+  testing::ScopedTempDir dir("braid-serve-plans");
+  const Config text = TextServingJob(dir, 8, /*min_words=*/20, /*row_group_rows=*/8);
+  PlannerService::OpenSources with_payloads = [&text](const PlannerState& at) {
+    return SourceSet::Open(text, at, SourceService::Stream::kPayloads, /*serve=*/false);
+  };
+  // Planned on the asking thread: the held plans are the steps asked for, no more.
+  PlannerService::Options options = CoHostedPlannerOptions(text);
+  options.background = false;
+  auto planner = PlannerService::Make(text, Planner::InitialState(text), with_payloads,
+                                      std::move(options));
+  ASSERT_TRUE(planner.ok()) << planner.status().ToString();
+  auto plain = MakeServing(text, 0, int64_t{8} << 20);
+  auto from_plans = MakeServing(text, 0, int64_t{8} << 20);
+  ASSERT_TRUE(plain.ok() && from_plans.ok());
+  PlannerService* p = planner->get();
+  (*from_plans)->ServeFromPlans([p](int32_t source, int32_t file, int64_t row) {
+    return p->KeptPayload(source, file, row);
+  });
+  std::set<std::pair<int32_t, int64_t>> planned_rows;
+  int64_t pieces = 0;
+  for (int64_t step = 0; step < 3; ++step) {
+    auto planned = p->Plan(step, 30);
+    ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+    ASSERT_NE((*planned)->plan, nullptr);
+    std::vector<int64_t> q;
+    for (const BucketPlan& bucket : (*planned)->plan->buckets) {
+      for (const MicroBatch& mb : bucket.micro_batches) {
+        for (const Sequence& seq : mb.sequences) {
+          for (const DocPiece& d : seq.docs) {
+            q.insert(q.end(), {d.file, d.row, d.start, d.len, d.doc_tokens});
+            planned_rows.emplace(d.file, d.row);
+          }
+        }
+      }
+    }
+    const int64_t n = int64_t(q.size()) / kRequestFields;
+    pieces += n;
+    auto a = (*plain)->Fetch(q.data(), n);
+    auto b = (*from_plans)->Fetch(q.data(), n);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+    EXPECT_EQ(a->tokens, b->tokens) << "step " << step;
+    EXPECT_EQ(a->offsets, b->offsets);
+    EXPECT_EQ(a->loss_mask, b->loss_mask);
+  }
+  ASSERT_GT(pieces, 0);
+  const ServeProfile read = (*plain)->serve_profile();
+  const ServeProfile kept = (*from_plans)->serve_profile();
+  EXPECT_GT(read.rows_transformed, 0);
+  EXPECT_GT(read.units_read, 0);
+  EXPECT_EQ(read.pieces_from_plans, 0);
+  EXPECT_EQ(kept.rows_transformed, 0);
+  EXPECT_EQ(kept.units_read, 0);
+  EXPECT_EQ(kept.pieces_from_plans, pieces);
+  EXPECT_EQ(kept.tokens_sent, read.tokens_sent);
+  // A row in no held plan is read and tokenized as without them.
+  int64_t unplanned = 0;
+  while (planned_rows.count({0, unplanned}) != 0) ++unplanned;
+  ASSERT_LT(unplanned, 20);
+  EXPECT_FALSE(p->KeptPayload(0, 0, unplanned));
+  const int64_t q[kRequestFields] = {0, unplanned, 0, 1, 1};
+  auto a = (*plain)->Fetch(q, 1);
+  auto b = (*from_plans)->Fetch(q, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ((*from_plans)->serve_profile().rows_transformed, 1);
+  EXPECT_EQ((*from_plans)->serve_profile().units_read, 1);
 }
 
 // A kept row is an entry of the cache of its own: when its unit leaves the cache, the

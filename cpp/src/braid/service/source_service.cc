@@ -193,11 +193,17 @@ void SourceService::Trim() {
   served_.peak_cached_bytes = std::max(served_.peak_cached_bytes, cached_);
 }
 
-Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, bool more,
-                                                     std::vector<std::string_view>* encoded) {
+void SourceService::ServeFromPlans(PlannedPayloads planned) {
+  if (!config_.sources[size_t(source_index_)].image_column.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  planned_ = std::move(planned);
+}
+
+Result<TokenPayload> SourceService::Row(int32_t file, int64_t row, bool more,
+                                        std::vector<std::string_view>* encoded) {
   if (auto kept = kept_.find(RowKey{file, row}); kept != kept_.end()) {
     *encoded = kept->second.encoded;
-    std::shared_ptr<Payload> payload = kept->second.payload;
+    TokenPayload payload = kept->second.payload;
     if (more) {
       lru_.splice(lru_.begin(), lru_, kept->second.lru);
     } else {  // the row's last piece: the kept payload goes
@@ -206,6 +212,17 @@ Result<std::shared_ptr<Payload>> SourceService::Row(int32_t file, int64_t row, b
       kept_.erase(kept);
     }
     return payload;
+  }
+  if (planned_) {  // the planner beside it holds the row's payload: no read, no transform
+    const PayloadRef ref = planned_(source_index_, file, row);
+    if (ref && ref.ready()) {
+      auto got = ref.Get();
+      if (got.ok() && *got != nullptr) {
+        encoded->clear();
+        ++served_.pieces_from_plans;
+        return *got;
+      }
+    }
   }
   int32_t rg = 0;
   ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
@@ -315,7 +332,7 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
     const int32_t file = static_cast<int32_t>(q[0]);
     const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
     const bool more = start + len < doc_tokens;  // a later piece of the row follows
-    ARROW_ASSIGN_OR_RAISE(std::shared_ptr<Payload> payload, Row(file, row, more, &encoded));
+    ARROW_ASSIGN_OR_RAISE(TokenPayload payload, Row(file, row, more, &encoded));
     const std::string& path = files_->files()[size_t(file)].path;
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
     // With batch.pad_to_multiple_of m the plan counts a document's padding too.
@@ -442,6 +459,12 @@ std::vector<int64_t> SourceSet::workers() const {
   std::vector<int64_t> out;
   for (const auto& s : services_) out.push_back(s ? s->workers() : 0);
   return out;
+}
+
+void SourceSet::ServeFromPlans(const SourceService::PlannedPayloads& planned) {
+  for (auto& s : services_) {
+    if (s) s->ServeFromPlans(planned);
+  }
 }
 
 std::vector<ServeProfile> SourceSet::serve_profiles() const {

@@ -25,6 +25,10 @@
 // and kept rows are entries of one cache, one least-recently-used order and one bound
 // (a kept row counts its payload's bytes and the encoded images it holds on to).
 //
+// Beside a planner whose streams read the payloads (the first node's host of a Ray job),
+// Fetch takes a row's payload from the plans that planner holds (ServeFromPlans) before
+// reading the row: the same payload, neither read nor transformed again.
+//
 // Fetch keeps its own figures (ServeProfile): the calls and pieces answered, the tokens
 // and bytes sent, the units read (cache misses) and their bytes, the rows transformed
 // and the thread CPU of the calls, and the cache's bytes now and at most.
@@ -43,6 +47,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -77,6 +82,9 @@ struct ServeProfile {
   int64_t units_read = 0;   ///< row groups (or blocks) read: the cache's misses
   int64_t bytes_read = 0;   ///< their columns' bytes (Arrow buffers, decompressed)
   int64_t rows_transformed = 0;  ///< rows transformed (a kept row's later pieces: none)
+  /// Pieces whose row's payload came from a plan of the planner beside the service
+  /// (ServeFromPlans): the row neither read nor transformed again.
+  int64_t pieces_from_plans = 0;
   int64_t cpu_ns = 0;            ///< thread CPU of the Fetch calls
   int64_t cached_bytes = 0;      ///< the cache's bytes now (a gauge)
   int64_t peak_cached_bytes = 0; ///< and at most (a sum over services: at most that)
@@ -89,6 +97,7 @@ struct ServeProfile {
     units_read += o.units_read;
     bytes_read += o.bytes_read;
     rows_transformed += o.rows_transformed;
+    pieces_from_plans += o.pieces_from_plans;
     cpu_ns += o.cpu_ns;
     cached_bytes += o.cached_bytes;
     peak_cached_bytes += o.peak_cached_bytes;
@@ -141,6 +150,16 @@ class SourceService {
   /// REQUIRES: options.serve.
   Result<PieceReply> Fetch(const int64_t* requests, int64_t n);
 
+  /// Where Fetch finds a row's payload before reading it: `planned(source, file, row)`,
+  /// the payload a plan of the planner beside this service holds (PlannerService::
+  /// KeptPayload), used when ready; an empty handle: read as without. Its payloads are
+  /// the ones this service would make (the same files and transform), so the replies
+  /// do not change. Not for sources with images (their encoded bytes are read from the
+  /// unit). Call before the first Fetch; `planned` must stay callable while Fetch runs.
+  using PlannedPayloads =
+      std::function<PayloadRef(int32_t source, int32_t file, int64_t row)>;
+  void ServeFromPlans(PlannedPayloads planned);
+
   int32_t source_index() const { return source_index_; }
   /// Bytes of row groups cached now (serve).
   int64_t cached_bytes() const;
@@ -170,7 +189,7 @@ class SourceService {
   // An entry of the cache, in its least-recently-used order: a unit or a kept row.
   using EntryKey = std::variant<UnitKey, RowKey>;
   struct KeptRow {  // a row's payload, made for the first piece of it asked for
-    std::shared_ptr<Payload> payload;
+    TokenPayload payload;
     std::vector<std::string_view> encoded;  // its images' bytes: views into `columns`
     Columns columns;  // the chunk `encoded` points into (none without images)
     int64_t bytes = 0;
@@ -192,8 +211,8 @@ class SourceService {
   // the unit's columns). REQUIRES: mu_ held.
   // `more`: a later piece of the row follows, so its payload is kept with its unit until
   // that last piece is asked for.
-  Result<std::shared_ptr<Payload>> Row(int32_t file, int64_t row, bool more,
-                                       std::vector<std::string_view>* encoded);
+  Result<TokenPayload> Row(int32_t file, int64_t row, bool more,
+                           std::vector<std::string_view>* encoded);
   // Adds the images of piece `piece` ([start, start + len) of the row's tokens) to
   // `reply`. REQUIRES: mu_ held.
   Status AddImages(const Payload& payload, const std::vector<std::string_view>& encoded,
@@ -207,6 +226,7 @@ class SourceService {
   int64_t cache_bytes_ = 0;
   std::unique_ptr<SourceFiles> files_;
   std::unique_ptr<Transform> transform_;
+  PlannedPayloads planned_;  // set before the first Fetch, or empty
   mutable std::mutex mu_;
   std::map<UnitKey, Unit> cache_;     // GUARDED_BY(mu_)
   std::map<RowKey, KeptRow> kept_;    // GUARDED_BY(mu_) rows whose later pieces follow
@@ -254,6 +274,8 @@ class SourceSet {
   std::vector<SourceProfile> profiles() const;
   std::vector<int64_t> workers() const;
   std::vector<ServeProfile> serve_profiles() const;
+  /// SourceService::ServeFromPlans on every service of the set.
+  void ServeFromPlans(const SourceService::PlannedPayloads& planned);
   std::vector<int64_t> skipped_files() const;
   std::vector<int64_t> unreadable_files() const;
 
