@@ -121,6 +121,7 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     int tries = 0;
     std::string key;  // KeptCountKey: what keeps the counts of the unchanged file
     Status status;
+    Status damage;  // the rows before it were counted (WholeFileCount)
   };
   std::vector<Counted> counted(paths.size());
   const std::string& dir = source.length_cache_dir;
@@ -138,9 +139,13 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
       KeepCountInProcess(c.key, c.rows, c.bytes);
       return Status::OK();
     }
-    c.status = RetryStorage([&] { return count(size_t(i), &c.rows, &c.bytes); },
-                            kStorageRetryDelaysMs, &c.tries);
-    if (c.status.ok() && !c.key.empty()) {
+    c.status = RetryStorage(
+        [&] {
+          c.damage = Status::OK();
+          return count(size_t(i), &c.rows, &c.bytes, &c.damage);
+        },
+        kStorageRetryDelaysMs, &c.tries);
+    if (c.status.ok() && c.damage.ok() && !c.key.empty()) {
       KeepCountInProcess(c.key, c.rows, c.bytes);
       if (!dir.empty()) WriteKeptCount(dir, c.key, c.rows, c.bytes);
     }
@@ -158,12 +163,20 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
     const Counted& c = counted[i];
     SourceFiles::File file;
     file.path = paths[i];
-    if (!c.status.ok()) {
-      if (source.on_error != OnError::kSkip) return RefuseUnreadable(c.status, c.tries);
-      Status st = c.status;
+    // A damaged file with no row before the damage is one that did not open.
+    const Status& bad = !c.status.ok() ? c.status : c.damage;
+    if (!bad.ok() && (source.on_error != OnError::kSkip || c.rows == 0)) {
+      if (source.on_error != OnError::kSkip) return RefuseUnreadable(bad, c.tries);
+      Status st = bad;
       if (c.tries > 1) st = st.WithMessage(st.message(), " (", c.tries, " tries)");
       KeepUnreadable(std::move(file), st, paths[i]);
       continue;
+    }
+    if (!c.damage.ok()) {
+      std::string why = c.damage.message();
+      const std::string prefix = paths[i] + ": ";
+      if (why.compare(0, prefix.size(), prefix) == 0) why = why.substr(prefix.size());
+      file.damaged = why;
     }
     file.row_group_rows = {c.rows};
     file.row_group_first_row = {0};

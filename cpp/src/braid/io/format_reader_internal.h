@@ -70,9 +70,11 @@ struct FormatOpen {
   void KeepUnreadable(SourceFiles::File file, const Status& error, const std::string& path);
 
   /// Counts one file of AddWholeFiles (`file`: its index in `paths`) into its rows and
-  /// decoded bytes. Called for several files at once, from other threads.
+  /// decoded bytes. Called for several files at once, from other threads. A file whose
+  /// bytes go bad after some rows (a truncated stream) may return OK with those rows,
+  /// the decoded bytes that hold them, and the error in `damage`.
   using WholeFileCount =
-      std::function<Status(size_t file, int64_t* rows, int64_t* bytes)>;
+      std::function<Status(size_t file, int64_t* rows, int64_t* bytes, Status* damage)>;
 
   /// Adds `paths`, files that are one unit each (JSON Lines, WebDataset), in order: each
   /// one's rows and decoded bytes counted by `count` (retried on storage errors), or
@@ -81,7 +83,10 @@ struct FormatOpen {
   /// (`tag`: the format and what was counted; a count is kept in both). The files are
   /// counted concurrently on Arrow's I/O thread pool. Returns each file's rows, -1 for
   /// one kept as unreadable (on_error: skip); fails (RefuseUnreadable) on the first
-  /// file, in path order, that cannot be counted otherwise.
+  /// file, in path order, that cannot be counted otherwise. A damaged file (`count`'s
+  /// `damage`) is an error too under on_error: fail; under skip it keeps the rows before
+  /// the damage (File::damaged says why; none: unreadable). A damaged file's counts are
+  /// not kept, so that every open finds the damage again.
   Result<std::vector<int64_t>> AddWholeFiles(
       arrow::fs::FileSystem* fs, const std::vector<std::string>& paths,
       const std::vector<arrow::fs::FileInfo>& stamps, const SourceConfig& source,

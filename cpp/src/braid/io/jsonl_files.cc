@@ -40,7 +40,10 @@
 namespace braid::internal {
 namespace {
 
-constexpr int64_t kCountChunkBytes = int64_t{1} << 20;
+// Counting reads this much decoded at a time. A read that meets a damage returns the
+// error, not what it decoded before it: the records of at most one chunk before a damage
+// are lost to it.
+constexpr int64_t kCountChunkBytes = int64_t{64} << 10;
 constexpr int32_t kFirstBlockBytes = int32_t{1} << 22;   // Arrow's JSON block
 constexpr int32_t kMaxBlockBytes = int32_t{1} << 30;     // a record may be this long
 
@@ -70,6 +73,31 @@ class WatchedStream : public arrow::io::InputStream {
   std::shared_ptr<std::atomic<bool>> failed_;
 };
 
+// The first `limit` bytes of a stream, then its end: a damaged file's records before
+// the damage (JsonlFile::bytes), so the reader never decodes the bad part.
+class LimitedStream : public arrow::io::InputStream {
+ public:
+  LimitedStream(std::shared_ptr<arrow::io::InputStream> inner, int64_t limit)
+      : inner_(std::move(inner)), left_(limit) {}
+  arrow::Status Close() override { return inner_->Close(); }
+  bool closed() const override { return inner_->closed(); }
+  arrow::Result<int64_t> Tell() const override { return inner_->Tell(); }
+  arrow::Result<int64_t> Read(int64_t nbytes, void* out) override {
+    ARROW_ASSIGN_OR_RAISE(const int64_t n, inner_->Read(std::min(nbytes, left_), out));
+    left_ -= n;
+    return n;
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> Read(int64_t nbytes) override {
+    ARROW_ASSIGN_OR_RAISE(auto b, inner_->Read(std::min(nbytes, left_)));
+    left_ -= b->size();
+    return b;
+  }
+
+ private:
+  std::shared_ptr<arrow::io::InputStream> inner_;
+  int64_t left_;
+};
+
 bool EndsWith(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -79,6 +107,7 @@ struct JsonlFile {
   std::string path;
   arrow::Compression::type compression = arrow::Compression::UNCOMPRESSED;
   int64_t records = 0;
+  int64_t bytes = -1;  // decoded bytes to read: those before a damage; -1: all
 };
 
 class JsonlReader : public FormatReader {
@@ -170,6 +199,7 @@ class JsonlReader : public FormatReader {
       ARROW_ASSIGN_OR_RAISE(in, arrow::io::CompressedInputStream::Make(codec_.get(), in,
                                                                        ReadMemoryPool()));
     }
+    if (f.bytes >= 0) in = std::make_shared<LimitedStream>(std::move(in), f.bytes);
     auto read_options = arrow::json::ReadOptions::Defaults();
     read_options.use_threads = false;
     read_options.block_size = block_bytes_;
@@ -247,11 +277,15 @@ class JsonlReader : public FormatReader {
   std::shared_ptr<arrow::json::StreamingReader> reader_;
 };
 
-// The records (lines holding anything but whitespace) and decoded bytes of one file.
+// The records (lines holding anything but whitespace) and decoded bytes of one file. A
+// stream that stops decoding part way (truncated, corrupt) gives the records of the
+// lines that ended before it, the bytes up to the end of the last of them, and the error
+// in `damage`.
 Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* records,
-                    int64_t* bytes) {
+                    int64_t* bytes, Status* damage) {
   *records = 0;
   *bytes = 0;
+  int64_t lines_end = 0;  // decoded bytes up to the last newline
   auto failed = std::make_shared<std::atomic<bool>>(false);
   auto raw = fs->OpenInputStream(f.path);
   if (!raw.ok()) return StorageError(f.path, raw.status().message());
@@ -271,11 +305,14 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
     auto chunk = in->Read(kCountChunkBytes, buffer.data());
     if (!chunk.ok()) {
       const std::string what = "cannot read: " + OneLine(chunk.status().message());
-      return failed->load() ? StorageError(f.path, what)
-                            : DataError(f.path, what + " (not " +
-                                                    arrow::util::Codec::GetCodecAsString(
-                                                        f.compression) +
-                                                    "?)");
+      if (failed->load()) return StorageError(f.path, what);
+      const std::string codec = arrow::util::Codec::GetCodecAsString(f.compression);
+      if (*records == 0) return DataError(f.path, what + " (not " + codec + "?)");
+      *damage = DataError(f.path, what + " after " + std::to_string(*records) +
+                                      " records (" + std::to_string(lines_end) +
+                                      " bytes decoded)");
+      *bytes = lines_end;  // the part line after the last newline is not a record
+      return Status::OK();
     }
     const int64_t n = *chunk;
     if (n == 0) break;
@@ -299,6 +336,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
       ++*records;
       content = false;
       p = static_cast<const uint8_t*>(nl) + 1;
+      lines_end = *bytes - (end - p);
     }
   }
   *records += content ? 1 : 0;
@@ -334,11 +372,14 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   ARROW_ASSIGN_OR_RAISE(
       const std::vector<int64_t> records,
       out.AddWholeFiles(fs.get(), paths, stamps, source, "jsonl-count 1",
-                        [&](size_t i, int64_t* n, int64_t* bytes) {
-                          return CountRecords(fs.get(), files[i], n, bytes);
+                        [&](size_t i, int64_t* n, int64_t* bytes, Status* damage) {
+                          return CountRecords(fs.get(), files[i], n, bytes, damage);
                         }));
-  for (size_t i = 0; i < files.size(); ++i) {
+  for (size_t i = 0; i < files.size(); ++i) {  // out.files[i] is paths[i]'s
     files[i].records = std::max<int64_t>(records[i], 0);
+    // A damaged file is read up to the end of its last record before the damage.
+    const SourceFiles::File& f = out.files[i];
+    if (!f.damaged.empty()) files[i].bytes = f.row_group_bytes.front();
   }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(files), columns,
                                              std::move(schema));

@@ -238,6 +238,54 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
   EXPECT_FALSE((*typed)->ReadColumns(0, 0).ok());
 }
 
+// A compressed file cut short (an interrupted download): under on_error: fail an error
+// naming it; under skip its records before the cut, exactly, and the rest unknown; the
+// counts are not kept, so a later open under fail finds the damage again. A file cut
+// before its first record ends did not open.
+TEST(JsonlFilesTest, AFileCutShortYieldsItsRecordsBeforeTheCutUnderSkip) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const Docs docs = MakeDocs(4000, 9);  // about 1 MB decoded
+  for (const auto& [name, compression] :
+       std::vector<std::pair<std::string, arrow::Compression::type>>{
+           {"a.jsonl.gz", arrow::Compression::GZIP},
+           {"b.jsonl.zst", arrow::Compression::ZSTD}}) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.Sub(name);
+    ASSERT_TRUE(Write(path, Lines(docs), compression).ok());
+    std::filesystem::resize_file(path, std::filesystem::file_size(path) * 6 / 10);
+    auto fail = SourceFiles::Open(Jsonl(path), "sources[0]");
+    ASSERT_FALSE(fail.ok());
+    EXPECT_THAT(fail.status().message(),
+                AllOf(HasSubstr(path), HasSubstr("records"),
+                      HasSubstr("on_error: skip")));
+    auto skip = SourceFiles::Open(Jsonl(path, OnError::kSkip), "sources[0]");
+    ASSERT_TRUE(skip.ok()) << skip.status().ToString();
+    const SourceFiles::File& f = (*skip)->files()[0];
+    EXPECT_TRUE(f.unreadable.empty());
+    EXPECT_THAT(f.damaged, HasSubstr("records"));
+    // About 6 in 10 of them decode; those of the last 64 KiB before the cut are lost.
+    EXPECT_GT(f.num_rows, 1500);
+    EXPECT_LT(f.num_rows, 2500);
+    auto whole = (*skip)->ReadColumns(0, 0);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    ASSERT_EQ(whole->front()->length(), f.num_rows);
+    for (int64_t i = 0; i < f.num_rows; ++i) {
+      ASSERT_EQ(testing::ListRowIds(*whole->front(), i), docs[size_t(i)]) << i;
+    }
+    auto last_block = (*skip)->ReadBlock(0, 0, 64, (f.num_rows - 1) / 64);
+    ASSERT_TRUE(last_block.ok()) << last_block.status().ToString();
+    // Not kept: the same file under fail is refused again.
+    EXPECT_FALSE(SourceFiles::Open(Jsonl(path), "sources[0]").ok());
+  }
+  // Cut inside its first record: nothing before the damage, the file did not open.
+  const std::string tiny = dir.Sub("c.jsonl.gz");
+  ASSERT_TRUE(Write(tiny, Lines(MakeDocs(1, 3)), arrow::Compression::GZIP).ok());
+  std::filesystem::resize_file(tiny, std::filesystem::file_size(tiny) / 2);
+  auto none = SourceFiles::Open(Jsonl(tiny, OnError::kSkip), "sources[0]");
+  ASSERT_FALSE(none.ok());  // its only file did not open: no readable file left
+  EXPECT_THAT(none.status().message(), HasSubstr(tiny));
+}
+
 // Files are counted side by side (FormatOpen::AddWholeFiles): what is kept, each file's
 // counts and the error are those of path order, however the counts finish.
 TEST(JsonlFilesTest, FilesCountedSideBySideKeepPathOrder) {

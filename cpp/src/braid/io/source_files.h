@@ -138,6 +138,10 @@ class SourceFiles {
     /// Why the footer could not be read (on_error: skip only; the file then has no row
     /// groups and no rows); "" for a readable file.
     std::string unreadable;
+    /// A file of one unit (JSON Lines, a WebDataset shard) whose bytes went bad part way
+    /// (cut short, corrupt; on_error: skip only): why. Its rows are the records or
+    /// samples before the damage; "" for a file read to its end.
+    std::string damaged;
     /// What the read columns of each row group decode to, about, from the footer: per
     /// column chunk its uncompressed size or, for fixed-width values, values * width.
     std::vector<int64_t> row_group_bytes;

@@ -34,7 +34,8 @@
 //
 // Errors. A failed read of the underlying file is a storage error (retried by
 // SourceFiles); a shard that is not a readable tar (truncated, a bad header checksum, not
-// gzip) is a data error naming it: at open, an unreadable shard under on_error: skip.
+// gzip) is a data error naming it: at open, an unreadable shard under on_error: skip,
+// or, when whole samples came before the damage (a shard cut short), those samples.
 // A sample without a member a column reads, a member that is not valid UTF-8, a decimal
 // integer or JSON of the expected shape, is a data error naming the shard, the sample's
 // key and row and the member under on_error: fail, and a null (a counted skip of that
@@ -306,7 +307,7 @@ class SampleStream {
 // (from the first sample's first header to the archive's end: what an Energon index's
 // offsets give, so a shard's units are the same with and without one).
 Status CountSamples(arrow::fs::FileSystem* fs, const std::string& path, int64_t* samples,
-                    int64_t* bytes) {
+                    int64_t* bytes, Status* damage) {
   *samples = 0;
   *bytes = 0;
   ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs, path));
@@ -315,7 +316,15 @@ Status CountSamples(arrow::fs::FileSystem* fs, const std::string& path, int64_t*
   Sample s;
   int64_t start = 0;
   while (true) {
-    ARROW_ASSIGN_OR_RAISE(const bool more, stream.Next(/*read=*/false, &s));
+    auto next = stream.Next(/*read=*/false, &s);
+    if (!next.ok() && !next.status().IsIOError() && *samples > 0) {
+      // Bad bytes after whole samples (a shard cut short): those samples, up to the
+      // header that ended the last of them, and the damage.
+      *damage = next.status().WithMessage(next.status().message(), " (after ",
+                                          *samples, " samples)");
+      return Status::OK();
+    }
+    ARROW_ASSIGN_OR_RAISE(const bool more, std::move(next));
     if (!more) break;
     if (++*samples == 1) start = s.start;
     *bytes = stream.next_start() - start;
@@ -539,7 +548,9 @@ class WebDatasetReader : public FormatReader {
     LogLine(f.path + ": its Energon index (" + f.index->info + ") disagrees with it: " +
             problem + "; reading it from its member headers");
     int64_t samples = 0, bytes = 0;
-    ARROW_RETURN_NOT_OK(CountSamples(fs_.get(), f.path, &samples, &bytes));
+    Status damage;
+    ARROW_RETURN_NOT_OK(CountSamples(fs_.get(), f.path, &samples, &bytes, &damage));
+    ARROW_RETURN_NOT_OK(damage);  // the index promised whole samples past it
     if (samples != f.samples || bytes != f.bytes) {
       return DataError(f.path, "has " + std::to_string(samples) + " samples spanning " +
                                    std::to_string(bytes) + " bytes where opening took " +
@@ -777,7 +788,7 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
       const std::vector<int64_t> samples,
       out.AddWholeFiles(
           fs.get(), paths, stamps, source, tag,
-          [&](size_t i, int64_t* n, int64_t* bytes) -> Status {
+          [&](size_t i, int64_t* n, int64_t* bytes, Status* damage) -> Status {
             TarFile& f = files[i];
             if (f.index.has_value()) {
               ARROW_ASSIGN_OR_RAISE(const std::string problem,
@@ -791,7 +802,7 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
                          "; counting its member headers instead";
               f.index.reset();
             }
-            return CountSamples(fs.get(), f.path, n, bytes);
+            return CountSamples(fs.get(), f.path, n, bytes, damage);
           }));
   for (size_t i = 0; i < files.size(); ++i) {  // out.files[i] is paths[i]'s
     if (!stale[i].empty()) LogLine(stale[i]);

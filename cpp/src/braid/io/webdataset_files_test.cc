@@ -212,12 +212,26 @@ TEST(WebDatasetFilesTest, ACorruptTarFailsNamingItOrIsSkippedUnderSkip) {
                 AllOf(HasSubstr(dir.Sub(std::string("d/") + bad)),
                       HasSubstr("not a readable tar"), HasSubstr("on_error: skip")));
   }
+  // Under skip, b.tar yields its 5 whole samples before the bad header (each ended by
+  // the next one's header); c.tar, cut inside its first samples, what it has whole.
   auto files = SourceFiles::Open(Wds(dir.Sub("d"), "json:input_ids", OnError::kSkip),
                                  "sources[0]");
   ASSERT_TRUE(files.ok()) << files.status().ToString();
-  EXPECT_EQ((*files)->unreadable_files(), 2);
-  EXPECT_EQ((*files)->total_rows(), 20);
-  EXPECT_THAT((*files)->files()[1].unreadable, HasSubstr("not a readable tar"));
+  const auto& b = (*files)->files()[1];
+  const auto& c = (*files)->files()[2];
+  EXPECT_TRUE(b.unreadable.empty());
+  EXPECT_THAT(b.damaged, AllOf(HasSubstr("not a readable tar"), HasSubstr("5 samples")));
+  EXPECT_EQ(b.num_rows, 5);
+  auto read = (*files)->ReadColumns(1, 0);
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_EQ(read->front()->length(), 5);
+  for (int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(ListRowIds(*read->front(), i), SampleIds(20 + i));
+  }
+  EXPECT_NE(c.unreadable.empty(), c.damaged.empty());  // one or the other
+  EXPECT_EQ((*files)->unreadable_files(), c.unreadable.empty() ? 0 : 1);
+  EXPECT_EQ((*files)->total_rows(), 25 + c.num_rows);
+  EXPECT_LE(c.num_rows, 1);
   // Not a tar at all.
   std::ofstream(dir.Sub("x.tar")) << "this is no tar";
   EXPECT_FALSE(SourceFiles::Open(Wds(dir.Sub("x.tar")), "sources[0]").ok());

@@ -371,9 +371,11 @@ std::vector<int32_t> SourceLoader::skipped_files() const {
     std::lock_guard<std::mutex> lock(skipped_mu_);
     out = skipped_files_;
   }
-  const auto& files = file_list();  // File::unreadable is set once, in Make
+  const auto& files = file_list();  // unreadable and damaged are set once, in Make
   for (size_t f = 0; f < files.size(); ++f) {
-    if (!files[f].unreadable.empty()) out.push_back(static_cast<int32_t>(f));
+    if (!files[f].unreadable.empty() || !files[f].damaged.empty()) {
+      out.push_back(static_cast<int32_t>(f));
+    }
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -469,9 +471,15 @@ Status SourceLoader::LoadWindow() {
   if (!unreadable_logged_) {  // once per source (its first shard), not per loader
     unreadable_logged_ = true;
     for (const auto& f : file_list) {
-      if (options_.shard_index != 0 || f.unreadable.empty()) continue;
-      LogSkipLine("file " + f.path + ": " + f.unreadable +
-                  "; its rows are unknown (it did not open), it yields none");
+      if (options_.shard_index != 0) continue;
+      if (!f.unreadable.empty()) {
+        LogSkipLine("file " + f.path + ": " + f.unreadable +
+                    "; its rows are unknown (it did not open), it yields none");
+      } else if (!f.damaged.empty()) {
+        LogSkipLine("file " + f.path + ": " + f.damaged + "; it yields the " +
+                    std::to_string(f.num_rows) +
+                    " rows before the damage, the rest are unknown");
+      }
     }
   }
   // The next window of this shard, across epochs.
