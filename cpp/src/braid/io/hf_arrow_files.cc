@@ -12,7 +12,8 @@
 //
 // Errors: a failed read of the underlying file is a storage error; bytes that are not an
 // IPC stream, a column missing or of another type than the transform reads are data
-// errors naming the file (and, for a read, the batch).
+// errors naming the file (and, for a read, the batch). Under on_error: skip a file whose
+// stream goes bad after whole batches (cut short) keeps those batches (File::damaged).
 //
 // Thread-compatible (format_reader_internal.h).
 #include <algorithm>
@@ -56,9 +57,12 @@ Result<std::shared_ptr<arrow::io::RandomAccessFile>> OpenInput(arrow::fs::FileSy
   return *input;
 }
 
-// Walks one file's stream: the schema, each batch's rows and offset.
+// Walks one file's stream: the schema, each batch's rows and offset. A stream whose
+// bytes go bad after whole batches (a file cut short) gives those batches, its end at
+// the last of them, and the error in `damage`.
 Status Walk(arrow::fs::FileSystem* fs, const std::vector<ColumnSpec>& specs, ArrowFile* f,
-            std::vector<int64_t>* rows) {
+            std::vector<int64_t>* rows, Status* damage) {
+  *damage = Status::OK();
   rows->clear();
   f->offsets.clear();
   ARROW_ASSIGN_OR_RAISE(f->input, OpenInput(fs, f->path));
@@ -106,6 +110,12 @@ Status Walk(arrow::fs::FileSystem* fs, const std::vector<ColumnSpec>& specs, Arr
     ARROW_ASSIGN_OR_RAISE(const int64_t at, f->input->Tell());
     std::shared_ptr<arrow::RecordBatch> batch;
     Status st = (*reader)->ReadNext(&batch);
+    if (!st.ok() && !rows->empty() && (local || !st.IsIOError())) {
+      *damage = what(st).WithMessage(what(st).message(), " (after ", rows->size(),
+                                     " record batches)");
+      f->offsets.push_back(at);
+      break;
+    }
     if (!st.ok()) return what(st);
     if (batch == nullptr) {
       f->offsets.push_back(at);
@@ -174,9 +184,17 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     file.path = path;
     std::vector<int64_t> rows;
     int tries = 0;
-    Status st = RetryStorage([&] { return Walk(fs.get(), columns, &f, &rows); },
+    Status damage;
+    Status st = RetryStorage([&] { return Walk(fs.get(), columns, &f, &rows, &damage); },
                              kStorageRetryDelaysMs, &tries);
-    if (st.ok()) {
+    if (st.ok() && !damage.ok()) {
+      // Bad bytes after whole batches: an error under on_error: fail; under skip the
+      // batches before them (File::damaged).
+      if (!skip) return RefuseUnreadable(damage, tries);
+      std::string why = damage.message();
+      if (why.compare(0, path.size() + 2, path + ": ") == 0) why.erase(0, path.size() + 2);
+      file.damaged = why;
+    } else if (st.ok()) {
       // A missing or mistyped column is the files' promise broken: an error whatever
       // on_error says (as for Parquet). Only unreadable bytes are skipped.
     } else if (!skip || st.message().find("no column") != std::string::npos ||

@@ -7,11 +7,13 @@
 #include <arrow/io/file.h>
 #include <arrow/ipc/api.h>
 
+#include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "braid/io/source_files.h"
 #include "braid/source/source_loader.h"
+#include "braid/testing/formats_fixture.h"
 #include "braid/testing/memory_stream.h"
 #include "braid/testing/temp_dir.h"
 
@@ -147,6 +149,37 @@ TEST(HfArrowFilesTest, NotAStreamOrAMissingColumnNamesTheFile) {
   ASSERT_FALSE(missing.ok());
   EXPECT_THAT(missing.status().message(),
               AllOf(HasSubstr("no column 'ids'"), HasSubstr("input_ids")));
+}
+
+// A shard cut short (an interrupted copy): under on_error: fail an error naming it; under
+// skip its whole record batches before the cut, read as written.
+TEST(HfArrowFilesTest, AShardCutShortYieldsItsBatchesBeforeTheCutUnderSkip) {
+  testing::ScopedTempDir dir("braid-hf");
+  const Docs docs = MakeDocs(100, 4);
+  const std::string path = dir.Sub("data-00000-of-00001.arrow");
+  ASSERT_TRUE(WriteStream(path, docs, 7).ok());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  auto fail = SourceFiles::Open(Hf(path), "sources[0]");
+  ASSERT_FALSE(fail.ok());
+  EXPECT_THAT(fail.status().message(),
+              AllOf(HasSubstr(path), HasSubstr("record batches"),
+                    HasSubstr("on_error: skip")));
+  auto skip = SourceFiles::Open(Hf(path, OnError::kSkip), "sources[0]");
+  ASSERT_TRUE(skip.ok()) << skip.status().ToString();
+  const SourceFiles::File& f = (*skip)->files()[0];
+  EXPECT_TRUE(f.unreadable.empty());
+  EXPECT_THAT(f.damaged, HasSubstr("not an Arrow IPC stream"));
+  const int64_t batches = int64_t(f.row_group_rows.size());
+  EXPECT_GE(batches, 4);  // about half of the 15 batches
+  EXPECT_LT(batches, 15);
+  EXPECT_EQ(f.num_rows, 7 * batches);
+  for (int64_t b = 0; b < batches; ++b) {
+    auto cols = (*skip)->ReadColumns(0, int(b));
+    ASSERT_TRUE(cols.ok()) << cols.status().ToString();
+    for (int64_t i = 0; i < 7; ++i) {
+      EXPECT_EQ(testing::ListRowIds(*cols->front(), i), docs[size_t(7 * b + i)]);
+    }
+  }
 }
 
 }  // namespace

@@ -138,9 +138,9 @@ class SourceFiles {
     /// Why the footer could not be read (on_error: skip only; the file then has no row
     /// groups and no rows); "" for a readable file.
     std::string unreadable;
-    /// A file of one unit (JSON Lines, a WebDataset shard) whose bytes went bad part way
-    /// (cut short, corrupt; on_error: skip only): why. Its rows are the records or
-    /// samples before the damage; "" for a file read to its end.
+    /// A file whose bytes went bad part way (cut short, corrupt; JSON Lines, WebDataset,
+    /// save_to_disk's Arrow streams; on_error: skip only): why. Its rows are the records,
+    /// samples or record batches before the damage; "" for a file read to its end.
     std::string damaged;
     /// What the read columns of each row group decode to, about, from the footer: per
     /// column chunk its uncompressed size or, for fixed-width values, values * width.
