@@ -10,9 +10,9 @@
 // while the reader of that file is open.
 //
 // Unreadable files. A storage failure (the file vanished, the server stopped answering,
-// a read failed half-way) is retried with backoff (io/retry_internal.h: 4 tries, 50 /
-// 200 / 800 ms); a Parquet file whose bytes are bad (truncated, bad footer, corrupt page)
-// is not. With the source's on_error: skip, a file whose footer cannot be read is kept in
+// a read failed half-way; not a refusal of access) is retried with backoff
+// (io/retry_internal.h: 4 tries, 50 / 200 / 800 ms); a Parquet file whose bytes are bad
+// (truncated, bad footer, corrupt page) is not. With the source's on_error: skip, a file whose footer cannot be read is kept in
 // the list with no row groups and its reason in File::unreadable (so file indexes keep
 // meaning "index in sorted path order" and the order is a pure function of which footers
 // read, docs/decisions.md 22), and a file whose reads keep failing after retries is lost
