@@ -1,7 +1,9 @@
 """The Ray runtime on nodes as separate as hosts (tests/netns_cluster.py: each node its own
 network and mount namespace, its own /tmp/ray, `ray start` in it), with trainer ranks
 started inside their node as a launcher would: every rank receives the embedded runtime's
-tensors (two and three nodes), TP peers on a node share one build, a node killed mid-run
+tensors (two and three nodes; a source tokenized in the loader, whose pieces the other
+node fetches are answered from the planner's plans), TP peers on a node share one build,
+a node killed mid-run
 (every one of its processes) loses and repeats nothing on the nodes left, also when the
 planner's node is lost four times in a row, a trainer whose Ray driver joins another
 node's raylet is told so at once, and the bytes that cross a node's link per step stay
@@ -177,6 +179,58 @@ def test_every_rank_on_separate_nodes_gets_the_embedded_tensors(nodes, small_dat
     for rank in range(world):
         got = [line["digest"] for line in trainers.lines[rank]]
         assert got == [digest(b) for b in want[rank]], rank
+
+
+def test_a_tokenized_source_on_two_nodes_is_served_from_the_planners_plans(nodes, tmp_path):
+    """Raw text tokenized in the loader, dp=2 over nodes 0 and 1 (the planner's host on
+    node 0): node 1's ranks get the embedded tensors, and the pieces node 1 fetched were
+    answered from the payloads of the plans the first node's host holds, not tokenized
+    again there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(31)
+    words = "the loader reads every row once and plans the mix of sources".split()
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(5, 120))))
+             for _ in range(300)]
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "a.parquet",
+                   row_group_size=32)
+    model = braid._core.train_tiny_sentencepiece(texts[:200], str(tmp_path / "tok"), 40)
+    config = {"seed": 4, "topology": {"dp": 2},
+              "batch": {"global_tokens": 2 * 256, "seq_len": 256},
+              "tokenizer": {"type": "sentencepiece", "model": model, "eos": True},
+              "sources": [{"name": "text", "path": str(tmp_path / "text"),
+                           "text_column": "text"}]}
+    n = 16
+    want = take_batches([braid.Loader(config, r, 2) for r in range(2)], n)
+    job = "netns-text"
+    trainers = Trainers(nodes, tmp_path, ray_job(config, job))
+    try:
+        # Rank 0 steps slowly, so that the job lasts until rank 1 (a new Ray driver on
+        # node 1, seconds to start) has joined it.
+        trainers.start(0, 0, 2, n, 1.0)
+        trainers.wait_for(0, 1)
+        assert planner_node(nodes, tmp_path, job) == 0
+        trainers.start(1, 1, 2, n, 0.2)
+        trainers.wait_for(1, n // 2)
+        status = nodes.run(0, [sys.executable, "-m", "braid.cli", "status", "--json",
+                               "--namespace", NAMESPACE, "--address",
+                               f"{nodes.address(0)}:6390", job])
+        trainers.finish(range(2))
+    finally:
+        trainers.stop_all()
+    for rank in range(2):
+        got = [line["digest"] for line in trainers.lines[rank]]
+        assert got == [digest(b) for b in want[rank]], rank
+    actors = json.loads(status.stdout.strip().splitlines()[-1])["actors"]
+    planner = next(a for a in actors if a.get("role") == "planner")
+    served = planner["source_serving"]["text"]
+    # Node 1's first steps may have been planned before it joined, their plans already
+    # lightened: those pieces are read and tokenized again; every later one came from the
+    # plans, with no row tokenized for it.
+    assert served["pieces_from_plans"] > 0, served
+    assert served["rows_transformed"] <= served["pieces"] - served["pieces_from_plans"]
 
 
 PLANNER_NODE = textwrap.dedent("""
