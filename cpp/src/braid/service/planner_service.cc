@@ -25,10 +25,7 @@ std::shared_ptr<const PlannedStep> MakePlanned(StepPlan plan, const Config& conf
     out->state_before_json = PlannerStateToJson(plan.state_before, config);
     out->state_after_json = PlannerStateToJson(plan.state_after, config);
   }
-  if (options.keep_plan) {
-    if (options.index_payloads) out->payloads = PayloadIndex::Of(plan, config);
-    out->plan = std::make_shared<const StepPlan>(std::move(plan));
-  }
+  if (options.keep_plan) out->plan = std::make_shared<const StepPlan>(std::move(plan));
   return out;
 }
 
@@ -115,6 +112,7 @@ void PlannerService::Rescale(int64_t step) {
 }
 
 PayloadRef PlannerService::KeptPayload(int32_t source, int32_t file, int64_t row) const {
+  if (!options_.index_payloads) return PayloadRef();
   std::lock_guard<std::mutex> lock(mu_);
   return state_.KeptPayload(source, file, row);
 }

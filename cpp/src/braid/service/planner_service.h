@@ -62,8 +62,10 @@ class PlannerService {
     bool encode = false;
     /// Hold the plan itself (payload handles: consumers in this process).
     bool keep_plan = true;
-    /// With keep_plan: index each held plan's payloads by row (KeptPayload), so that a
-    /// source service beside the planner answers other processes' fetches from them.
+    /// With keep_plan: find rows' payloads in the held plans (KeptPayload; each plan is
+    /// indexed by row when first looked into, so a job whose fetches never come pays
+    /// nothing), so that a source service beside the planner answers other processes'
+    /// fetches from them.
     bool index_payloads = false;
     /// Plan a step no longer held again from a checkpoint; false: asking for it fails.
     bool replay = true;

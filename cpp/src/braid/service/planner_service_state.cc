@@ -136,8 +136,10 @@ bool PlannerServiceState::Apply(const Update& update) {
 PayloadRef PlannerServiceState::KeptPayload(int32_t source, int32_t file,
                                             int64_t row) const {
   for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
-    if (it->second->payloads == nullptr) continue;
-    if (PayloadRef found = it->second->payloads->Find(source, file, row)) return found;
+    const PlannedStep& step = *it->second;
+    if (step.plan == nullptr) continue;  // lightened: its wire message only
+    if (step.payloads == nullptr) step.payloads = PayloadIndex::Of(*step.plan, config_);
+    if (PayloadRef found = step.payloads->Find(source, file, row)) return found;
   }
   return PayloadRef();
 }

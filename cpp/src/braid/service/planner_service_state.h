@@ -57,9 +57,10 @@ struct PlannedStep {
   /// The plan, every bucket (in-process consumers). Null in a step that crossed
   /// processes (it holds `encoded`) or when the service encodes only.
   std::shared_ptr<const StepPlan> plan;
-  /// The plan's payloads by row, while the plan is held (PlannerService::Options::
-  /// index_payloads); null otherwise.
-  std::shared_ptr<const PayloadIndex> payloads;
+  /// The plan's payloads by row (PlannerService::Options::index_payloads): built by the
+  /// first KeptPayload that looks into this step, under the planner service's lock, and
+  /// dropped with the plan; consumers of the plan do not touch it.
+  mutable std::shared_ptr<const PayloadIndex> payloads;
   /// EncodeStepPlan's message (every bucket, or SliceStepPlan's slice across processes).
   std::vector<int64_t> encoded;
   /// The planner's state before and after the step (what a client's state is made of).
@@ -136,8 +137,8 @@ class PlannerServiceState {
   int64_t horizon() const { return horizon_; }
   /// Step `step`'s plan when still held, else null.
   std::shared_ptr<const PlannedStep> Held(int64_t step) const;
-  /// The payload of a row that a held plan's index has (the newest such plan's), or an
-  /// empty handle.
+  /// The payload of a row that a held plan has (the newest such plan's; each plan
+  /// indexed by row the first time it is looked into), or an empty handle.
   PayloadRef KeptPayload(int32_t source, int32_t file, int64_t row) const;
   /// The newest checkpoint state at or before `step`. REQUIRES: step >= first_step().
   const PlannerState& CheckpointBefore(int64_t step) const;
