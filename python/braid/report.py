@@ -106,16 +106,22 @@ def _plots(summary: dict, directory: str) -> List[str]:
             ax.legend(fontsize="small")
             save(fig, file)
         # How busy each source's threads were (read CPU over its threads' time; a gap
-        # where it had none): 1 means its threads were the limit.
+        # where it had none): 1 means its threads were the limit. A read step's CPU
+        # counts in the span it ends in, so each point is taken over the last 4 spans.
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for name in names:
-            ys = [span["sources"][name].get("busy") for span in timeline]
-            ys = [float("nan") if y is None else y for y in ys]
+            used = [(span["sources"][name].get("busy") or 0.0) *
+                    span["sources"][name].get("thread_s", 0.0) for span in timeline]
+            given = [span["sources"][name].get("thread_s", 0.0) for span in timeline]
+            ys = []
+            for i in range(len(timeline)):
+                g = sum(given[max(0, i - 3):i + 1])
+                ys.append(sum(used[max(0, i - 3):i + 1]) / g if g > 0 else float("nan"))
             ax.step(starts + [starts[-1] + widths[-1]], ys + ys[-1:], where="post", lw=1,
                     label=name)
         ax.set_xlabel("step")
         ax.set_ylabel("busy")
-        ax.set_title("Per source: read CPU / its threads' time")
+        ax.set_title("Per source: read CPU / its threads' time (over 4 spans)")
         ax.legend(fontsize="small")
         save(fig, "source_busy.png")
     return paths
