@@ -181,7 +181,8 @@ def test_every_rank_on_separate_nodes_gets_the_embedded_tensors(nodes, small_dat
         assert got == [digest(b) for b in want[rank]], rank
 
 
-def test_a_tokenized_source_on_two_nodes_is_served_from_the_planners_plans(nodes, tmp_path):
+def test_a_tokenized_source_on_two_nodes_is_served_from_the_planners_plans(nodes,
+                                                                           tmp_path):
     """Raw text tokenized in the loader, dp=2 over nodes 0 and 1 (the planner's host on
     node 0): node 1's ranks get the embedded tensors, and the pieces node 1 fetched were
     answered from the payloads of the plans the first node's host holds, not tokenized

@@ -502,13 +502,15 @@ void RegisterService(nb::module_& m) {
           "serve_from_plans",
           [](SourceHost& h, PlannerHandle& planner) {
             PlannerService* service = planner.service.get();
-            h.sources->ServeFromPlans([service](int32_t source, int32_t file, int64_t row) {
-              return service->KeptPayload(source, file, row);
-            });
+            h.sources->ServeFromPlans(
+                [service](int32_t source, int32_t file, int64_t row) {
+                  return service->KeptPayload(source, file, row);
+                });
           },
           nb::arg("planner"), nb::keep_alive<1, 2>(),
-          "Answers fetches from the payloads of the plans `planner` (a planner service in "
-          "this process whose streams read payloads) holds, before reading a row again.")
+          "Answers fetches from the payloads of the plans `planner` (a planner service "
+          "in this process whose streams read payloads) holds, before reading a row "
+          "again.")
       .def("fetch",
            [](SourceHost& h, const nb::dict& requests) {
              std::vector<std::pair<int32_t, Int64Array>> asked;

@@ -176,7 +176,7 @@ class Host:
                        for s in placement["sources_of_host"][h]]
         self._sources = _core.make_source_host(config, list(sources)) if sources else None
         if self._sources is not None and self._planner is not None and constructor:
-            # Its streams read the payloads: the pieces other nodes fetch are in its plans.
+            # Its streams read the payloads: other nodes' pieces are in its plans.
             self._sources.serve_from_plans(self._planner)
         self._constructor = None
         self._delivered = 0  # views sent through node delivery

@@ -192,7 +192,8 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       // batches before them (File::damaged).
       if (!skip) return RefuseUnreadable(damage, tries);
       std::string why = damage.message();
-      if (why.compare(0, path.size() + 2, path + ": ") == 0) why.erase(0, path.size() + 2);
+      const std::string prefix = path + ": ";
+      if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
       file.damaged = why;
     } else if (st.ok()) {
       // A missing or mistyped column is the files' promise broken: an error whatever

@@ -45,9 +45,9 @@ inline bool AccessRefused(const arrow::Status& st) {
 }
 
 /// Calls `attempt()` (returning a Status or a Result) until it succeeds or fails with
-/// anything but an IOError (or with one that AccessRefused), retrying an IOError once per entry of `delays_ms` after
-/// sleeping that long. Returns the last attempt's outcome; `*tries` (may be null) is set
-/// to the number of calls made.
+/// anything but an IOError (or with one that AccessRefused), retrying an IOError once
+/// per entry of `delays_ms` after sleeping that long. Returns the last attempt's
+/// outcome; `*tries` (may be null) is set to the number of calls made.
 template <typename F>
 auto RetryStorage(F&& attempt, std::span<const int> delays_ms = kStorageRetryDelaysMs,
                   int* tries = nullptr) -> decltype(attempt()) {

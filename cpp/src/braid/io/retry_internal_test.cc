@@ -58,7 +58,8 @@ TEST(RetryStorageTest, RefusedAccessIsNotRetried) {
         "AWS Error [code 403] during GetObject operation: Forbidden",
         "AWS Error INVALID_ACCESS_KEY_ID during ListObjectsV2: InvalidAccessKeyId",
         "GCS: PERMISSION_DENIED: caller does not have storage.objects.get access",
-        "Failed to open local file '/data/a.jsonl'. Detail: [errno 13] Permission denied"}) {
+        "Failed to open local file '/data/a.jsonl'. Detail: [errno 13] Permission "
+        "denied"}) {
     SCOPED_TRACE(message);
     int calls = 0, tries = 0;
     const arrow::Status st = RetryStorage(

@@ -12,12 +12,13 @@
 // Unreadable files. A storage failure (the file vanished, the server stopped answering,
 // a read failed half-way; not a refusal of access) is retried with backoff
 // (io/retry_internal.h: 4 tries, 50 / 200 / 800 ms); a Parquet file whose bytes are bad
-// (truncated, bad footer, corrupt page) is not. With the source's on_error: skip, a file whose footer cannot be read is kept in
-// the list with no row groups and its reason in File::unreadable (so file indexes keep
-// meaning "index in sorted path order" and the order is a pure function of which footers
-// read, docs/decisions.md 22), and a file whose reads keep failing after retries is lost
-// for the rest of the run (later reads of it fail at once with the same error). With
-// on_error: fail, both are errors naming the file.
+// (truncated, bad footer, corrupt page) is not. With the source's on_error: skip, a
+// file whose footer cannot be read is kept in the list with no row groups and its
+// reason in File::unreadable (so file indexes keep meaning "index in sorted path order"
+// and the order is a pure function of which footers read, docs/decisions.md 22), and a
+// file whose reads keep failing after retries is lost for the rest of the run (later
+// reads of it fail at once with the same error). With on_error: fail, both are errors
+// naming the file.
 //
 // Files that change. Each file (a Megatron dataset: its .idx and its .bin) is stamped
 // with its size and modification time before its footer or index is read, and every read

@@ -26,9 +26,8 @@ std::shared_ptr<const PayloadIndex> PayloadIndex::Of(const StepPlan& plan,
   auto& entries = index->entries;
   std::stable_sort(entries.begin(), entries.end(),
                    [&](const Entry& a, const Entry& b) { return key(a) < key(b); });
-  entries.erase(std::unique(entries.begin(), entries.end(),
-                            [&](const Entry& a, const Entry& b) { return key(a) == key(b); }),
-                entries.end());
+  const auto same = [&](const Entry& a, const Entry& b) { return key(a) == key(b); };
+  entries.erase(std::unique(entries.begin(), entries.end(), same), entries.end());
   return index;
 }
 

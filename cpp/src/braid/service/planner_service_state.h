@@ -45,7 +45,8 @@ struct PayloadIndex {
 
   /// The pieces of `plan` whose source's payloads carry no images (their sources
   /// transform rows into tokens the same way in any process), by row.
-  static std::shared_ptr<const PayloadIndex> Of(const StepPlan& plan, const Config& config);
+  static std::shared_ptr<const PayloadIndex> Of(const StepPlan& plan,
+                                                const Config& config);
   /// The payload of row `row` of file `file` of source `source`, or an empty handle.
   PayloadRef Find(int32_t source, int32_t file, int64_t row) const;
 };
