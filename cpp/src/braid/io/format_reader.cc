@@ -48,13 +48,18 @@ Result<std::optional<std::vector<RowLength>>> ListLengthsOfRows(FormatReader* re
   return std::optional<std::vector<RowLength>>(std::move(out));
 }
 
+std::string MessageAfterPath(const Status& error, const std::string& path) {
+  const std::string prefix = path + ": ";
+  std::string message = error.message();
+  if (!path.empty() && message.compare(0, prefix.size(), prefix) == 0) {
+    message.erase(0, prefix.size());
+  }
+  return message;
+}
+
 void FormatOpen::KeepUnreadable(SourceFiles::File file, const Status& error,
                                 const std::string& path) {
-  const std::string prefix = path + ": ";
-  file.unreadable = error.message();
-  if (!path.empty() && file.unreadable.compare(0, prefix.size(), prefix) == 0) {
-    file.unreadable.erase(0, prefix.size());
-  }
+  file.unreadable = MessageAfterPath(error, path);
   if (first_unreadable.empty()) first_unreadable = error.message();
   ++unreadable;
   files.push_back(std::move(file));
@@ -172,12 +177,7 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
       KeepUnreadable(std::move(file), st, paths[i]);
       continue;
     }
-    if (!c.damage.ok()) {
-      std::string why = c.damage.message();
-      const std::string prefix = paths[i] + ": ";
-      if (why.compare(0, prefix.size(), prefix) == 0) why = why.substr(prefix.size());
-      file.damaged = why;
-    }
+    if (!c.damage.ok()) file.damaged = MessageAfterPath(c.damage, paths[i]);
     file.row_group_rows = {c.rows};
     file.row_group_first_row = {0};
     file.row_group_bytes = {c.bytes};

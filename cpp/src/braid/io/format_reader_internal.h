@@ -93,6 +93,10 @@ struct FormatOpen {
       const std::string& tag, const WholeFileCount& count);
 };
 
+/// `error`'s message less a leading "`path`: " (File::unreadable and File::damaged are
+/// shown after the path).
+std::string MessageAfterPath(const Status& error, const std::string& path);
+
 /// `error` of an unreadable file under on_error: raise, with the hint that says how to
 /// skip such files (and the tries it took, when more than one).
 Status RefuseUnreadable(const Status& error, int tries);

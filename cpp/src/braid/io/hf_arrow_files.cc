@@ -111,8 +111,8 @@ Status Walk(arrow::fs::FileSystem* fs, const std::vector<ColumnSpec>& specs, Arr
     std::shared_ptr<arrow::RecordBatch> batch;
     Status st = (*reader)->ReadNext(&batch);
     if (!st.ok() && !rows->empty() && (local || !st.IsIOError())) {
-      *damage = what(st).WithMessage(what(st).message(), " (after ", rows->size(),
-                                     " record batches)");
+      const Status bad = what(st);
+      *damage = bad.WithMessage(bad.message(), " (after ", rows->size(), " record batches)");
       f->offsets.push_back(at);
       break;
     }
@@ -191,10 +191,7 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       // Bad bytes after whole batches: an error under on_error: fail; under skip the
       // batches before them (File::damaged).
       if (!skip) return RefuseUnreadable(damage, tries);
-      std::string why = damage.message();
-      const std::string prefix = path + ": ";
-      if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
-      file.damaged = why;
+      file.damaged = MessageAfterPath(damage, path);
     } else if (st.ok()) {
       // A missing or mistyped column is the files' promise broken: an error whatever
       // on_error says (as for Parquet). Only unreadable bytes are skipped.

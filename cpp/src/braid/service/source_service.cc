@@ -194,7 +194,6 @@ void SourceService::Trim() {
 }
 
 void SourceService::ServeFromPlans(PlannedPayloads planned) {
-  if (!config_.sources[size_t(source_index_)].image_column.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   planned_ = std::move(planned);
 }

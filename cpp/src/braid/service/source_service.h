@@ -154,8 +154,9 @@ class SourceService {
   /// the payload a plan of the planner beside this service holds (PlannerService::
   /// KeptPayload), used when ready; an empty handle: read as without. Its payloads are
   /// the ones this service would make (the same files and transform), so the replies
-  /// do not change. Not for sources with images (their encoded bytes are read from the
-  /// unit). Call before the first Fetch; `planned` must stay callable while Fetch runs.
+  /// do not change. A source with images finds none there (PayloadIndex holds no such
+  /// row: their encoded bytes are read from the unit). Call before the first Fetch;
+  /// `planned` must stay callable while Fetch runs.
   using PlannedPayloads =
       std::function<PayloadRef(int32_t source, int32_t file, int64_t row)>;
   void ServeFromPlans(PlannedPayloads planned);
