@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +151,28 @@ def test_a_bad_gzip_or_line_names_the_file(tmp_path):
                        "--steps", 8)
     assert result.returncode == 3, result.stderr
     assert str(broken) in result.stderr and "records" in result.stderr
+
+
+def test_gzip_as_tools_write_it_reads_every_record(tmp_path):
+    """gzip is inflated by ISA-L, not zlib: files as other tools write them read whole. The
+    gzip tool's (a file name in the header) and concatenated members (`cat a.gz b.gz`,
+    bgzip's blocks, pigz --independent)."""
+    rng = np.random.default_rng(9)
+    folder = tmp_path / "g"
+    folder.mkdir()
+    named = write(folder / "named.jsonl", records(0, 40, rng))
+    subprocess.run(["gzip", str(named)], check=True)  # named.jsonl.gz, FNAME in its header
+    assert gzip.open(folder / "named.jsonl.gz").read()  # as Python reads it
+    parts = [records(1, 25, rng), records(2, 1, rng), records(3, 30, rng)]
+    (folder / "members.jsonl.gz").write_bytes(b"".join(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in recs).encode())
+        for recs in parts))
+    ref = {}
+    for path in sorted(folder.iterdir()):
+        for lst in reference(path):
+            ref[lst[0] // SPAN] = lst
+    assert len(ref) == 40 + 25 + 1 + 30
+    assert_every_token_once(config_for(folder), ref, SPAN)
 
 
 def test_text_records_are_tokenized_and_other_fields_ignored(tmp_path):

@@ -56,7 +56,7 @@ def test_repaired_wheel_carries_its_libraries_and_pins_pyarrow_to_the_minor(whee
         metadata = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
     vendored = [n for n in names if n.startswith("braid.libs/")]
     for lib in ("libyaml-cpp", "libsentencepiece", "libturbojpeg", "libspng", "libwebp",
-                "libarchive", "libz-"):
+                "libarchive", "libisal", "libz-"):
         assert any(Path(n).name.startswith(lib) for n in vendored), (lib, vendored)
     assert not any("arrow" in n or "parquet" in n for n in vendored)
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist")

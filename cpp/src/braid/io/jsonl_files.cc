@@ -34,6 +34,7 @@
 #include <arrow/util/compression.h>
 
 #include "braid/io/format_reader_internal.h"
+#include "braid/io/gzip_codec_internal.h"
 #include "braid/io/read_memory.h"
 #include "braid/io/source_files_internal.h"
 
@@ -195,7 +196,7 @@ class JsonlReader : public FormatReader {
     std::shared_ptr<arrow::io::InputStream> in =
         std::make_shared<WatchedStream>(std::move(*raw), failed_);
     if (f.compression != arrow::Compression::UNCOMPRESSED) {
-      ARROW_ASSIGN_OR_RAISE(codec_, arrow::util::Codec::Create(f.compression));
+      ARROW_ASSIGN_OR_RAISE(codec_, MakeReadCodec(f.compression));
       ARROW_ASSIGN_OR_RAISE(in, arrow::io::CompressedInputStream::Make(codec_.get(), in,
                                                                        ReadMemoryPool()));
     }
@@ -293,7 +294,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
       std::make_shared<WatchedStream>(std::move(*raw), failed);
   std::unique_ptr<arrow::util::Codec> codec;
   if (f.compression != arrow::Compression::UNCOMPRESSED) {
-    ARROW_ASSIGN_OR_RAISE(codec, arrow::util::Codec::Create(f.compression));
+    ARROW_ASSIGN_OR_RAISE(codec, MakeReadCodec(f.compression));
     ARROW_ASSIGN_OR_RAISE(
         in, arrow::io::CompressedInputStream::Make(codec.get(), in, ReadMemoryPool()));
   }
