@@ -229,43 +229,19 @@ class S3Server:
 @contextlib.contextmanager
 def s3_server_running(log_path) -> Iterator[S3Server]:
     """moto's server (a declared dev dependency: its absence fails the tests) on a free
-    loopback port, the bucket S3_BUCKET, and test credentials in os.environ meanwhile."""
+    loopback port (benchmarks/harness/s3.py), the bucket S3_BUCKET, and test credentials
+    in os.environ meanwhile; its requests recorded in `log_path`."""
     if importlib.util.find_spec("moto") is None or importlib.util.find_spec("boto3") is None:
         pytest.fail("moto[server] and boto3 are not installed (requirements-dev.txt)")
-    import boto3
+    from harness import s3
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)],
-                            env={**os.environ, "MOTO_RECORDER_FILEPATH": str(log_path)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
+    with contextlib.ExitStack() as stack:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("moto's S3 server did not start")
-            time.sleep(0.1)
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                             "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
-    os.environ.update(AWS_ACCESS_KEY_ID="braid-test", AWS_SECRET_ACCESS_KEY="braid-test",
-                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
-        client.create_bucket(Bucket=S3_BUCKET)
+            url, client, proc = stack.enter_context(
+                s3.moto(S3_BUCKET, key="braid-test", recorder_path=log_path))
+        except RuntimeError as e:
+            pytest.fail(str(e))
         yield S3Server(url, client, log_path, proc)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # --- Storage that changes or goes down under a run (docs/sources.md, "Files that change",

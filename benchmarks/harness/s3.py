@@ -1,6 +1,6 @@
-"""A loopback S3 server for the benchmarks that read remote files: moto's (a test
-dependency) in a process of its own, optionally behind a proxy that delays every request
-as a remote store's round trip does. Not thread-safe: one server per `with`."""
+"""A loopback S3 server for the benchmarks and tests that read remote files: moto's (a
+test dependency) in a process of its own, optionally behind a proxy that delays every
+request as a remote store's round trip does. Not thread-safe: one server per `with`."""
 
 from __future__ import annotations
 
@@ -14,20 +14,29 @@ import threading
 import time
 
 
+_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
+                "AWS_EC2_METADATA_DISABLED")
+
+
 @contextlib.contextmanager
-def server(bucket: str, latency_ms: float = 0):
-    """moto's S3 server on a free loopback port with `bucket`, test credentials set:
-    yields (url, boto3 client). With `latency_ms`, `url` is a proxy that holds every
-    chunk a client sends for that long before passing it on (a request's round trip on
-    a remote store; the client yielded talks to moto directly)."""
+def moto(bucket: str, key: str = "bench", recorder_path=None):
+    """moto's S3 server in a process of its own on a free loopback port, with `bucket`,
+    and test credentials (`key`) in os.environ meanwhile (restored after): yields (url,
+    boto3 client, the server's process). With `recorder_path`, moto records every request
+    there (MOTO_RECORDER_FILEPATH). Raises RuntimeError when the server does not start
+    within 30 s."""
     import boto3
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    env = dict(os.environ)
+    if recorder_path is not None:
+        env["MOTO_RECORDER_FILEPATH"] = str(recorder_path)
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL,
+                             "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    saved = {k: os.environ.get(k) for k in _CREDENTIALS}
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -35,22 +44,38 @@ def server(bucket: str, latency_ms: float = 0):
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
             except OSError:
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("moto's S3 server did not start")
                 time.sleep(0.1)
-        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+        os.environ.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=key,
                           AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
         url = f"http://127.0.0.1:{port}"
         client = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
         client.create_bucket(Bucket=bucket)
+        yield url, client, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.wait(timeout=10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def server(bucket: str, latency_ms: float = 0):
+    """moto(bucket): yields (url, boto3 client). With `latency_ms`, `url` is a proxy that
+    holds every chunk a client sends for that long before passing it on (a request's round
+    trip on a remote store; the client yielded talks to moto directly)."""
+    with moto(bucket) as (url, client, _):
         if latency_ms > 0:
+            port = int(url.rsplit(":", 1)[1])
             with _delaying_proxy(port, latency_ms / 1000) as proxy_port:
                 yield f"http://127.0.0.1:{proxy_port}", client
         else:
             yield url, client
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @contextlib.contextmanager
