@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "braid/construct/constructor.h"
+#include "braid/exec/read_pool.h"
 #include "braid/plan/planner.h"
 #include "braid/service/hosting.h"
 #include "braid/runtime/engine.h"
@@ -443,6 +444,46 @@ TEST_F(ServicesTest, FetchTokenizesATextRowOnceForAllItsPiecesAndCountsWhatItSen
   const ServeProfile t = (*tokens)->serve_profile();
   EXPECT_EQ(t.rows_transformed, 2);
   EXPECT_EQ(t.cached_bytes, t.bytes_read);
+}
+
+// A Fetch's rows that need tokenizing are tokenized side by side on the service's pool:
+// the same reply as one at a time, each row tokenized once, and a bad request still the
+// error of the first bad piece in request order.
+TEST_F(ServicesTest, AFetchsRowsAreTokenizedSideBySideWithTheSameReply) {
+  testing::ScopedTempDir dir("braid-serve-parallel");
+  const Config text = TextServingJob(dir, 9, /*min_words=*/4, /*row_group_rows=*/8);
+  auto serial = MakeServing(text, 0, int64_t{8} << 20);
+  SourceService::Options options;
+  options.serve = true;
+  options.cache_bytes = int64_t{8} << 20;
+  options.pool = std::make_shared<ReadPool>(4);
+  auto pooled = SourceService::Make(text, 0, std::move(options));
+  ASSERT_TRUE(serial.ok() && pooled.ok());
+  // Every row's first piece of a 2-token document (kept for the second), then every
+  // row's second piece, in one Fetch; the rows span the file's three row groups.
+  std::vector<int64_t> q;
+  for (int64_t start = 0; start < 2; ++start) {
+    for (int64_t row = 0; row < 20; ++row) q.insert(q.end(), {0, row, start, 1, 2});
+  }
+  const int64_t n = int64_t(q.size()) / kRequestFields;
+  auto a = (*serial)->Fetch(q.data(), n);
+  auto b = (*pooled)->Fetch(q.data(), n);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ(a->offsets, b->offsets);
+  EXPECT_EQ(a->loss_mask, b->loss_mask);
+  EXPECT_EQ((*serial)->serve_profile().rows_transformed, 20);
+  EXPECT_EQ((*pooled)->serve_profile().rows_transformed, 20);
+  EXPECT_EQ((*pooled)->serve_profile().units_read, 3);
+  // A piece past its row's tokens in the middle: the same error from both.
+  std::vector<int64_t> bad(q.begin(), q.begin() + 6 * kRequestFields);
+  bad[3 * kRequestFields + 4] = 100000;  // doc_tokens of request 3
+  auto c = (*serial)->Fetch(bad.data(), 6);
+  auto d = (*pooled)->Fetch(bad.data(), 6);
+  ASSERT_FALSE(c.ok());
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(c.status().message(), d.status().message());
+  EXPECT_THAT(d.status().message(), HasSubstr("row 3"));
 }
 
 // The first node's host of a Ray job: its planner's streams read the payloads, so the

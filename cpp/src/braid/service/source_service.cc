@@ -61,6 +61,7 @@ Result<std::unique_ptr<SourceService>> SourceService::Make(const Config& config,
     }
     ARROW_ASSIGN_OR_RAISE(service->files_,
                           SourceFiles::Open(source, key, std::move(columns)));
+    service->pool_ = options.pool;
   }
   return service;
 }
@@ -198,8 +199,65 @@ void SourceService::ServeFromPlans(PlannedPayloads planned) {
   planned_ = std::move(planned);
 }
 
+Result<SourceService::Located> SourceService::Locate(int32_t file, int64_t row) {
+  Located at;
+  ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &at.row_group));
+  const int64_t in_unit = row - unit->first_row;
+  const auto chunk_it =
+      std::upper_bound(unit->chunk_first.begin(), unit->chunk_first.end(), in_unit);
+  const size_t chunk = size_t(chunk_it - unit->chunk_first.begin()) - 1;
+  at.cols = unit->chunks[chunk];
+  at.index = in_unit - unit->chunk_first[chunk];
+  return at;
+}
+
+TokenPayload SourceService::FromPlans(int32_t file, int64_t row) {
+  if (!planned_) return nullptr;
+  const PayloadRef ref = planned_(source_index_, file, row);
+  if (!ref || !ref.ready()) return nullptr;
+  auto got = ref.Get();
+  return got.ok() ? *got : nullptr;
+}
+
+SourceService::TransformedRows SourceService::TransformAhead(const int64_t* requests,
+                                                             int64_t n) {
+  TransformedRows ahead;
+  if (pool_ == nullptr || pool_->threads() < 2 || n < 2 ||
+      !config_.sources[size_t(source_index_)].tokens_column.empty()) {
+    return ahead;  // one thread, one row, or a view of a token column: nothing to share
+  }
+  std::vector<Transformed*> todo;
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t* q = requests + k * kRequestFields;
+    const RowKey key{static_cast<int32_t>(q[0]), q[1]};
+    if (kept_.count(key) > 0 || ahead.count(key) > 0) continue;
+    if (FromPlans(key.first, key.second) != nullptr) continue;
+    auto at = Locate(key.first, key.second);
+    if (!at.ok()) break;  // Row finds the same error in its turn
+    Transformed& t = ahead[key];
+    t.at = std::move(*at);
+    todo.push_back(&t);
+  }
+  if (todo.size() < 2) return {};
+  // Keys stay valid: `ahead` is not changed while the loop runs.
+  std::vector<RowKey> keys;
+  for (const auto& [key, t] : ahead) keys.push_back(key);
+  served_.cpu_ns += pool_->ParallelFor(
+      static_cast<int64_t>(keys.size()), pool_->threads(), [&](int64_t i) {
+        const RowKey& key = keys[size_t(i)];
+        Transformed& t = ahead.find(key)->second;
+        const std::string& path = files_->files()[size_t(key.first)].path;
+        t.status = transform_->Apply(t.at.cols, t.at.index, /*want_payload=*/true,
+                                     RowLocation{&path, t.at.row_group, key.second},
+                                     &t.out);
+      });
+  served_.rows_transformed += static_cast<int64_t>(keys.size());
+  return ahead;
+}
+
 Result<TokenPayload> SourceService::Row(int32_t file, int64_t row, bool more,
-                                        std::vector<std::string_view>* encoded) {
+                                        std::vector<std::string_view>* encoded,
+                                        const TransformedRows& ahead) {
   if (auto kept = kept_.find(RowKey{file, row}); kept != kept_.end()) {
     *encoded = kept->second.encoded;
     TokenPayload payload = kept->second.payload;
@@ -212,30 +270,28 @@ Result<TokenPayload> SourceService::Row(int32_t file, int64_t row, bool more,
     }
     return payload;
   }
-  if (planned_) {  // the planner beside it holds the row's payload: no read, no transform
-    const PayloadRef ref = planned_(source_index_, file, row);
-    if (ref && ref.ready()) {
-      auto got = ref.Get();
-      if (got.ok() && *got != nullptr) {
-        encoded->clear();
-        ++served_.pieces_from_plans;
-        return *got;
-      }
-    }
+  // The planner beside it holds the row's payload: no read, no transform.
+  if (TokenPayload planned = FromPlans(file, row); planned != nullptr) {
+    encoded->clear();
+    ++served_.pieces_from_plans;
+    return planned;
   }
-  int32_t rg = 0;
-  ARROW_ASSIGN_OR_RAISE(Unit * unit, UnitFor(file, row, &rg));
-  const int64_t in_unit = row - unit->first_row;
-  const auto chunk_it =
-      std::upper_bound(unit->chunk_first.begin(), unit->chunk_first.end(), in_unit);
-  const size_t chunk = size_t(chunk_it - unit->chunk_first.begin()) - 1;
-  const Columns& cols = unit->chunks[chunk];
-  const int64_t index = in_unit - unit->chunk_first[chunk];
-  const SourceFiles::File& f = files_->files()[size_t(file)];
-  const RowLocation where{&f.path, rg, row};
+  Located at;
   RowOutput out;
-  ++served_.rows_transformed;
-  ARROW_RETURN_NOT_OK(transform_->Apply(cols, index, /*want_payload=*/true, where, &out));
+  const SourceFiles::File& f = files_->files()[size_t(file)];
+  if (auto done = ahead.find(RowKey{file, row}); done != ahead.end()) {
+    at = done->second.at;
+    ARROW_RETURN_NOT_OK(done->second.status);
+    out = done->second.out;
+  } else {
+    ARROW_ASSIGN_OR_RAISE(at, Locate(file, row));
+    ++served_.rows_transformed;
+    ARROW_RETURN_NOT_OK(transform_->Apply(at.cols, at.index, /*want_payload=*/true,
+                                          RowLocation{&f.path, at.row_group, row}, &out));
+  }
+  const Columns& cols = at.cols;
+  const int64_t index = at.index;
+  const RowLocation where{&f.path, at.row_group, row};
   if (out.skip != SkipReason::kNone || out.payload == nullptr) {
     return DataError(where.ToString(), "the row has no tokens now (" +
                                            (out.null_what.empty() ? std::string("empty")
@@ -326,12 +382,13 @@ Result<PieceReply> SourceService::Fetch(const int64_t* requests, int64_t n) {
   bool masked = false;
   std::vector<std::string_view> encoded;
   std::map<int32_t, int64_t> path_index;  // file -> its index in reply.paths
+  const TransformedRows ahead = TransformAhead(requests, n);
   for (int64_t k = 0; k < n; ++k) {
     const int64_t* q = requests + k * kRequestFields;
     const int32_t file = static_cast<int32_t>(q[0]);
     const int64_t row = q[1], start = q[2], len = q[3], doc_tokens = q[4];
     const bool more = start + len < doc_tokens;  // a later piece of the row follows
-    ARROW_ASSIGN_OR_RAISE(TokenPayload payload, Row(file, row, more, &encoded));
+    ARROW_ASSIGN_OR_RAISE(TokenPayload payload, Row(file, row, more, &encoded, ahead));
     const std::string& path = files_->files()[size_t(file)].path;
     const int64_t have = static_cast<int64_t>(payload->tokens.size());
     // With batch.pad_to_multiple_of m the plan counts a document's padding too.

@@ -29,6 +29,12 @@
 // Fetch takes a row's payload from the plans that planner holds (ServeFromPlans) before
 // reading the row: the same payload, neither read nor transformed again.
 //
+// The rows of one Fetch that need their transform (not a token column's view) are
+// located first, in request order, then transformed side by side on the pool's free
+// threads (options.pool), each once, and the reply is assembled in request order: the
+// same reply as one row at a time, the first bad piece in request order its error.
+// Meanwhile the fetch holds the columns of every unit it touched.
+//
 // Fetch keeps its own figures (ServeProfile): the calls and pieces answered, the tokens
 // and bytes sent, the units read (cache misses) and their bytes, the rows transformed
 // and the thread CPU of the calls, and the cache's bytes now and at most.
@@ -119,7 +125,8 @@ class SourceService {
     StreamPos start;
     /// Bytes the stream reads ahead (its share of runtime.memory_bytes, exec/budget.h).
     int64_t read_ahead_bytes = int64_t{64} << 20;
-    /// The threads the stream reads on, shared with the job's other sources.
+    /// The threads the stream reads on, shared with the job's other sources, and those
+    /// Fetch transforms a call's rows on (null: one at a time, on the caller's thread).
     /// REQUIRES: set when stream != kNone.
     std::shared_ptr<ReadPool> pool;
     /// Fetch's row-group cache; 0: the source's share of runtime.memory_bytes.
@@ -203,17 +210,43 @@ class SourceService {
     int64_t bytes = 0;                 // its columns' bytes
     std::list<EntryKey>::iterator lru;
   };
+  // Where a row's columns are: its unit's chunk and the row's index in it.
+  struct Located {
+    Columns cols;
+    int64_t index = 0;
+    int32_t row_group = 0;
+  };
+  // A row transformed before Fetch assembles its reply (the rows of one Fetch that need
+  // a transform, on the pool side by side).
+  struct Transformed {
+    Located at;
+    RowOutput out;
+    Status status;
+  };
+  using TransformedRows = std::map<RowKey, Transformed>;
   // Drops the least recently used entries other than the newest until the cache holds
   // at most cache_bytes_ (the newest stays even when it alone exceeds it). REQUIRES: mu_.
   void Trim();
   // The unit holding (file, row), read if not cached. REQUIRES: mu_ held.
   Result<Unit*> UnitFor(int32_t file, int64_t row, int32_t* row_group);
+  // The columns holding (file, row), its unit read if not cached. REQUIRES: mu_ held.
+  Result<Located> Locate(int32_t file, int64_t row);
+  // The payload a held plan of the planner beside it has for (file, row), ready; null if
+  // none. REQUIRES: mu_ held.
+  TokenPayload FromPlans(int32_t file, int64_t row);
+  // The rows of requests [0, n) that are neither kept nor in a held plan, each once,
+  // located and transformed side by side on the pool (pool threads that are free), when
+  // there are at least two and the transform does more than view a token column; empty
+  // otherwise (Row transforms inline). Stops locating at the first row that cannot be
+  // located (Row reports it, in request order). REQUIRES: mu_ held.
+  TransformedRows TransformAhead(const int64_t* requests, int64_t n);
   // The payload of one row, its images not decoded; `encoded`: their bytes (views into
   // the unit's columns). REQUIRES: mu_ held.
   // `more`: a later piece of the row follows, so its payload is kept with its unit until
-  // that last piece is asked for.
+  // that last piece is asked for. `ahead`: rows already transformed (TransformAhead).
   Result<TokenPayload> Row(int32_t file, int64_t row, bool more,
-                           std::vector<std::string_view>* encoded);
+                           std::vector<std::string_view>* encoded,
+                           const TransformedRows& ahead);
   // Adds the images of piece `piece` ([start, start + len) of the row's tokens) to
   // `reply`. REQUIRES: mu_ held.
   Status AddImages(const Payload& payload, const std::vector<std::string_view>& encoded,
@@ -227,6 +260,7 @@ class SourceService {
   int64_t cache_bytes_ = 0;
   std::unique_ptr<SourceFiles> files_;
   std::unique_ptr<Transform> transform_;
+  std::shared_ptr<ReadPool> pool_;  // Fetch's transforms run on its free threads, or null
   PlannedPayloads planned_;  // set before the first Fetch, or empty
   mutable std::mutex mu_;
   std::map<UnitKey, Unit> cache_;     // GUARDED_BY(mu_)
