@@ -18,6 +18,20 @@ int64_t MinWindowsPerEpoch(const std::vector<SourceFiles::File>& files,
   return (total + most_per_window - 1) / most_per_window;
 }
 
+int64_t MostLoaders(const std::vector<SourceFiles::File>& files, int64_t window_rows,
+                    int64_t window_bytes) {
+  int64_t cut = 0;  // units of two blocks or more
+  for (const auto& f : files) {
+    for (size_t rg = 0; rg < f.row_group_rows.size(); ++rg) {
+      const int64_t rows = f.row_group_rows[rg];
+      const int64_t bytes = rg < f.row_group_bytes.size() ? f.row_group_bytes[rg] : 0;
+      const int64_t block = BlockRows(rows, bytes, window_bytes);
+      cut += block > 0 && rows > block;
+    }
+  }
+  return cut > 0 ? cut : MinWindowsPerEpoch(files, window_rows);
+}
+
 ShardedSource::ShardedSource(const Config& config, int32_t source_index, StreamPos start,
                              std::vector<std::unique_ptr<SourceLoader>> loaders)
     : seed_(config.seed),
@@ -27,6 +41,8 @@ ShardedSource::ShardedSource(const Config& config, int32_t source_index, StreamP
       loaders_(std::move(loaders)),
       next_(start) {
   if (loaders_.size() == 1) return;
+  unit_owners_ = UnitOwners(loaders_.front()->file_list(), window_bytes_,
+                            static_cast<int64_t>(loaders_.size()));
   // Normalize as SourceLoader::Make does: one past a window's end is the next window.
   LoadEpoch(next_.epoch);
   if (next_.offset == window_rows_of_epoch_[size_t(next_.window)]) {
@@ -58,8 +74,10 @@ Result<std::unique_ptr<ShardedSource>> ShardedSource::Make(const Config& config,
   };
   std::vector<std::unique_ptr<SourceLoader>> loaders;
   ARROW_ASSIGN_OR_RAISE(auto first, make(0, shards));
-  const int64_t window_rows = config.sources[size_t(source_index)].shuffle_window_rows;
-  const int64_t n = std::min(shards, MinWindowsPerEpoch(first->file_list(), window_rows));
+  const SourceConfig& source = config.sources[size_t(source_index)];
+  const int64_t n =
+      std::min(shards, MostLoaders(first->file_list(), source.shuffle_window_rows,
+                                   source.shuffle_window_bytes));
   if (n != shards) {
     ARROW_ASSIGN_OR_RAISE(first, make(0, n));
   }
@@ -112,6 +130,8 @@ void ShardedSource::LoadEpoch(int64_t epoch) {
                                     epoch, window_rows_, window_bytes_);
   window_rows_of_epoch_.clear();
   for (const auto& w : windows) window_rows_of_epoch_.push_back(w.rows);
+  owner_of_window_ =
+      WindowOwners(windows, unit_owners_, static_cast<int64_t>(loaders_.size()));
 }
 
 Result<Sample> ShardedSource::Next() {
@@ -121,7 +141,7 @@ Result<Sample> ShardedSource::Next() {
     started_ = true;
     for (auto& loader : loaders_) loader->Start();
   }
-  const int64_t owner = next_.window % static_cast<int64_t>(loaders_.size());
+  const int64_t owner = owner_of_window_[size_t(next_.window)];
   Result<Sample> sample = loaders_[size_t(owner)]->Next();
   if (!sample.ok()) {
     error_ = sample.status();

@@ -1,16 +1,20 @@
 // One source read by several loader instances, merged back into the source's one order.
 //
 // A ShardedSource owns n SourceLoaders of the same source; loader k reads only the
-// shuffle windows w of each epoch with w % n == k (SourceLoader::Options::shard_index),
-// each reading on the job's pool with up to `workers` threads. Next() walks the source's order
+// shuffle windows of each epoch that WindowOwners gives it (source_loader.h: in turn,
+// w % n, or, when units are cut into blocks, by the unit a window begins with, so one
+// loader reads all the blocks of a unit and decodes its stream once), each reading on
+// the job's pool with up to `workers` threads. Next() walks the source's order
 // (EpochWindows is a pure function, so every loader and the merge agree on it) and takes
 // each window's samples from the loader that owns it, so the stream (metadata, payloads,
 // skips, errors) is identical to one loader's for every n. This is the step towards
 // spreading one source over several machines: a shard needs only (config, source, shard,
 // n, start), never another shard's data.
 //
-// n is `sources[].loaders`, lowered to the fewest windows any epoch can have (every
-// loader then owns a window in every epoch; one without would spin through epochs).
+// n is `sources[].loaders`, lowered to MostLoaders (every loader then owns a window in
+// every epoch; one without would spin through epochs): the fewest windows any epoch can
+// have or, with units cut into blocks, the units of two blocks or more (a source of one
+// large JSON Lines file, read in blocks, has one loader).
 // Each loader buffers the source's share / n; the first Next() (or Start()) starts every
 // loader's read-ahead, so each reads ahead of its turn.
 //
@@ -101,6 +105,8 @@ class ShardedSource : public SampleStream {
   // with more than one loader (one loader is passed through).
   StreamPos next_;
   std::vector<int64_t> window_rows_of_epoch_;
+  std::vector<std::vector<int64_t>> unit_owners_;  // UnitOwners of the source's files
+  std::vector<int64_t> owner_of_window_;  // WindowOwners of the epoch's windows
   Status error_;  // the first error, repeated
   bool started_ = false;  // the loaders' reader threads were started
 };
@@ -109,5 +115,11 @@ class ShardedSource : public SampleStream {
 /// holds at least `window_rows` rows and fewer than window_rows + the largest row group.
 int64_t MinWindowsPerEpoch(const std::vector<SourceFiles::File>& files,
                            int64_t window_rows);
+
+/// The most loaders a source can have, each owning a window in every epoch: with units
+/// cut into blocks at `window_bytes` (UnitOwners), the units of two blocks or more (each
+/// begins a window with its second block); otherwise MinWindowsPerEpoch.
+int64_t MostLoaders(const std::vector<SourceFiles::File>& files, int64_t window_rows,
+                    int64_t window_bytes);
 
 }  // namespace braid

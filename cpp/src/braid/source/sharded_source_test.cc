@@ -176,6 +176,45 @@ TEST_P(ShardedSourceTest, UnreadableFilesSkipTheSameForAnyLoaderCount) {
   EXPECT_EQ(log.find(line, first + 1), std::string::npos) << "logged twice: " << log;
 }
 
+// Row groups larger than a window are read in blocks. Each unit's blocks go to one
+// loader (the owner of the unit), which so reads the unit's stream once: every window
+// that begins with a unit's block is read by that unit's owner, the same stream comes out
+// as from one loader, and every loader owns units.
+TEST_P(ShardedSourceTest, OneLoaderReadsEveryBlockOfAUnit) {
+  const int64_t n = GetParam();
+  config_.sources[0].shuffle_window_bytes = 256;  // every row group cut into blocks
+  std::mutex mu;
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> readers;  // GUARDED_BY(mu)
+  SourceLoader::Options o;
+  o.on_read_window = [&](int64_t shard, int64_t epoch, int64_t window) {
+    std::lock_guard<std::mutex> lock(mu);
+    readers[{epoch, window}].push_back(shard);
+  };
+  auto one = Make(1);
+  auto many = Make(n, {}, o);
+  ASSERT_NE(one, nullptr);
+  ASSERT_NE(many, nullptr);
+  EXPECT_EQ(many->shards(), n);
+  EXPECT_EQ(Read(many.get(), 450), Read(one.get(), 450));  // past two epochs
+  many->Stop();
+  const auto& files = many->loader(0).file_list();
+  const auto owners = UnitOwners(files, 256, n);
+  ASSERT_EQ(owners.size(), files.size());
+  std::set<int64_t> owning;
+  for (const auto& f : owners) owning.insert(f.begin(), f.end());
+  EXPECT_EQ(int64_t(owning.size()), n);
+  const auto windows = EpochWindows(files, config_.seed, 0, /*epoch=*/0, 20, 256);
+  std::lock_guard<std::mutex> lock(mu);
+  int64_t continued = 0;
+  for (int64_t w = 0; w < int64_t(windows.size()); ++w) {
+    const auto [file, rg] = windows[size_t(w)].row_groups.front();
+    const std::vector<int64_t> owner = {owners[size_t(file)][size_t(rg)]};
+    EXPECT_EQ(readers[std::make_pair(int64_t{0}, w)], owner) << "window " << w;
+    continued += windows[size_t(w)].blocks.front() > 0;
+  }
+  EXPECT_GT(continued, 20);  // windows that begin with a unit's later block
+}
+
 INSTANTIATE_TEST_SUITE_P(Shards, ShardedSourceTest, ::testing::Values(1, 2, 3));
 
 TEST_F(ShardedSourceTest, ShardsAreLoweredToTheFewestWindowsOfAnEpoch) {

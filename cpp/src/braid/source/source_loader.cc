@@ -48,6 +48,43 @@ int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes) {
   return std::max<int64_t>(1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
 }
 
+std::vector<std::vector<int64_t>> UnitOwners(const std::vector<SourceFiles::File>& files,
+                                             int64_t window_bytes, int64_t shards) {
+  shards = std::max<int64_t>(1, shards);
+  std::vector<std::vector<int64_t>> owner(files.size());
+  int64_t cut = 0, index = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const auto& file = files[f];
+    owner[f].resize(file.row_group_rows.size());
+    for (size_t rg = 0; rg < file.row_group_rows.size(); ++rg, ++index) {
+      const int64_t rows = file.row_group_rows[rg];
+      const int64_t bytes =
+          rg < file.row_group_bytes.size() ? file.row_group_bytes[rg] : 0;
+      const int64_t block = BlockRows(rows, bytes, window_bytes);
+      const bool blocks = block > 0 && rows > block;  // two blocks or more
+      owner[f][rg] = (blocks ? cut++ : index) % shards;
+    }
+  }
+  if (cut == 0) owner.clear();
+  return owner;
+}
+
+std::vector<int64_t> WindowOwners(const std::vector<ShuffleWindow>& windows,
+                                  const std::vector<std::vector<int64_t>>& unit_owners,
+                                  int64_t shards) {
+  shards = std::max<int64_t>(1, shards);
+  std::vector<int64_t> owner(windows.size(), 0);
+  for (size_t w = 0; w < windows.size(); ++w) {
+    if (unit_owners.empty() || windows[w].row_groups.empty()) {
+      owner[w] = static_cast<int64_t>(w) % shards;
+    } else {
+      const auto [file, rg] = windows[w].row_groups.front();
+      owner[w] = unit_owners[size_t(file)][size_t(rg)];
+    }
+  }
+  return owner;
+}
+
 std::vector<ShuffleWindow> EpochWindows(const SourceFiles& files, uint64_t seed,
                                         int32_t source_index, int64_t epoch,
                                         int64_t window_rows, int64_t window_bytes) {
@@ -122,6 +159,10 @@ SourceLoader::SourceLoader(const Config& config, int32_t source_index, StreamPos
       lengths_only_(!options_.read_payloads && transform_->metadata_from_lengths()) {
   gate_->loader = this;
   gate_->source_name = source_.name;
+  if (options_.shard_count > 1) {
+    unit_owners_ =
+        UnitOwners(files_->files(), source_.shuffle_window_bytes, options_.shard_count);
+  }
   workers_.store(std::max<int64_t>(1, source_.workers), std::memory_order_relaxed);
   read_ahead_bytes_.store(options_.read_ahead_bytes, std::memory_order_relaxed);
 }
@@ -487,13 +528,14 @@ Status SourceLoader::LoadWindow() {
     if (windows_epoch_ != next_window_.epoch) {
       windows_ = EpochWindows(file_list, seed_, source_index_, next_window_.epoch,
                               source_.shuffle_window_rows, source_.shuffle_window_bytes);
+      owners_ = WindowOwners(windows_, unit_owners_, options_.shard_count);
       windows_epoch_ = next_window_.epoch;
     }
     if (next_window_.window >= static_cast<int64_t>(windows_.size())) {
       next_window_ = StreamPos{next_window_.epoch + 1, 0, 0};
       continue;
     }
-    if (next_window_.window % options_.shard_count != options_.shard_index) {
+    if (owners_[size_t(next_window_.window)] != options_.shard_index) {
       next_window_ = StreamPos{next_window_.epoch, next_window_.window + 1, 0};
       continue;
     }

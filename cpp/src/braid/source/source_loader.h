@@ -111,6 +111,23 @@ struct ShuffleWindow {
   int64_t bytes = 0;  ///< estimated from the footers (File::row_group_bytes)
 };
 
+/// Which of `shards` loaders reads the units (row groups, files) of a source whose units
+/// are larger than `window_bytes` and read in blocks: per file, per row group. The units
+/// of two blocks or more go round in turn, in sorted path order (each loader so owns one
+/// in every epoch, when there are at least `shards`); the others by their index. Empty
+/// when no unit is cut into blocks (windows then go round: WindowOwners).
+std::vector<std::vector<int64_t>> UnitOwners(const std::vector<SourceFiles::File>& files,
+                                             int64_t window_bytes, int64_t shards);
+
+/// Which of `shards` loaders reads each window of an epoch (source/sharded_source.h).
+/// Without cut units (`unit_owners` empty) window w goes to loader w % shards; with them,
+/// a window goes to the owner of its first entry's unit, so one loader reads every block
+/// of a unit, whose stream it then decodes once (another loader would decode the unit
+/// up to its own block again: a stream cannot seek).
+std::vector<int64_t> WindowOwners(const std::vector<ShuffleWindow>& windows,
+                                  const std::vector<std::vector<int64_t>>& unit_owners,
+                                  int64_t shards);
+
 /// The rows of each block of a row group of `rows` rows and `bytes` estimated bytes when
 /// windows hold at most `window_bytes` (0: not cut, read whole).
 int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes);
@@ -133,9 +150,11 @@ class SourceLoader : public SampleStream {
   struct Options {
     bool read_payloads = true;  ///< false: metadata only (token counts), for planning
     int64_t read_ahead_bytes = int64_t{64} << 20;
-    /// Sharding (source/sharded_source.h): this loader reads only the windows w of each
-    /// epoch with w % shard_count == shard_index, and Next() yields their samples in
-    /// order. REQUIRES: 0 <= shard_index < shard_count.
+    /// Sharding (source/sharded_source.h): this loader reads only the windows of each
+    /// epoch that WindowOwners gives shard_index (w % shard_count when no unit is cut
+    /// into blocks, else by their first unit's owner), and Next() yields their samples
+    /// in order.
+    /// REQUIRES: 0 <= shard_index < shard_count.
     int64_t shard_index = 0;
     int64_t shard_count = 1;
     /// Rate limit of the skip log lines (shared by the shards of one source); null: the
@@ -295,6 +314,8 @@ class SourceLoader : public SampleStream {
   StreamPos next_window_;  // the window to load next (its offset: the first row)
   int64_t windows_epoch_ = -1;
   std::vector<ShuffleWindow> windows_;  // of windows_epoch_
+  std::vector<int64_t> owners_;         // the loader of each of windows_ (WindowOwners)
+  std::vector<std::vector<int64_t>> unit_owners_;  // UnitOwners of the source's files
   bool loaded_ = false;                 // a window is loaded and not finished
   StreamPos loaded_pos_;                // its epoch and window; offset: the next row
   std::vector<Columns> arrays_;         // per row group (or block chunk) of the window
