@@ -143,14 +143,27 @@ def test_a_bad_gzip_or_line_names_the_file(tmp_path):
                             config_for(tmp_path / "d", on_error="skip"))
     result = braid_cli("plan", skipping, "--steps", 2)
     assert result.returncode == 0, result.stderr
-    # A line that is not JSON: a data error naming the file and its records.
+    # A line that is not JSON: a data error naming the file and the record; under skip
+    # that record alone is skipped, in its place, and logged.
     broken = tmp_path / "e" / "c.jsonl"
     broken.parent.mkdir()
-    broken.write_text(good.read_text() + "{not json\n")
+    lines = good.read_text().splitlines(keepends=True)
+    broken.write_text("".join(lines[:7]) + "{not json\n" + "".join(lines[7:]))
     result = braid_cli("run", write_config(tmp_path / "e.json", config_for(broken)),
                        "--steps", 8)
     assert result.returncode == 3, result.stderr
-    assert str(broken) in result.stderr and "records" in result.stderr
+    assert str(broken) in result.stderr and "(row 7)" in result.stderr
+    assert "does not parse as JSON" in result.stderr
+    report = tmp_path / "report"
+    result = braid_cli("run", write_config(tmp_path / "f.json",
+                                           config_for(broken, on_error="skip")),
+                       "--steps", 8, "--report", report)
+    assert result.returncode == 0, result.stderr
+    assert f"skipped record 7 of {broken}" in result.stderr
+    assert json.loads((report / "report.json").read_text())["skipped"]["j"] >= 1
+    # Every other record arrives, as pyarrow.json reads the good file.
+    ref = {lst[0] // SPAN: lst for lst in reference(good)}
+    assert_every_token_once(config_for(broken, on_error="skip"), ref, SPAN)
 
 
 def test_gzip_as_tools_write_it_reads_every_record(tmp_path):

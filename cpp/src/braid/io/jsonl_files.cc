@@ -18,13 +18,18 @@
 // size and modification time), and a later open of an unchanged file reads them instead.
 //
 // Errors. A failed read of the underlying file is a storage error (retried by
-// SourceFiles); a stream that does not decompress or a line that does not parse is a
-// data error naming the file and its records.
+// SourceFiles); a stream that does not decompress is a data error naming the file and
+// its records. A line that does not parse (or holds a field of another type) fails
+// Arrow's whole block: the block's lines are read again and parsed a run at a time to
+// find it, then it is an error naming the file and its record (on_error: fail) or a
+// null record in its place, logged, the block's other records read (skip).
 //
 // Thread-compatible (format_reader_internal.h).
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include <arrow/api.h>
@@ -99,6 +104,48 @@ class LimitedStream : public arrow::io::InputStream {
   int64_t left_;
 };
 
+// `head` (bytes already read from `inner`), then the rest of `inner`.
+class PrefixedStream : public arrow::io::InputStream {
+ public:
+  PrefixedStream(std::string head, std::shared_ptr<arrow::io::InputStream> inner)
+      : head_(std::move(head)), inner_(std::move(inner)) {}
+  arrow::Status Close() override { return inner_->Close(); }
+  bool closed() const override { return inner_->closed(); }
+  arrow::Result<int64_t> Tell() const override { return position_; }
+  arrow::Result<int64_t> Read(int64_t nbytes, void* out) override {
+    int64_t n = 0;
+    if (at_ < head_.size()) {
+      n = std::min<int64_t>(nbytes, int64_t(head_.size() - at_));
+      std::memcpy(out, head_.data() + at_, size_t(n));
+      at_ += size_t(n);
+    }
+    if (n < nbytes) {
+      ARROW_ASSIGN_OR_RAISE(const int64_t more,
+                            inner_->Read(nbytes - n, static_cast<uint8_t*>(out) + n));
+      n += more;
+    }
+    position_ += n;
+    return n;
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> Read(int64_t nbytes) override {
+    ARROW_ASSIGN_OR_RAISE(auto buffer, arrow::AllocateResizableBuffer(nbytes));
+    ARROW_ASSIGN_OR_RAISE(const int64_t n, Read(nbytes, buffer->mutable_data()));
+    ARROW_RETURN_NOT_OK(buffer->Resize(n));
+    return std::shared_ptr<arrow::Buffer>(std::move(buffer));
+  }
+
+ private:
+  std::string head_;
+  size_t at_ = 0;
+  std::shared_ptr<arrow::io::InputStream> inner_;
+  int64_t position_ = 0;
+};
+
+// True for a line of nothing but whitespace (no record: counting and Arrow skip it).
+bool Blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
 bool EndsWith(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
@@ -114,11 +161,14 @@ struct JsonlFile {
 class JsonlReader : public FormatReader {
  public:
   JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::vector<JsonlFile> files,
-              std::vector<ColumnSpec> columns, std::shared_ptr<arrow::Schema> schema)
+              std::vector<ColumnSpec> columns, std::shared_ptr<arrow::Schema> schema,
+              std::string source_name, bool skip_bad_lines)
       : fs_(std::move(fs)),
         files_(std::move(files)),
         columns_(std::move(columns)),
-        schema_(std::move(schema)) {}
+        schema_(std::move(schema)),
+        source_name_(std::move(source_name)),
+        skip_bad_lines_(skip_bad_lines) {}
 
   Result<Columns> ReadColumns(int file, int unit) override {
     ARROW_ASSIGN_OR_RAISE(auto chunks,
@@ -176,6 +226,8 @@ class JsonlReader : public FormatReader {
     reader_.reset();
     file_ = -1;
     next_ = 0;
+    at_end_ = false;
+    first_block_error_ = Status::OK();
     rest_.clear();
   }
 
@@ -187,9 +239,9 @@ class JsonlReader : public FormatReader {
     return storage ? StorageError(f.path, what) : DataError(f.path, what);
   }
 
-  Status Open(int file) {
-    Reset();
-    const JsonlFile& f = files_[size_t(file)];
+  // File f's decoded bytes (up to a damage: JsonlFile::bytes), its storage failures
+  // noted in a fresh failed_.
+  Result<std::shared_ptr<arrow::io::InputStream>> OpenDecoded(const JsonlFile& f) {
     failed_ = std::make_shared<std::atomic<bool>>(false);
     auto raw = fs_->OpenInputStream(f.path);
     if (!raw.ok()) return StorageError(f.path, raw.status().message());
@@ -201,26 +253,182 @@ class JsonlReader : public FormatReader {
                                                                        ReadMemoryPool()));
     }
     if (f.bytes >= 0) in = std::make_shared<LimitedStream>(std::move(in), f.bytes);
-    auto read_options = arrow::json::ReadOptions::Defaults();
-    read_options.use_threads = false;
-    read_options.block_size = block_bytes_;
+    return in;
+  }
+
+  arrow::json::ParseOptions ParseOptions() const {
     auto parse_options = arrow::json::ParseOptions::Defaults();
     parse_options.explicit_schema = schema_;
     parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::Ignore;
+    return parse_options;
+  }
+
+  // A streaming reader of `in` (file `file`'s decoded bytes from its record `next`).
+  Status StartReader(const JsonlFile& f, int file,
+                     std::shared_ptr<arrow::io::InputStream> in, int64_t next) {
+    auto read_options = arrow::json::ReadOptions::Defaults();
+    read_options.use_threads = false;
+    read_options.block_size = block_bytes_;
     arrow::io::IOContext io(ReadMemoryPool());
-    auto reader =
-        arrow::json::StreamingReader::Make(std::move(in), read_options, parse_options, io);
-    if (!reader.ok()) return Fail(f, 0, f.records, reader.status());
-    reader_ = std::move(*reader);
+    auto reader = arrow::json::StreamingReader::Make(std::move(in), read_options,
+                                                     ParseOptions(), io);
     file_ = file;
+    next_ = next;
+    if (!reader.ok()) {  // Make parses the first block
+      reader_.reset();
+      if (!ALineFailed(reader.status())) return Fail(f, next, f.records, reader.status());
+      first_block_error_ = reader.status();  // the next read finds the lines
+      return Status::OK();
+    }
+    reader_ = std::move(*reader);
     return Status::OK();
+  }
+
+  // True if `st`, from Arrow's reader, is a line that does not parse: not a failed read
+  // of the file, not a record longer than the block (ReadRows reads it with larger ones).
+  bool ALineFailed(const Status& st) const {
+    return !st.ok() && !failed_->load() &&
+           st.message().find("straddl") == std::string::npos;
+  }
+
+  Status Open(int file) {
+    Reset();
+    const JsonlFile& f = files_[size_t(file)];
+    ARROW_ASSIGN_OR_RAISE(auto in, OpenDecoded(f));
+    return StartReader(f, file, std::move(in), 0);
+  }
+
+  // Lines [a, b) (records first + a ..) parsed: a run of lines that parses is one part,
+  // a line that does not is a null record (its error in `bad`, by record). The runs are
+  // found by halving the lines where a parse fails.
+  Status ParseLines(const std::vector<std::string>& lines, size_t a, size_t b,
+                    int64_t first, std::vector<Columns>* parts,
+                    std::vector<std::pair<int64_t, std::string>>* bad) {
+    if (a == b) return Status::OK();
+    std::string text;
+    for (size_t i = a; i < b; ++i) (text += lines[i]) += '\n';
+    auto batch = arrow::json::ParseOne(ParseOptions(), arrow::Buffer::FromString(text));
+    if (batch.ok()) {
+      Columns cols;
+      for (const auto& field : schema_->fields()) {
+        auto column = (*batch)->GetColumnByName(field->name());
+        if (column == nullptr) {
+          ARROW_ASSIGN_OR_RAISE(column, arrow::MakeArrayOfNull(field->type(),
+                                                               int64_t(b - a)));
+        }
+        cols.push_back(std::move(column));
+      }
+      parts->push_back(std::move(cols));
+      return Status::OK();
+    }
+    if (b - a == 1) {
+      bad->emplace_back(first + int64_t(a), OneLine(batch.status().message()));
+      Columns cols;
+      for (const auto& field : schema_->fields()) {
+        ARROW_ASSIGN_OR_RAISE(auto nulls, arrow::MakeArrayOfNull(field->type(), 1));
+        cols.push_back(std::move(nulls));
+      }
+      parts->push_back(std::move(cols));
+      return Status::OK();
+    }
+    const size_t mid = a + (b - a) / 2;
+    ARROW_RETURN_NOT_OK(ParseLines(lines, a, mid, first, parts, bad));
+    return ParseLines(lines, mid, b, first, parts, bad);
+  }
+
+  // The streaming reader of file `file` failed (`st`) on the block from record next_:
+  // reads that block's lines again one run at a time to find the lines that do not
+  // parse. Under on_error: fail the first is an error naming its record; under skip
+  // each is a null record (so it is skipped in its place, logged here with why) and the
+  // others are read, and a streaming reader goes on after them. Returns the block.
+  Result<Columns> ReadBlockLineByLine(int file, const Status& st) {
+    const JsonlFile& f = files_[size_t(file)];
+    const int64_t first = next_;
+    reader_.reset();
+    ARROW_ASSIGN_OR_RAISE(auto in, OpenDecoded(f));
+    std::vector<std::string> lines;  // records [first, first + lines.size())
+    std::string line, rest;          // the line being read; bytes after the block
+    int64_t record = 0, bytes = 0;
+    std::vector<char> buffer(static_cast<size_t>(kCountChunkBytes));
+    bool done = false;
+    while (!done) {
+      auto n = in->Read(kCountChunkBytes, buffer.data());
+      if (!n.ok()) return Fail(f, first, f.records, n.status());
+      if (*n == 0) break;
+      std::string_view chunk(buffer.data(), size_t(*n));
+      while (!chunk.empty()) {
+        const size_t nl = chunk.find('\n');
+        if (nl == std::string_view::npos) {
+          line.append(chunk);
+          break;
+        }
+        line.append(chunk.substr(0, nl));
+        chunk.remove_prefix(nl + 1);
+        if (!Blank(line)) {
+          if (record >= first) {
+            bytes += int64_t(line.size()) + 1;
+            lines.push_back(std::move(line));
+          }
+          ++record;
+        }
+        line.clear();
+        if (bytes >= block_bytes_) {  // the block's lines are in: the rest streams on
+          rest.assign(chunk);
+          done = true;
+          break;
+        }
+      }
+    }
+    if (!done && !Blank(line) && record >= first) {
+      lines.push_back(std::move(line));  // the last line, without a newline
+      ++record;
+    }
+    std::vector<Columns> parts;
+    std::vector<std::pair<int64_t, std::string>> bad;
+    ARROW_RETURN_NOT_OK(ParseLines(lines, 0, lines.size(), first, &parts, &bad));
+    if (bad.empty()) return Fail(f, first, f.records, st);  // not a line's fault
+    if (!skip_bad_lines_) {
+      Reset();
+      return DataError(DataLocation(f.path, -1, bad.front().first),
+                       "does not parse as JSON: " + bad.front().second +
+                           " (set on_error: skip to skip such records)");
+    }
+    for (const auto& [at, why] : bad) {
+      if (bad_lines_logged_++ < kBadLinesLogged) {
+        std::fprintf(stderr,
+                     "braid: source '%s' skipped record %lld of %s: it does not parse as "
+                     "JSON (%s)\n",
+                     source_name_.c_str(), static_cast<long long>(at), f.path.c_str(),
+                     why.c_str());
+      }
+    }
+    Columns block;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      arrow::ArrayVector pieces;
+      for (const auto& part : parts) pieces.push_back(part[c]);
+      ARROW_ASSIGN_OR_RAISE(auto whole, arrow::Concatenate(pieces, ReadMemoryPool()));
+      block.push_back(std::move(whole));
+    }
+    const int64_t after = first + static_cast<int64_t>(lines.size());
+    if (done) {
+      ARROW_RETURN_NOT_OK(StartReader(
+          f, file, std::make_shared<PrefixedStream>(std::move(rest), std::move(in)),
+          after));
+    } else {  // the file's end: nothing streams on
+      reader_.reset();
+      file_ = file;
+      next_ = after;
+      at_end_ = true;
+    }
+    return block;
   }
 
   Result<std::vector<Columns>> ReadRowsOnce(int file, int64_t first, int64_t rows) {
     const JsonlFile& f = files_[size_t(file)];
     const int64_t end = first + rows;
     const int64_t behind = rest_.empty() ? next_ : rest_first_;
-    if (file_ != file || reader_ == nullptr || behind > first) {
+    if (file_ != file || behind > first ||
+        (reader_ == nullptr && !at_end_ && first_block_error_.ok())) {
       ARROW_RETURN_NOT_OK(Open(file));
     }
     std::vector<Columns> out;
@@ -234,17 +442,28 @@ class JsonlReader : public FormatReader {
         at = rest_first_;
       } else {
         std::shared_ptr<arrow::RecordBatch> batch;
-        Status st = reader_->ReadNext(&batch);
-        if (!st.ok()) return Fail(f, next_, end, st);
-        if (batch == nullptr) {
+        Status st = first_block_error_;
+        first_block_error_ = Status::OK();
+        if (st.ok() && reader_ != nullptr) st = reader_->ReadNext(&batch);
+        if (!st.ok() && !ALineFailed(st)) {
+          // Storage (retried), or a record longer than the block (ReadRows).
+          return Fail(f, next_, end, st);
+        }
+        if (!st.ok()) {  // a line that does not parse
+          at = next_;
+          ARROW_ASSIGN_OR_RAISE(piece, ReadBlockLineByLine(file, st));
+        } else if (batch == nullptr) {
           Reset();
           return DataError(f.path, "has " + std::to_string(next_) +
                                        " records where opening counted " +
                                        std::to_string(f.records) + " (changed?)");
+        } else {
+          for (int c = 0; c < batch->num_columns(); ++c) {
+            piece.push_back(batch->column(c));
+          }
+          at = next_;
+          next_ += batch->num_rows();
         }
-        for (int c = 0; c < batch->num_columns(); ++c) piece.push_back(batch->column(c));
-        at = next_;
-        next_ += batch->num_rows();
       }
       if (piece.empty() || piece.front()->length() == 0) continue;
       const int64_t piece_end = at + piece.front()->length();
@@ -276,6 +495,14 @@ class JsonlReader : public FormatReader {
   std::unique_ptr<arrow::util::Codec> codec_;
   std::shared_ptr<std::atomic<bool>> failed_;
   std::shared_ptr<arrow::json::StreamingReader> reader_;
+  bool at_end_ = false;  // no reader_: file_'s records were read to its end
+  // No reader_: making it failed on a line of its first block, from record next_.
+  Status first_block_error_;
+  // Records that do not parse (on_error: skip): logged, the first kBadLinesLogged.
+  static constexpr int64_t kBadLinesLogged = 10;
+  const std::string source_name_;
+  const bool skip_bad_lines_;
+  int64_t bad_lines_logged_ = 0;
 };
 
 // The records (lines holding anything but whitespace) and decoded bytes of one file. A
@@ -383,7 +610,8 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     if (!f.damaged.empty()) files[i].bytes = f.row_group_bytes.front();
   }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(files), columns,
-                                             std::move(schema));
+                                             std::move(schema), source.name,
+                                             source.on_error == OnError::kSkip);
   return out;
 }
 

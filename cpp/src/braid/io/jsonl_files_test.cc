@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/source_files.h"
@@ -222,7 +223,7 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
   ASSERT_TRUE(files.ok()) << files.status().ToString();
   EXPECT_EQ((*files)->unreadable_files(), 1);
   EXPECT_EQ((*files)->total_rows(), 20);
-  // A line that is not JSON: a data error naming the file and the records.
+  // A line that is not JSON: a data error naming the file and the record.
   ASSERT_TRUE(Write(dir.Sub("c.jsonl"), Lines(MakeDocs(10, 6)) + "{broken\n").ok());
   auto broken = SourceFiles::Open(Jsonl(dir.Sub("c.jsonl")), "sources[0]");
   ASSERT_TRUE(broken.ok()) << broken.status().ToString();
@@ -230,12 +231,78 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
   ASSERT_FALSE(cols.ok());
   EXPECT_TRUE(cols.status().IsInvalid()) << cols.status().ToString();
   EXPECT_THAT(cols.status().message(),
-              AllOf(HasSubstr(dir.Sub("c.jsonl")), HasSubstr("records ")));
+              AllOf(HasSubstr(dir.Sub("c.jsonl")), HasSubstr("row 10"),
+                    HasSubstr("does not parse as JSON")));
   // A field of another type than the transform reads.
   ASSERT_TRUE(Write(dir.Sub("d.jsonl"), "{\"input_ids\": \"text\"}\n").ok());
   auto typed = SourceFiles::Open(Jsonl(dir.Sub("d.jsonl")), "sources[0]");
   ASSERT_TRUE(typed.ok());
   EXPECT_FALSE((*typed)->ReadColumns(0, 0).ok());
+}
+
+// Lines that do not parse (a broken record, a cut one at the end) in a file read in
+// several of Arrow's blocks: under on_error: skip each is a null record in its place and
+// every other record is read, in the file's first block, a later one, and its last
+// line, whole and in blocks, plain and gzip; under fail the first is the error, by
+// record.
+TEST(JsonlFilesTest, ALineThatDoesNotParseIsANullRecordInItsPlaceUnderSkip) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const Docs docs = MakeDocs(30000, 8);  // about 7 MB: two of Arrow's 4 MiB blocks
+  const std::set<int64_t> bad = {5, 17000, 29999};
+  std::string body;
+  for (int64_t i = 0; i < int64_t(docs.size()); ++i) {
+    std::string line = Lines(Docs{docs[size_t(i)]});
+    line = line.substr(0, line.find('\n') + 1);
+    if (i == 5) line = "{\"input_ids\": [1, 2,, 3]}\n";
+    if (i == 17000) line = "not json at all\n";
+    if (i == 29999) line = "{\"input_ids\": [4, 5";  // cut short, no newline
+    body += line;
+  }
+  for (const auto& [name, compression] :
+       std::vector<std::pair<std::string, arrow::Compression::type>>{
+           {"a.jsonl", arrow::Compression::UNCOMPRESSED},
+           {"b.jsonl.gz", arrow::Compression::GZIP}}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(Write(dir.Sub(name), body, compression).ok());
+    auto failing = SourceFiles::Open(Jsonl(dir.Sub(name)), "sources[0]");
+    ASSERT_TRUE(failing.ok()) << failing.status().ToString();
+    auto error = (*failing)->ReadColumns(0, 0);
+    ASSERT_FALSE(error.ok());
+    EXPECT_THAT(error.status().message(),
+                AllOf(HasSubstr(dir.Sub(name)), HasSubstr("row 5)"),
+                      HasSubstr("does not parse as JSON")));
+    auto files = SourceFiles::Open(Jsonl(dir.Sub(name), OnError::kSkip), "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    ASSERT_EQ((*files)->total_rows(), 30000);
+    auto check = [&](const arrow::Array& ids, int64_t i, int64_t record) {
+      if (bad.count(record) > 0) {
+        EXPECT_TRUE(ids.IsNull(i)) << record;
+      } else {
+        ASSERT_FALSE(ids.IsNull(i)) << record;
+        EXPECT_EQ(testing::ListRowIds(ids, i), docs[size_t(record)]) << record;
+      }
+    };
+    ::testing::internal::CaptureStderr();
+    auto whole = (*files)->ReadColumns(0, 0);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    ASSERT_EQ(whole->front()->length(), 30000);
+    for (int64_t i = 0; i < 30000; ++i) check(*whole->front(), i, i);
+    EXPECT_THAT(log, AllOf(HasSubstr("skipped record 5 of " + dir.Sub(name)),
+                           HasSubstr("record 17000"), HasSubstr("does not parse")));
+    // In blocks: in order, then behind the reader (reopened, found again).
+    for (int64_t b : {0, 1, 2, 3, 2}) {
+      auto block = (*files)->ReadBlock(0, 0, 8000, b);
+      ASSERT_TRUE(block.ok()) << block.status().ToString();
+      int64_t at = b * 8000;
+      for (const auto& chunk : *block) {
+        for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
+          check(*chunk.front(), i, at);
+        }
+      }
+      EXPECT_EQ(at, std::min<int64_t>(30000, b * 8000 + 8000));
+    }
+  }
 }
 
 // A compressed file cut short (an interrupted download): under on_error: fail an error

@@ -260,10 +260,15 @@ TEST(BlockReadTest, LargeRowGroupBlocksDeliverEveryRowWithItsTokens) {
     ASSERT_LT(SourceFiles::kBlockChunkBytes, (600 << 10) / 2);
     const auto windows = EpochWindows(loaders[0]->file_list(), 2, 0, 0, 4096, 600 << 10);
     ASSERT_GE(windows.size(), 4u);
+    // One row group cut into blocks: its owner reads every block (the others own none
+    // and are never started).
+    const auto owners = WindowOwners(
+        windows, UnitOwners(loaders[0]->file_list(), 600 << 10, shards), shards);
     std::vector<int> seen(docs.size(), 0);
     for (size_t w = 0; w < windows.size(); ++w) {
+      EXPECT_EQ(owners[w], 0);
       for (int64_t i = 0; i < windows[w].rows; ++i) {
-        auto s = loaders[w % size_t(shards)]->Next();
+        auto s = loaders[size_t(owners[w])]->Next();
         ASSERT_TRUE(s.ok()) << s.status().ToString();
         ASSERT_EQ(s->meta.pos, (StreamPos{0, int64_t(w), i}));
         const auto& doc = docs[size_t(s->meta.row)];
