@@ -150,11 +150,13 @@ Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
 
 /// Opens the JSON Lines files `paths` of `fs` (.jsonl / .json, plain, .gz or .zst; one
 /// unit per file, io/jsonl_files.cc; `stamps`: each path's stamp, SourceFiles'): reads
-/// each once to count its records. A column
+/// each once to count its records, through `cache` (runtime.cache, or null) when given,
+/// as every later read of a file is. A column
 /// whose spec accepts none of string, list<int32>, chat messages or int64 is a config
 /// error naming its key; with on_error: skip a file that does not decompress is kept as
 /// unreadable, else that is an error naming it.
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                  std::shared_ptr<FileCache> cache,
                                   const std::vector<std::string>& paths,
                                   const std::vector<arrow::fs::FileInfo>& stamps,
                                   const SourceConfig& source, const std::string& key_path,

@@ -38,6 +38,7 @@
 #include <arrow/json/api.h>
 #include <arrow/util/compression.h>
 
+#include "braid/io/file_cache.h"
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/gzip_codec_internal.h"
 #include "braid/io/read_memory.h"
@@ -153,17 +154,36 @@ bool EndsWith(const std::string& s, const char* suffix) {
 
 struct JsonlFile {
   std::string path;
+  arrow::fs::FileInfo stamp;  // SourceFiles' (the cache's key)
   arrow::Compression::type compression = arrow::Compression::UNCOMPRESSED;
   int64_t records = 0;
   int64_t bytes = -1;  // decoded bytes to read: those before a damage; -1: all
 };
 
+// File f's bytes: its copy in `cache` (runtime.cache; downloaded whole the first time,
+// which counting does anyway, so the file crosses the network once), else the remote
+// file. A storage failure is a storage error naming the file.
+Result<std::shared_ptr<arrow::io::InputStream>> OpenRaw(arrow::fs::FileSystem* fs,
+                                                        FileCache* cache,
+                                                        const JsonlFile& f) {
+  if (cache != nullptr) {
+    auto local = cache->Open(fs, f.stamp, /*download=*/true);
+    if (!local.ok()) return StorageError(f.path, local.status().message());
+    if (*local) return std::shared_ptr<arrow::io::InputStream>(std::move(*local));
+  }
+  auto raw = fs->OpenInputStream(f.path);
+  if (!raw.ok()) return StorageError(f.path, raw.status().message());
+  return std::move(*raw);
+}
+
 class JsonlReader : public FormatReader {
  public:
-  JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::vector<JsonlFile> files,
-              std::vector<ColumnSpec> columns, std::shared_ptr<arrow::Schema> schema,
-              std::string source_name, bool skip_bad_lines)
+  JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::shared_ptr<FileCache> cache,
+              std::vector<JsonlFile> files, std::vector<ColumnSpec> columns,
+              std::shared_ptr<arrow::Schema> schema, std::string source_name,
+              bool skip_bad_lines)
       : fs_(std::move(fs)),
+        cache_(std::move(cache)),
         files_(std::move(files)),
         columns_(std::move(columns)),
         schema_(std::move(schema)),
@@ -243,10 +263,9 @@ class JsonlReader : public FormatReader {
   // noted in a fresh failed_.
   Result<std::shared_ptr<arrow::io::InputStream>> OpenDecoded(const JsonlFile& f) {
     failed_ = std::make_shared<std::atomic<bool>>(false);
-    auto raw = fs_->OpenInputStream(f.path);
-    if (!raw.ok()) return StorageError(f.path, raw.status().message());
+    ARROW_ASSIGN_OR_RAISE(auto raw, OpenRaw(fs_.get(), cache_.get(), f));
     std::shared_ptr<arrow::io::InputStream> in =
-        std::make_shared<WatchedStream>(std::move(*raw), failed_);
+        std::make_shared<WatchedStream>(std::move(raw), failed_);
     if (f.compression != arrow::Compression::UNCOMPRESSED) {
       ARROW_ASSIGN_OR_RAISE(codec_, MakeReadCodec(f.compression));
       ARROW_ASSIGN_OR_RAISE(in, arrow::io::CompressedInputStream::Make(codec_.get(), in,
@@ -482,6 +501,7 @@ class JsonlReader : public FormatReader {
   }
 
   std::shared_ptr<arrow::fs::FileSystem> fs_;
+  std::shared_ptr<FileCache> cache_;  // runtime.cache, or null
   std::vector<JsonlFile> files_;
   std::vector<ColumnSpec> columns_;
   std::shared_ptr<arrow::Schema> schema_;
@@ -509,16 +529,15 @@ class JsonlReader : public FormatReader {
 // stream that stops decoding part way (truncated, corrupt) gives the records of the
 // lines that ended before it, the bytes up to the end of the last of them, and the error
 // in `damage`.
-Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* records,
-                    int64_t* bytes, Status* damage) {
+Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile& f,
+                    int64_t* records, int64_t* bytes, Status* damage) {
   *records = 0;
   *bytes = 0;
   int64_t lines_end = 0;  // decoded bytes up to the last newline
   auto failed = std::make_shared<std::atomic<bool>>(false);
-  auto raw = fs->OpenInputStream(f.path);
-  if (!raw.ok()) return StorageError(f.path, raw.status().message());
+  ARROW_ASSIGN_OR_RAISE(auto raw, OpenRaw(fs, cache, f));
   std::shared_ptr<arrow::io::InputStream> in =
-      std::make_shared<WatchedStream>(std::move(*raw), failed);
+      std::make_shared<WatchedStream>(std::move(raw), failed);
   std::unique_ptr<arrow::util::Codec> codec;
   if (f.compression != arrow::Compression::UNCOMPRESSED) {
     ARROW_ASSIGN_OR_RAISE(codec, MakeReadCodec(f.compression));
@@ -574,6 +593,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, const JsonlFile& f, int64_t* reco
 }  // namespace
 
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                  std::shared_ptr<FileCache> cache,
                                   const std::vector<std::string>& paths,
                                   const std::vector<arrow::fs::FileInfo>& stamps,
                                   const SourceConfig& source, const std::string& key_path,
@@ -594,6 +614,7 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   for (size_t i = 0; i < paths.size(); ++i) {
     JsonlFile& f = files[i];
     f.path = paths[i];
+    f.stamp = stamps[i];
     if (EndsWith(f.path, ".gz")) f.compression = arrow::Compression::GZIP;
     if (EndsWith(f.path, ".zst")) f.compression = arrow::Compression::ZSTD;
   }
@@ -601,7 +622,8 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       const std::vector<int64_t> records,
       out.AddWholeFiles(fs.get(), paths, stamps, source, "jsonl-count 1",
                         [&](size_t i, int64_t* n, int64_t* bytes, Status* damage) {
-                          return CountRecords(fs.get(), files[i], n, bytes, damage);
+                          return CountRecords(fs.get(), cache.get(), files[i], n, bytes,
+                                              damage);
                         }));
   for (size_t i = 0; i < files.size(); ++i) {  // out.files[i] is paths[i]'s
     files[i].records = std::max<int64_t>(records[i], 0);
@@ -609,8 +631,9 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     const SourceFiles::File& f = out.files[i];
     if (!f.damaged.empty()) files[i].bytes = f.row_group_bytes.front();
   }
-  out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(files), columns,
-                                             std::move(schema), source.name,
+  out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(cache),
+                                             std::move(files), columns, std::move(schema),
+                                             source.name,
                                              source.on_error == OnError::kSkip);
   return out;
 }

@@ -118,7 +118,14 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                            "is not supported on JSON Lines sources yet (text_column, "
                            "chat and tokens_column are)");
       }
-      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, paths, stamps, source,
+      // Counting reads every file whole: through runtime.cache, so that reading it
+      // again takes the local copy.
+      std::shared_ptr<FileCache> cache;
+      if (!source.cache_dir.empty() && fs_->type_name() != "local") {
+        cache = FileCache::Make(source.cache_dir, source.cache_max_bytes);
+      }
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, cache, paths, stamps,
+                                                             source,
                                                              key_path, columns_));
       break;
     }
