@@ -164,10 +164,14 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
 
 /// Opens the Arrow IPC stream files `paths` of `fs` (Hugging Face save_to_disk's
 /// .arrow; io/hf_arrow_files.cc): one unit per record batch; walks each file's messages
-/// once. A missing or mistyped column is a data error naming the file whatever on_error
-/// says; with on_error: skip a file that is not an IPC stream is kept as unreadable.
+/// once (a remote file through `cache`, runtime.cache or null, when given; `stamps`:
+/// each path's, SourceFiles'). A missing or mistyped column is a data error naming the
+/// file whatever on_error says; with on_error: skip a file that is not an IPC stream is
+/// kept as unreadable.
 Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                    std::shared_ptr<FileCache> cache,
                                     const std::vector<std::string>& paths,
+                                    const std::vector<arrow::fs::FileInfo>& stamps,
                                     const SourceConfig& source,
                                     const std::string& key_path,
                                     const std::vector<ColumnSpec>& columns);

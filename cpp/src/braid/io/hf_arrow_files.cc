@@ -8,7 +8,10 @@
 // then read alone at its offset (arrow::ipc::ReadRecordBatch on a stream over that range
 // of the file). Local files are memory-mapped, as `datasets` does, and held as one buffer
 // of the whole mapping, so walking them reads only the messages' metadata and a batch's
-// columns are views of the mapping.
+// columns are views of the mapping. A remote file with runtime.cache is copied into the
+// cache whole (the walk reads it whole anyway) and its copy mapped, pinned while the
+// source is open; without a cache it is read remotely, walked and then read again by
+// batch.
 //
 // Errors: a failed read of the underlying file is a storage error; bytes that are not an
 // IPC stream, a column missing or of another type than the transform reads are data
@@ -22,6 +25,7 @@
 #include <arrow/io/api.h>
 #include <arrow/ipc/api.h>
 
+#include "braid/io/file_cache.h"
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/read_memory.h"
 #include "braid/io/retry_internal.h"
@@ -33,40 +37,68 @@ namespace {
 
 struct ArrowFile {
   std::string path;
+  arrow::fs::FileInfo stamp;  // SourceFiles' (the cache's key)
   std::shared_ptr<arrow::io::RandomAccessFile> input;
+  std::shared_ptr<arrow::io::RandomAccessFile> pin;  // its copy in runtime.cache, held
+  bool local = false;  // read from a local file (a failed read is the bytes', not storage)
   std::shared_ptr<arrow::Schema> schema;
   std::vector<int> columns;       // per ColumnSpec, its field index
   std::vector<int64_t> offsets;   // per batch, its message's offset; then the stream's end
 };
 
-Result<std::shared_ptr<arrow::io::RandomAccessFile>> OpenInput(arrow::fs::FileSystem* fs,
-                                                               const std::string& path) {
-  if (fs->type_name() == "local") {
-    // The whole mapping as one buffer: walking and reading batches then slice it, with
-    // no system call per read (a mapped file's reads each advise the kernel).
-    auto mapped = arrow::io::MemoryMappedFile::Open(path, arrow::io::FileMode::READ);
-    if (!mapped.ok()) return StorageError(path, mapped.status().message());
-    auto size = (*mapped)->GetSize();
-    if (!size.ok()) return StorageError(path, size.status().message());
-    auto whole = (*mapped)->ReadAt(0, *size);
-    if (!whole.ok()) return StorageError(path, whole.status().message());
-    return std::make_shared<arrow::io::BufferReader>(std::move(*whole));
+// The whole mapping of local file `local_path` as one buffer: walking and reading
+// batches then slice it, with no system call per read (a mapped file's reads each advise
+// the kernel). Errors name `path`.
+Result<std::shared_ptr<arrow::io::RandomAccessFile>> MapWhole(const std::string& local_path,
+                                                              const std::string& path) {
+  auto mapped = arrow::io::MemoryMappedFile::Open(local_path, arrow::io::FileMode::READ);
+  if (!mapped.ok()) return StorageError(path, mapped.status().message());
+  auto size = (*mapped)->GetSize();
+  if (!size.ok()) return StorageError(path, size.status().message());
+  auto whole = (*mapped)->ReadAt(0, *size);
+  if (!whole.ok()) return StorageError(path, whole.status().message());
+  return std::make_shared<arrow::io::BufferReader>(std::move(*whole));
+}
+
+// Opens f's input: a local file mapped; a remote one's copy in `cache` (runtime.cache:
+// downloaded whole the first time, which the walk reads anyway) mapped and pinned; else
+// the remote file.
+Status OpenInput(arrow::fs::FileSystem* fs, FileCache* cache, ArrowFile* f) {
+  f->pin.reset();
+  f->local = fs->type_name() == "local";
+  if (f->local) {
+    ARROW_ASSIGN_OR_RAISE(f->input, MapWhole(f->path, f->path));
+    return Status::OK();
   }
-  auto input = fs->OpenInputFile(path);
-  if (!input.ok()) return StorageError(path, input.status().message());
-  return *input;
+  if (cache != nullptr) {
+    auto copy = cache->Open(fs, f->stamp, /*download=*/true);
+    if (!copy.ok()) return StorageError(f->path, copy.status().message());
+    if (*copy) {
+      f->pin = std::move(*copy);
+      f->local = true;
+      ARROW_ASSIGN_OR_RAISE(
+          f->input,
+          MapWhole(cache->dir() + "/" + FileCache::EntryName(f->stamp), f->path));
+      return Status::OK();
+    }
+  }
+  auto input = fs->OpenInputFile(f->path);
+  if (!input.ok()) return StorageError(f->path, input.status().message());
+  f->input = std::move(*input);
+  return Status::OK();
 }
 
 // Walks one file's stream: the schema, each batch's rows and offset. A stream whose
 // bytes go bad after whole batches (a file cut short) gives those batches, its end at
 // the last of them, and the error in `damage`.
-Status Walk(arrow::fs::FileSystem* fs, const std::vector<ColumnSpec>& specs, ArrowFile* f,
-            std::vector<int64_t>* rows, Status* damage) {
+Status Walk(arrow::fs::FileSystem* fs, FileCache* cache,
+            const std::vector<ColumnSpec>& specs, ArrowFile* f, std::vector<int64_t>* rows,
+            Status* damage) {
   *damage = Status::OK();
   rows->clear();
   f->offsets.clear();
-  ARROW_ASSIGN_OR_RAISE(f->input, OpenInput(fs, f->path));
-  const bool local = fs->type_name() == "local";
+  ARROW_RETURN_NOT_OK(OpenInput(fs, cache, f));
+  const bool local = f->local;
   auto what = [&](const Status& st) {
     // A failed read of a remote file is the storage's (a mapped local file's bytes are
     // there); anything else is the bytes'.
@@ -170,23 +202,28 @@ class HfArrowReader : public FormatReader {
 }  // namespace
 
 Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
+                                    std::shared_ptr<FileCache> cache,
                                     const std::vector<std::string>& paths,
+                                    const std::vector<arrow::fs::FileInfo>& stamps,
                                     const SourceConfig& source,
                                     const std::string& /*key_path*/,
                                     const std::vector<ColumnSpec>& columns) {
   FormatOpen out;
   std::vector<ArrowFile> files;
   const bool skip = source.on_error == OnError::kSkip;
-  for (const auto& path : paths) {
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string& path = paths[i];
     ArrowFile f;
     f.path = path;
+    f.stamp = stamps[i];
     SourceFiles::File file;
     file.path = path;
     std::vector<int64_t> rows;
     int tries = 0;
     Status damage;
-    Status st = RetryStorage([&] { return Walk(fs.get(), columns, &f, &rows, &damage); },
-                             kStorageRetryDelaysMs, &tries);
+    Status st = RetryStorage(
+        [&] { return Walk(fs.get(), cache.get(), columns, &f, &rows, &damage); },
+        kStorageRetryDelaysMs, &tries);
     if (st.ok() && !damage.ok()) {
       // Bad bytes after whole batches: an error under on_error: fail; under skip the
       // batches before them (File::damaged).

@@ -79,6 +79,11 @@ bool IsTokenListType(const arrow::DataType& type) {
 
 SourceFiles::~SourceFiles() = default;
 
+std::shared_ptr<FileCache> SourceFiles::WholeFileCache(const SourceConfig& source) const {
+  if (source.cache_dir.empty() || fs_->type_name() == "local") return nullptr;
+  return FileCache::Make(source.cache_dir, source.cache_max_bytes);
+}
+
 Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& key_path,
                                const std::vector<std::string>& paths) {
   // Stamped before any index or record is read (the header's "Files that change"),
@@ -118,20 +123,15 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
                            "is not supported on JSON Lines sources yet (text_column, "
                            "chat and tokens_column are)");
       }
-      // Counting reads every file whole: through runtime.cache, so that reading it
-      // again takes the local copy.
-      std::shared_ptr<FileCache> cache;
-      if (!source.cache_dir.empty() && fs_->type_name() != "local") {
-        cache = FileCache::Make(source.cache_dir, source.cache_max_bytes);
-      }
-      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, cache, paths, stamps,
-                                                             source,
+      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, WholeFileCache(source),
+                                                             paths, stamps, source,
                                                              key_path, columns_));
       break;
     }
     case SourceFormat::kHfArrow: {
-      ARROW_ASSIGN_OR_RAISE(opened, internal::OpenHfArrowFiles(fs_, paths, source,
-                                                               key_path, columns_));
+      ARROW_ASSIGN_OR_RAISE(opened,
+                            internal::OpenHfArrowFiles(fs_, WholeFileCache(source), paths,
+                                                       stamps, source, key_path, columns_));
       break;
     }
     case SourceFormat::kWebDataset: {

@@ -268,6 +268,9 @@ class SourceFiles {
   // Opens the files of a format other than Parquet (format_reader_).
   Status OpenFormat(const SourceConfig& source, const std::string& key_path,
                     const std::vector<std::string>& paths);
+  // runtime.cache for a remote source of a format that reads its files whole when it
+  // opens them (JSON Lines counts, save_to_disk walks): null without one, or locally.
+  std::shared_ptr<FileCache> WholeFileCache(const SourceConfig& source) const;
 
   SourceFormat format_ = SourceFormat::kParquet;
   // The reader of a format other than Parquet; null for Parquet.
