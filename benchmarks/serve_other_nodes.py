@@ -25,11 +25,9 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from harness import books
 
 
 def run(config: dict, steps: int, from_plans: bool) -> dict:
@@ -54,9 +52,7 @@ def run(config: dict, steps: int, from_plans: bool) -> dict:
                          enumerate(_core.piece_requests(plan, b, num_sources)) if len(r)}
                 if asked:
                     replies = host.fetch(asked)
-                    for source in sorted(replies):
-                        for array in replies[source][:2]:  # tokens, offsets
-                            digest.update(array.tobytes())
+                    books.digest_replies(replies, digest)
             fetch_s += time.perf_counter() - start
     finally:
         planner.stop()
@@ -76,16 +72,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    subprocess.run([sys.executable, os.path.join(HERE, "workloads.py"), "hetero",
-                    "--dir", args.dir], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    with open(os.path.join(args.dir, "hetero", "hetero.json")) as f:
-        hetero = json.load(f)
-    books = next(s for s in hetero["sources"] if s["name"] == "books")
-    config = {"seed": hetero["seed"], "tokenizer": hetero["tokenizer"],
-              "topology": {"dp": 8},
-              "batch": {"global_tokens": 64 * args.seq_len, "seq_len": args.seq_len},
-              "sources": [dict(books, weight=1.0)]}
+    config = books.books_config(args.dir, args.seq_len)
     print(f"{'setting':<12} {'ns/token':>9} {'fetch s':>8} {'pieces':>7} "
           f"{'transformed':>11} {'from plans':>10} {'units read':>10}")
     rows = {"read again": [], "from plans": []}

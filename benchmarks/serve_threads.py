@@ -21,11 +21,9 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from harness import books
 
 
 def plans(config: dict, steps: int) -> list:
@@ -57,9 +55,7 @@ def serve(config: dict, asked_by_step: list) -> dict:
         for asked in buckets:
             if asked:
                 replies = host.fetch(asked)
-                for source in sorted(replies):
-                    for array in replies[source][:2]:  # tokens, offsets
-                        digest.update(array.tobytes())
+                books.digest_replies(replies, digest)
     wall = time.perf_counter() - start
     serving = host.status()["source_serving"]
     total = {k: sum(s[k] for s in serving.values())
@@ -76,16 +72,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    subprocess.run([sys.executable, os.path.join(HERE, "workloads.py"), "hetero",
-                    "--dir", args.dir], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    with open(os.path.join(args.dir, "hetero", "hetero.json")) as f:
-        hetero = json.load(f)
-    books = next(s for s in hetero["sources"] if s["name"] == "books")
-    config = {"seed": hetero["seed"], "tokenizer": hetero["tokenizer"],
-              "topology": {"dp": 8},
-              "batch": {"global_tokens": 64 * args.seq_len, "seq_len": args.seq_len},
-              "sources": [dict(books, weight=1.0)]}
+    config = books.books_config(args.dir, args.seq_len)
     asked = plans(config, args.steps)
     settings = (("1 thread", 1), (f"{args.threads} threads", args.threads))
     print(f"{'setting':<12} {'fetch s':>8} {'CPU s':>7} {'tokens':>9} "

@@ -244,6 +244,26 @@ def s3_server_running(log_path) -> Iterator[S3Server]:
         yield S3Server(url, client, log_path, proc)
 
 
+def with_and_without_cache(server: "S3Server", files, make_config: Callable[[str], dict],
+                           cache_dir, n: int) -> dict:
+    """Uploads `files` (local paths) under the prefixes plain/ and cached/ of S3_BUCKET and
+    takes `n` batches of rank 0 of 2 of make_config(url of the prefix) in this process,
+    without and with runtime.cache in `cache_dir`: per prefix, (batches, GETs of the
+    prefix's objects)."""
+    out = {}
+    for prefix in ("plain", "cached"):
+        for path in files:
+            server.client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{path.name}",
+                                     Body=path.read_bytes())
+        config = make_config(f"s3://{S3_BUCKET}/{prefix}")
+        if prefix == "cached":
+            config["runtime"] = {"cache": {"dir": str(cache_dir), "max_bytes": 1 << 30}}
+        server.start_counting()
+        it = iter(braid.Loader(config, rank=0, world_size=2))
+        out[prefix] = ([next(it) for _ in range(n)], server.gets(f"{prefix}/"))
+    return out
+
+
 # --- Storage that changes or goes down under a run (docs/sources.md, "Files that change",
 # "Unreadable files"): the same checks on every remote store
 

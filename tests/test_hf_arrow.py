@@ -109,29 +109,18 @@ def test_a_remote_folder_through_the_cache_crosses_the_network_once(saved, tmp_p
     the cache and mapped from there. The same batches either way."""
     import torch
 
-    from remote_fixtures import S3_BUCKET, s3_server_running
+    from remote_fixtures import s3_server_running, with_and_without_cache
 
     shards = sorted(saved.glob("*.arrow"))
     assert len(shards) == 3
     with s3_server_running(tmp_path / "requests.jsonl") as server:
-        for prefix in ("plain", "cached"):
-            for path in sorted(saved.iterdir()):
-                server.client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{path.name}",
-                                         Body=path.read_bytes())
         storage = {"endpoint": server.url, "region": "us-east-1"}
-        got = {}
-        for prefix in ("plain", "cached"):
-            config = config_for(f"s3://{S3_BUCKET}/{prefix}", storage=storage)
-            if prefix == "cached":
-                config["runtime"] = {"cache": {"dir": str(tmp_path / "cache"),
-                                               "max_bytes": 1 << 30}}
-            server.start_counting()
-            it = iter(braid.Loader(config, rank=0, world_size=2))
-            batches = [next(it) for _ in range(12)]
-            got[prefix] = (batches, server.gets(f"{prefix}/data-"))
-        (plain, plain_gets), (cached, cached_gets) = got["plain"], got["cached"]
-        for x, y in zip(plain, cached):
-            assert torch.equal(x["input_ids"], y["input_ids"])
-        assert cached_gets == len(shards), cached_gets
-        assert plain_gets > len(shards), plain_gets
-        assert len(list((tmp_path / "cache").glob("*-data-*.arrow"))) == len(shards)
+        got = with_and_without_cache(server, shards,
+                                     lambda url: config_for(url, storage=storage),
+                                     tmp_path / "cache", 12)
+    (plain, plain_gets), (cached, cached_gets) = got["plain"], got["cached"]
+    for x, y in zip(plain, cached):
+        assert torch.equal(x["input_ids"], y["input_ids"])
+    assert cached_gets == len(shards), cached_gets
+    assert plain_gets > len(shards), plain_gets
+    assert len(list((tmp_path / "cache").glob("*-data-*.arrow"))) == len(shards)

@@ -225,33 +225,21 @@ def test_a_cache_takes_each_remote_file_across_the_network_once(corpus, tmp_path
     """runtime.cache: counting at open downloads each file whole into the cache, and the
     reads that follow take the copy: one GET of each object, where without a cache the
     count and each read of a file download it again. The same batches either way."""
-    from remote_fixtures import S3_BUCKET, s3_server_running
+    from remote_fixtures import s3_server_running, with_and_without_cache
 
     folder, files = corpus
+    paths = [path for path, _ in files.values()]
     with s3_server_running(tmp_path / "requests.jsonl") as server:
-        keys = {}
-        for prefix in ("plain", "cached"):
-            for path, _ in files.values():
-                key = f"{prefix}/{path.name}"
-                server.client.put_object(Bucket=S3_BUCKET, Key=key,
-                                         Body=path.read_bytes())
-                keys.setdefault(prefix, []).append(key)
         storage = {"endpoint": server.url, "region": "us-east-1"}
-        got = {}
-        for prefix in ("plain", "cached"):
-            config = config_for(f"s3://{S3_BUCKET}/{prefix}", storage=storage)
-            if prefix == "cached":
-                config["runtime"] = {"cache": {"dir": str(tmp_path / "cache"),
-                                               "max_bytes": 1 << 30}}
-            server.start_counting()
-            got[prefix] = (take(braid.Loader(config, rank=1, world_size=2), 12),
-                           server.downloads(prefix))
-        (plain, plain_gets), (cached, cached_gets) = got["plain"], got["cached"]
-        for x, y in zip(plain, cached):
-            assert torch.equal(x["input_ids"], y["input_ids"])
-        assert cached_gets == {k: 1 for k in keys["cached"]}, cached_gets
-        assert sum(plain_gets.values()) > len(keys["plain"]), plain_gets
-        assert len(list((tmp_path / "cache").glob("*-*.json*"))) == len(files)
+        got = with_and_without_cache(server, paths,
+                                     lambda url: config_for(url, storage=storage),
+                                     tmp_path / "cache", 12)
+    (plain, plain_gets), (cached, cached_gets) = got["plain"], got["cached"]
+    for x, y in zip(plain, cached):
+        assert torch.equal(x["input_ids"], y["input_ids"])
+    assert cached_gets == len(paths), cached_gets
+    assert plain_gets > len(paths), plain_gets
+    assert len(list((tmp_path / "cache").glob("*-*.json*"))) == len(paths)
 
 
 def test_inspect_counts_records_and_a_fields_lengths(corpus):

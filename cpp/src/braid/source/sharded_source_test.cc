@@ -50,6 +50,20 @@ class ShardedSourceTest : public ::testing::TestWithParam<int64_t> {
     return source.ok() ? std::move(*source) : nullptr;
   }
 
+  // Which shard read each (epoch, window) (Options::on_read_window).
+  struct Readers {
+    std::mutex mu;
+    std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> by_window;  // GUARDED_BY(mu)
+  };
+  static SourceLoader::Options Recording(Readers* r) {
+    SourceLoader::Options o;
+    o.on_read_window = [r](int64_t shard, int64_t epoch, int64_t window) {
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->by_window[{epoch, window}].push_back(shard);
+    };
+    return o;
+  }
+
   // Metadata and payload tokens of the next n samples.
   using Item = std::tuple<int32_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                           SkipReason, std::vector<int32_t>>;
@@ -114,20 +128,16 @@ TEST_P(ShardedSourceTest, ResumesMidWindowLikeOneLoader) {
 
 TEST_P(ShardedSourceTest, LoadersReadOnlyTheirOwnWindows) {
   const int64_t n = GetParam();
-  std::mutex mu;
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> readers;  // GUARDED_BY(mu)
-  SourceLoader::Options o;
-  o.on_read_window = [&](int64_t shard, int64_t epoch, int64_t window) {
-    std::lock_guard<std::mutex> lock(mu);
-    readers[{epoch, window}].push_back(shard);
-  };
+  Readers r;
+  SourceLoader::Options o = Recording(&r);
   auto source = Make(n, {}, o);
   ASSERT_NE(source, nullptr);
   Read(source.get(), 300);  // epoch 0
   source->Stop();
   const auto windows = EpochWindows(source->loader(0).file_list(), config_.seed, 0,
                                     /*epoch=*/0, /*window_rows=*/20);
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& readers = r.by_window;
   for (int64_t w = 0; w < int64_t(windows.size()); ++w) {
     // Each window of the epoch was read once, by its owner.
     const std::vector<int64_t> owner = {w % n};
@@ -183,13 +193,8 @@ TEST_P(ShardedSourceTest, UnreadableFilesSkipTheSameForAnyLoaderCount) {
 TEST_P(ShardedSourceTest, OneLoaderReadsEveryBlockOfAUnit) {
   const int64_t n = GetParam();
   config_.sources[0].shuffle_window_bytes = 256;  // every row group cut into blocks
-  std::mutex mu;
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> readers;  // GUARDED_BY(mu)
-  SourceLoader::Options o;
-  o.on_read_window = [&](int64_t shard, int64_t epoch, int64_t window) {
-    std::lock_guard<std::mutex> lock(mu);
-    readers[{epoch, window}].push_back(shard);
-  };
+  Readers r;
+  SourceLoader::Options o = Recording(&r);
   auto one = Make(1);
   auto many = Make(n, {}, o);
   ASSERT_NE(one, nullptr);
@@ -204,7 +209,8 @@ TEST_P(ShardedSourceTest, OneLoaderReadsEveryBlockOfAUnit) {
   for (const auto& f : owners) owning.insert(f.begin(), f.end());
   EXPECT_EQ(int64_t(owning.size()), n);
   const auto windows = EpochWindows(files, config_.seed, 0, /*epoch=*/0, 20, 256);
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto& readers = r.by_window;
   int64_t continued = 0;
   for (int64_t w = 0; w < int64_t(windows.size()); ++w) {
     const auto [file, rg] = windows[size_t(w)].row_groups.front();
