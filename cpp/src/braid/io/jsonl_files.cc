@@ -341,7 +341,13 @@ class JsonlReader : public FormatReader {
       return Status::OK();
     }
     if (b - a == 1) {
-      bad->emplace_back(first + int64_t(a), OneLine(batch.status().message()));
+      // Arrow's " in row 0" is the row of this one-line parse: the record is named.
+      std::string why = OneLine(batch.status().message());
+      if (const size_t in_row = why.rfind(" in row "); in_row != std::string::npos &&
+          why.find_first_not_of("0123456789", in_row + 8) == std::string::npos) {
+        why.resize(in_row);
+      }
+      bad->emplace_back(first + int64_t(a), std::move(why));
       Columns cols;
       for (const auto& field : schema_->fields()) {
         ARROW_ASSIGN_OR_RAISE(auto nulls, arrow::MakeArrayOfNull(field->type(), 1));
