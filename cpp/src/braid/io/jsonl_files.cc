@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string_view>
 #include <vector>
 
@@ -419,7 +420,10 @@ class JsonlReader : public FormatReader {
                            " (set on_error: skip to skip such records)");
     }
     for (const auto& [at, why] : bad) {
-      if (bad_lines_logged_++ < kBadLinesLogged) {
+      // Once a record (a later epoch's skip of it is the loader's to log), at most
+      // kBadLinesLogged records.
+      if (logged_bad_.size() < size_t(kBadLinesLogged) &&
+          logged_bad_.emplace(file, at).second) {
         std::fprintf(stderr,
                      "braid: source '%s' skipped record %lld of %s: it does not parse as "
                      "JSON (%s)\n",
@@ -524,11 +528,12 @@ class JsonlReader : public FormatReader {
   bool at_end_ = false;  // no reader_: file_'s records were read to its end
   // No reader_: making it failed on a line of its first block, from record next_.
   Status first_block_error_;
-  // Records that do not parse (on_error: skip): logged, the first kBadLinesLogged.
+  // Records that do not parse (on_error: skip): logged once each, the first
+  // kBadLinesLogged of them.
   static constexpr int64_t kBadLinesLogged = 10;
   const std::string source_name_;
   const bool skip_bad_lines_;
-  int64_t bad_lines_logged_ = 0;
+  std::set<std::pair<int, int64_t>> logged_bad_;  // (file, record)
 };
 
 // The records (lines holding anything but whitespace) and decoded bytes of one file. A
