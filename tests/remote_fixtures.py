@@ -245,12 +245,14 @@ def s3_server_running(log_path) -> Iterator[S3Server]:
 
 
 def with_and_without_cache(server: "S3Server", files, make_config: Callable[[str], dict],
-                           cache_dir, n: int) -> dict:
-    """Uploads `files` (local paths) under the prefixes plain/ and cached/ of S3_BUCKET and
+                           cache_dir, n: int) -> Tuple[int, int]:
+    """Uploads `files` (local paths) under the prefixes plain/ and cached/ of S3_BUCKET,
     takes `n` batches of rank 0 of 2 of make_config(url of the prefix) in this process,
-    without and with runtime.cache in `cache_dir`: per prefix, (batches, GETs of the
-    prefix's objects)."""
-    out = {}
+    without and with runtime.cache in `cache_dir`, and checks they are the same: returns
+    the GETs of each prefix's objects (plain, cached)."""
+    import torch
+
+    batches, gets = {}, {}
     for prefix in ("plain", "cached"):
         for path in files:
             server.client.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{path.name}",
@@ -260,8 +262,11 @@ def with_and_without_cache(server: "S3Server", files, make_config: Callable[[str
             config["runtime"] = {"cache": {"dir": str(cache_dir), "max_bytes": 1 << 30}}
         server.start_counting()
         it = iter(braid.Loader(config, rank=0, world_size=2))
-        out[prefix] = ([next(it) for _ in range(n)], server.gets(f"{prefix}/"))
-    return out
+        batches[prefix] = [next(it) for _ in range(n)]
+        gets[prefix] = server.gets(f"{prefix}/")
+    for x, y in zip(batches["plain"], batches["cached"], strict=True):
+        assert torch.equal(x["input_ids"], y["input_ids"])
+    return gets["plain"], gets["cached"]
 
 
 # --- Storage that changes or goes down under a run (docs/sources.md, "Files that change",

@@ -107,20 +107,15 @@ def test_a_remote_folder_through_the_cache_crosses_the_network_once(saved, tmp_p
     """On S3 (the loopback server): without runtime.cache each shard is walked remotely
     and its batches read again by range; with it each shard is one GET, copied whole into
     the cache and mapped from there. The same batches either way."""
-    import torch
-
     from remote_fixtures import s3_server_running, with_and_without_cache
 
     shards = sorted(saved.glob("*.arrow"))
     assert len(shards) == 3
     with s3_server_running(tmp_path / "requests.jsonl") as server:
         storage = {"endpoint": server.url, "region": "us-east-1"}
-        got = with_and_without_cache(server, shards,
-                                     lambda url: config_for(url, storage=storage),
-                                     tmp_path / "cache", 12)
-    (plain, plain_gets), (cached, cached_gets) = got["plain"], got["cached"]
-    for x, y in zip(plain, cached):
-        assert torch.equal(x["input_ids"], y["input_ids"])
+        plain_gets, cached_gets = with_and_without_cache(
+            server, shards, lambda url: config_for(url, storage=storage),
+            tmp_path / "cache", 12)
     assert cached_gets == len(shards), cached_gets
     assert plain_gets > len(shards), plain_gets
     assert len(list((tmp_path / "cache").glob("*-data-*.arrow"))) == len(shards)

@@ -160,6 +160,10 @@ std::string FileCache::EntryName(const arrow::fs::FileInfo& info) {
   return prefix + stdfs::path(info.path()).filename().string();
 }
 
+std::string FileCache::CopyPath(const arrow::fs::FileInfo& info) const {
+  return (stdfs::path(dir_) / EntryName(info)).string();
+}
+
 Result<std::shared_ptr<arrow::io::RandomAccessFile>> FileCache::Open(
     arrow::fs::FileSystem* remote, const arrow::fs::FileInfo& info, bool download) {
   const int64_t size = info.size();
@@ -169,7 +173,7 @@ Result<std::shared_ptr<arrow::io::RandomAccessFile>> FileCache::Open(
   if (!ec) stdfs::create_directories(stdfs::path(dir_) / kPartial, ec);
   if (ec) return StorageError(dir_, "cannot create the cache folder: " + ec.message());
   const std::string name = EntryName(info);
-  const std::string data = (stdfs::path(dir_) / name).string();
+  const std::string data = CopyPath(info);
   const std::string lock_path = (stdfs::path(dir_) / kLocks / name).string();
   auto pinned = [&](LockFile lock, std::shared_ptr<arrow::io::ReadableFile> file) {
     ::utimensat(AT_FDCWD, data.c_str(), nullptr, 0);  // recently used (best effort)

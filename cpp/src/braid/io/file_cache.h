@@ -55,6 +55,9 @@ class FileCache : public std::enable_shared_from_this<FileCache> {
 
   /// The entry's name in the folder ("<hash>-<file name>").
   static std::string EntryName(const arrow::fs::FileInfo& info);
+  /// Where the copy of `info` is (or would be): the folder's entry. A reader that maps it
+  /// by path holds the copy Open pinned meanwhile.
+  std::string CopyPath(const arrow::fs::FileInfo& info) const;
 
   /// Evicts unpinned copies, least recently used first, until the copies take at most
   /// max_bytes - `reserve` bytes; `keep` (an entry name) is never evicted. Returns

@@ -76,9 +76,7 @@ Status OpenInput(arrow::fs::FileSystem* fs, FileCache* cache, ArrowFile* f) {
     if (*copy) {
       f->pin = std::move(*copy);
       f->local = true;
-      ARROW_ASSIGN_OR_RAISE(
-          f->input,
-          MapWhole(cache->dir() + "/" + FileCache::EntryName(f->stamp), f->path));
+      ARROW_ASSIGN_OR_RAISE(f->input, MapWhole(cache->CopyPath(f->stamp), f->path));
       return Status::OK();
     }
   }

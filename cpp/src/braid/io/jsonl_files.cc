@@ -143,9 +143,11 @@ class PrefixedStream : public arrow::io::InputStream {
   int64_t position_ = 0;
 };
 
-// True for a line of nothing but whitespace (no record: counting and Arrow skip it).
+// The characters a line may hold and still be no record (blank: Arrow skips it); one
+// rule for counting at open and for finding a bad line.
+bool Space(uint8_t c) { return c == ' ' || c == '\t' || c == '\r'; }
 bool Blank(std::string_view line) {
-  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+  return std::all_of(line.begin(), line.end(), [](char c) { return Space(uint8_t(c)); });
 }
 
 bool EndsWith(const std::string& s, const char* suffix) {
@@ -581,7 +583,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
     const uint8_t* end = p + n;
     while (p < end) {
       if (!content) {
-        while (p < end && (*p == ' ' || *p == '\t' || *p == '\r')) ++p;
+        while (p < end && Space(*p)) ++p;
         if (p == end) break;
         if (*p == '\n') {
           ++p;

@@ -226,7 +226,7 @@ SourceService::TransformedRows SourceService::TransformAhead(const int64_t* requ
       !config_.sources[size_t(source_index_)].tokens_column.empty()) {
     return ahead;  // one thread, one row, or a view of a token column: nothing to share
   }
-  std::vector<Transformed*> todo;
+  std::vector<std::pair<RowKey, Transformed*>> todo;  // map nodes stay where they are
   for (int64_t k = 0; k < n; ++k) {
     const int64_t* q = requests + k * kRequestFields;
     const RowKey key{static_cast<int32_t>(q[0]), q[1]};
@@ -236,22 +236,18 @@ SourceService::TransformedRows SourceService::TransformAhead(const int64_t* requ
     if (!at.ok()) break;  // Row finds the same error in its turn
     Transformed& t = ahead[key];
     t.at = std::move(*at);
-    todo.push_back(&t);
+    todo.emplace_back(key, &t);
   }
   if (todo.size() < 2) return {};
-  // Keys stay valid: `ahead` is not changed while the loop runs.
-  std::vector<RowKey> keys;
-  for (const auto& [key, t] : ahead) keys.push_back(key);
   served_.cpu_ns += pool_->ParallelFor(
-      static_cast<int64_t>(keys.size()), pool_->threads(), [&](int64_t i) {
-        const RowKey& key = keys[size_t(i)];
-        Transformed& t = ahead.find(key)->second;
+      static_cast<int64_t>(todo.size()), pool_->threads(), [&](int64_t i) {
+        const auto& [key, t] = todo[size_t(i)];
         const std::string& path = files_->files()[size_t(key.first)].path;
-        t.status = transform_->Apply(t.at.cols, t.at.index, /*want_payload=*/true,
-                                     RowLocation{&path, t.at.row_group, key.second},
-                                     &t.out);
+        t->status = transform_->Apply(t->at.cols, t->at.index, /*want_payload=*/true,
+                                      RowLocation{&path, t->at.row_group, key.second},
+                                      &t->out);
       });
-  served_.rows_transformed += static_cast<int64_t>(keys.size());
+  served_.rows_transformed += static_cast<int64_t>(todo.size());
   return ahead;
 }
 

@@ -23,10 +23,8 @@ int64_t MostLoaders(const std::vector<SourceFiles::File>& files, int64_t window_
   int64_t cut = 0;  // units of two blocks or more
   for (const auto& f : files) {
     for (size_t rg = 0; rg < f.row_group_rows.size(); ++rg) {
-      const int64_t rows = f.row_group_rows[rg];
       const int64_t bytes = rg < f.row_group_bytes.size() ? f.row_group_bytes[rg] : 0;
-      const int64_t block = BlockRows(rows, bytes, window_bytes);
-      cut += block > 0 && rows > block;
+      cut += ReadInSeveralBlocks(f.row_group_rows[rg], bytes, window_bytes);
     }
   }
   return cut > 0 ? cut : MinWindowsPerEpoch(files, window_rows);

@@ -48,6 +48,11 @@ int64_t BlockRows(int64_t rows, int64_t bytes, int64_t window_bytes) {
   return std::max<int64_t>(1, static_cast<int64_t>(__int128{rows} * window_bytes / bytes));
 }
 
+bool ReadInSeveralBlocks(int64_t rows, int64_t bytes, int64_t window_bytes) {
+  const int64_t block = BlockRows(rows, bytes, window_bytes);
+  return block > 0 && rows > block;
+}
+
 std::vector<std::vector<int64_t>> UnitOwners(const std::vector<SourceFiles::File>& files,
                                              int64_t window_bytes, int64_t shards) {
   shards = std::max<int64_t>(1, shards);
@@ -57,11 +62,10 @@ std::vector<std::vector<int64_t>> UnitOwners(const std::vector<SourceFiles::File
     const auto& file = files[f];
     owner[f].resize(file.row_group_rows.size());
     for (size_t rg = 0; rg < file.row_group_rows.size(); ++rg, ++index) {
-      const int64_t rows = file.row_group_rows[rg];
       const int64_t bytes =
           rg < file.row_group_bytes.size() ? file.row_group_bytes[rg] : 0;
-      const int64_t block = BlockRows(rows, bytes, window_bytes);
-      const bool blocks = block > 0 && rows > block;  // two blocks or more
+      const bool blocks =
+          ReadInSeveralBlocks(file.row_group_rows[rg], bytes, window_bytes);
       owner[f][rg] = (blocks ? cut++ : index) % shards;
     }
   }

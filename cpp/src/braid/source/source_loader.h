@@ -111,6 +111,10 @@ struct ShuffleWindow {
   int64_t bytes = 0;  ///< estimated from the footers (File::row_group_bytes)
 };
 
+/// True if a unit of `rows` rows and `bytes` estimated bytes is read in two blocks or
+/// more at `window_bytes` (BlockRows).
+bool ReadInSeveralBlocks(int64_t rows, int64_t bytes, int64_t window_bytes);
+
 /// Which of `shards` loaders reads the units (row groups, files) of a source whose units
 /// are larger than `window_bytes` and read in blocks: per file, per row group. The units
 /// of two blocks or more go round in turn, in sorted path order (each loader so owns one
