@@ -50,6 +50,20 @@ QUICK_TRAIN = textwrap.dedent("""
 """)
 
 
+def excerpt(lines: List[str]) -> str:
+    """What a failed torchrun printed: from a little before the first line that reads as
+    the cause (a native check or stack, a Python traceback) on, and the tail. A native
+    stack alone, as the tail often is, does not say what failed."""
+    text = "".join(lines)
+    for markers in (("Check failed", "StackTrace", "*** SIG", "F0", "F1"),
+                    ("Traceback", "Error")):
+        found = [i for i in (text.find(m) for m in markers) if i >= 0]
+        if found:
+            start = max(0, min(found) - 1500)
+            return f"{text[start:start + 5000]}\n...\n{text[-2000:]}"
+    return text[-3000:]
+
+
 def quick_start() -> List[tuple]:
     """docs/distributed.md's quick start: (command, where) per line of its bash block."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "distributed.md").read_text()
@@ -136,16 +150,16 @@ def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_p
                     if proc.poll() is not None:
                         time.sleep(1)  # the readers drain
                         pytest.fail(f"torchrun on node {node} exited {proc.returncode}: "
-                                    f"{''.join(errors[node])[-3000:]}")
+                                    f"{excerpt(errors[node])}")
                 assert time.monotonic() < deadline, (digests(), [
-                    "".join(e)[-3000:] for e in errors])
+                    excerpt(e) for e in errors])
                 time.sleep(0.2)
             shown = run(0, status)
             (tmp_path / "status-done").touch()
             for node, proc in enumerate(procs):
                 proc.wait(timeout=120)
                 time.sleep(0.5)
-                assert proc.returncode == 0, "".join(errors[node])[-3000:]
+                assert proc.returncode == 0, excerpt(errors[node])
         finally:
             for proc in procs:
                 if proc.poll() is None:
