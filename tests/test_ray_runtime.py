@@ -69,14 +69,18 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
     # TP peers (ranks 0/1 and 2/3 share a DP rank) received one build: the constructor
     # built each (step, bucket) once, not once per rank, for every step up to the newest
     # one asked for and the steps_in_flight after it. (How far the trainers' receivers
-    # asked ahead of the 12 micro-batches taken depends on timing: bound by the newest.)
+    # asked ahead of the 12 micro-batches taken depends on timing: bound by the newest.
+    # A rank that fell further behind than the kept window, as on a loaded machine, has
+    # its (step, bucket) built again: counted apart, and far fewer than a build per rank.)
     job = loaders[0]._engine.job
     status = {a["role"]: a for a in jobs.status(job.name, job.namespace)}
     steps = 12 // loaders[0].micro_batches_per_step
     in_flight = 2
     newest = status["constructor"]["newest_step"]
     assert newest >= steps - 1
-    assert status["constructor"]["built_buckets"] <= 2 * (newest + 1 + in_flight)
+    built, rebuilt = (status["constructor"][k] for k in ("built_buckets", "rebuilt_buckets"))
+    assert built - rebuilt <= 2 * (newest + 1 + in_flight)
+    assert rebuilt <= built // 4, (built, rebuilt)
     assert status["planner"]["clients"] == world
     delivered = status["constructor"]["delivered"]
     assert delivered >= 12 * world if delivery == "node" else delivered == 0

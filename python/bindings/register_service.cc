@@ -688,6 +688,7 @@ void RegisterService(nb::module_& m) {
              nb::dict d;
              d["newest_step"] = f.newest_step;
              d["built_buckets"] = f.built_buckets;
+             d["rebuilt_buckets"] = f.rebuilt_buckets;
              d["shadow_failovers"] = f.standby_requests;
              d["held_builds"] = f.held_builds;
              d["held_views"] = f.held_views;

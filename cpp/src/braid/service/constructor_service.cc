@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <thread>
 
 #include "braid/client/topology.h"
@@ -27,6 +28,38 @@ bool CarriesPayloads(const StepPlan& plan, int64_t bucket) {
   }
   return true;  // no piece: nothing to fetch
 }
+
+// The steps built of each bucket, kept as runs of consecutive steps (a job builds a few
+// runs, however long it runs), to tell a build of a (step, bucket) built before (for a
+// rank further behind than the kept window) from a first one. Thread-compatible.
+class BuiltSteps {
+ public:
+  // Notes (step, bucket) built; false if it was built before.
+  bool Add(int64_t step, int64_t bucket) {
+    std::map<int64_t, int64_t>& runs = runs_[bucket];  // first step -> last step
+    auto after = runs.upper_bound(step);
+    const bool joins_next = after != runs.end() && after->first == step + 1;
+    if (after != runs.begin()) {
+      auto run = std::prev(after);
+      if (step <= run->second) return false;
+      if (run->second + 1 == step) {
+        run->second = joins_next ? after->second : step;
+        if (joins_next) runs.erase(after);
+        return true;
+      }
+    }
+    int64_t last = step;
+    if (joins_next) {
+      last = after->second;
+      runs.erase(after);
+    }
+    runs.emplace(step, last);
+    return true;
+  }
+
+ private:
+  std::map<int64_t, std::map<int64_t, int64_t>> runs_;
+};
 
 }  // namespace
 
@@ -107,6 +140,8 @@ class ConstructorService::Impl {
   int64_t next_id_ = 0;                  // GUARDED_BY(mu_): of builds and plan requests
   bool stopped_ = false;                                                    // GUARDED_BY(mu_)
   int64_t built_ = 0;                                                       // GUARDED_BY(mu_)
+  int64_t rebuilt_ = 0;                                                     // GUARDED_BY(mu_)
+  BuiltSteps built_steps_;                                                  // GUARDED_BY(mu_)
   int64_t plan_bytes_ = 0;                                                  // GUARDED_BY(mu_)
   int64_t standby_requests_ = 0;                                            // GUARDED_BY(mu_)
   std::map<int32_t, int64_t> blanked_;                                      // GUARDED_BY(mu_)
@@ -181,6 +216,7 @@ void ConstructorService::Impl::BuildLoop() {
     lock.lock();
     if (built.ok()) {
       ++built_;
+      if (!built_steps_.Add(key.first, key.second)) ++rebuilt_;
     } else {  // forgotten before its waiters learn of it: a retried request builds again
       dropped = state_.Apply(
           ConstructorServiceState::BuildEnded{key, node.mapped().id, false});
@@ -485,6 +521,7 @@ ConstructorService::Figures ConstructorService::Impl::figures() const {
   Figures f;
   f.newest_step = state_.newest_step();
   f.built_buckets = built_;
+  f.rebuilt_buckets = rebuilt_;
   f.standby_requests = standby_requests_;
   f.held_builds = state_.held_builds();
   f.held_views = state_.held_views();

@@ -171,6 +171,9 @@ class ConstructorService {
   struct Figures {
     int64_t newest_step = -1;
     int64_t built_buckets = 0;      ///< (step, bucket) builds completed
+    /// Of built_buckets, builds of a (step, bucket) built before: asked again by a rank
+    /// further behind than the kept window (Options::keep_steps).
+    int64_t rebuilt_buckets = 0;
     int64_t standby_requests = 0;   ///< calls hedged to a standby
     int64_t held_builds = 0, held_views = 0;
     int64_t plan_bytes = 0;         ///< of plan messages received

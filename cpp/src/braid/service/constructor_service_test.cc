@@ -248,6 +248,7 @@ TEST_F(ConstructorServiceTest, ManyRanksAtOnceGetTheEmbeddedBatchesFromOneBuildE
   // Each (step, bucket) once, plus the builds ahead of the newest step asked for.
   EXPECT_GE(figures.built_buckets, kSteps * buckets);
   EXPECT_LE(figures.built_buckets, (kSteps + options.steps_in_flight) * buckets);
+  EXPECT_EQ(figures.rebuilt_buckets, 0);
   EXPECT_EQ(figures.standby_requests, 0);
 }
 
@@ -314,10 +315,14 @@ TEST_F(ConstructorServiceTest, TheWindowKeepsFewStepsAndRebuildsAnOldOneTheSame)
     EXPECT_LE(service->figures().held_builds, 3 * buckets) << "step " << s;
   }
   const int64_t built = service->figures().built_buckets;
+  EXPECT_EQ(service->figures().rebuilt_buckets, 0);
   auto old = service->View(ViewKey{1, 1, 1, 0, 0, true, true});
   ASSERT_TRUE(old.ok()) << old.status().ToString();
   ExpectSame((*old)->batch(), Embedded(1, 1, 1));
-  EXPECT_GT(service->figures().built_buckets, built);  // built again
+  // Built again, and the step in flight after it (perhaps not yet): each a rebuild.
+  EXPECT_GT(service->figures().built_buckets, built);
+  EXPECT_GE(service->figures().rebuilt_buckets, 1);
+  EXPECT_LE(service->figures().rebuilt_buckets, 2);
   EXPECT_FALSE(service->View(ViewKey{0, buckets, 0, 0, 0, true, true}).ok());
   EXPECT_FALSE(service->View(ViewKey{0, 0, 99, 0, 0, true, true}).ok());
 }
@@ -355,6 +360,7 @@ TEST_F(ConstructorServiceTest, ABuildGoesOnceEveryRankOfItsBucketWasServedAll) {
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   ExpectSame((*again)->batch(), Embedded(0, 0, 1 % mbs));
   EXPECT_EQ(service->figures().built_buckets, built + 1);
+  EXPECT_EQ(service->figures().rebuilt_buckets, 1);
 }
 
 TEST_F(ConstructorServiceTest, ABuildDroppedFromTheWindowBeforeItRanIsStillAnswered) {
