@@ -6,8 +6,8 @@ Python's json, gzip and zstandard (a dev dependency); Braid reads the token list
 its source loader (one worker, the files' records in its seeded order, the source's
 opening pass that counts every file's records included, or, with runtime.length_cache
 holding the counts of an earlier open, without it); pyarrow.json reads every file
-with the same explicit schema (`input_ids` only, other fields ignored) and
-use_threads=False and takes the token column's values, block by block. Target >= 1.0
+with the same explicit schema (`input_ids` only, other fields ignored),
+use_threads=False and its default block size, and takes the token column's values, block by block. Target >= 1.0
 per compression.
 
     .venv/bin/python benchmarks/formats_jsonl.py [--records 60000] [--files 4]
@@ -58,7 +58,7 @@ def write_files(root: str, suffix: str, records: int, files: int, seed: int) -> 
 def reference(paths) -> tuple:
     opts = pj.ParseOptions(explicit_schema=pa.schema([("input_ids", pa.list_(pa.int32()))]),
                            unexpected_field_behavior="ignore")
-    read = pj.ReadOptions(use_threads=False, block_size=4 << 20)
+    read = pj.ReadOptions(use_threads=False)  # Arrow's default 1 MiB blocks, as Braid's
     start = time.perf_counter()
     tokens = 0
     for p in paths:

@@ -52,7 +52,7 @@ namespace {
 // error, not what it decoded before it: the records of at most one chunk before a damage
 // are lost to it.
 constexpr int64_t kCountChunkBytes = int64_t{64} << 10;
-constexpr int32_t kFirstBlockBytes = int32_t{1} << 22;   // Arrow's JSON block
+constexpr int32_t kFirstBlockBytes = int32_t{1} << 20;   // Arrow's default JSON block
 constexpr int32_t kMaxBlockBytes = int32_t{1} << 30;     // a record may be this long
 
 // A stream that notes in `failed` whether a read of the underlying stream failed, so a

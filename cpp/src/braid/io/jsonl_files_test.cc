@@ -247,7 +247,7 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
 // record.
 TEST(JsonlFilesTest, ALineThatDoesNotParseIsANullRecordInItsPlaceUnderSkip) {
   testing::ScopedTempDir dir("braid-jsonl");
-  const Docs docs = MakeDocs(30000, 8);  // about 7 MB: two of Arrow's 4 MiB blocks
+  const Docs docs = MakeDocs(30000, 8);  // about 7 MB: seven of Arrow's 1 MiB blocks
   const std::set<int64_t> bad = {5, 17000, 29999};
   std::string body;
   for (int64_t i = 0; i < int64_t(docs.size()); ++i) {
