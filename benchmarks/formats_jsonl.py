@@ -7,8 +7,8 @@ its source loader (one worker, the files' records in its seeded order, the sourc
 opening pass that counts every file's records included, or, with runtime.length_cache
 holding the counts of an earlier open, without it); pyarrow.json reads every file
 with the same explicit schema (`input_ids` only, other fields ignored),
-use_threads=False and its default block size, and takes the token column's values, block by block. Target >= 1.0
-per compression.
+use_threads=False and its default block size, and takes the token column's values,
+block by block. Target >= 1.0 per compression.
 
     .venv/bin/python benchmarks/formats_jsonl.py [--records 60000] [--files 4]
         [--repeat 3]

@@ -78,7 +78,8 @@ def test_every_rank_gets_the_embedded_tensors_and_tp_peers_share_one_build(
     in_flight = 2
     newest = status["constructor"]["newest_step"]
     assert newest >= steps - 1
-    built, rebuilt = (status["constructor"][k] for k in ("built_buckets", "rebuilt_buckets"))
+    built = status["constructor"]["built_buckets"]
+    rebuilt = status["constructor"]["rebuilt_buckets"]
     assert built - rebuilt <= 2 * (newest + 1 + in_flight)
     assert rebuilt <= built // 4, (built, rebuilt)
     assert status["planner"]["clients"] == world
