@@ -56,6 +56,12 @@ class FormatReader {
   virtual Result<std::optional<std::vector<RowLength>>> ReadRowLengths(int file, int unit,
                                                                        int64_t first,
                                                                        int64_t rows);
+
+  /// Why the reader gave row `row` of file `file` as null itself (a JSON Lines line that
+  /// does not parse, under on_error: skip), for the loader's skip line; empty when it
+  /// did not, or no longer keeps why. Thread-safe (the loader asks from its workers
+  /// while its reader thread reads).
+  virtual std::string WhyNull(int /*file*/, int64_t /*row*/) const { return {}; }
 };
 
 /// What opening a format's files gives SourceFiles.

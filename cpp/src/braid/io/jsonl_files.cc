@@ -22,14 +22,15 @@
 // its records. A line that does not parse (or holds a field of another type) fails
 // Arrow's whole block: the block's lines are read again and parsed a run at a time to
 // find it, then it is an error naming the file and its record (on_error: fail) or a
-// null record in its place, logged, the block's other records read (skip).
+// null record in its place, the block's other records read (skip); why it is null is
+// kept for the loader's skip line (WhyNull), which logs it.
 //
-// Thread-compatible (format_reader_internal.h).
+// Thread-compatible (format_reader_internal.h), but WhyNull, which is thread-safe.
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <cstring>
-#include <set>
+#include <map>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -183,14 +184,12 @@ class JsonlReader : public FormatReader {
  public:
   JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::shared_ptr<FileCache> cache,
               std::vector<JsonlFile> files, std::vector<ColumnSpec> columns,
-              std::shared_ptr<arrow::Schema> schema, std::string source_name,
-              bool skip_bad_lines)
+              std::shared_ptr<arrow::Schema> schema, bool skip_bad_lines)
       : fs_(std::move(fs)),
         cache_(std::move(cache)),
         files_(std::move(files)),
         columns_(std::move(columns)),
         schema_(std::move(schema)),
-        source_name_(std::move(source_name)),
         skip_bad_lines_(skip_bad_lines) {}
 
   Result<Columns> ReadColumns(int file, int unit) override {
@@ -211,6 +210,12 @@ class JsonlReader : public FormatReader {
       }
     }
     return out;
+  }
+
+  std::string WhyNull(int file, int64_t row) const override {
+    std::lock_guard<std::mutex> lock(bad_mu_);
+    const auto it = bad_.find({file, row});
+    return it == bad_.end() ? std::string() : it->second;
   }
 
   // Arrow's blocks as they come, with no copy into one array.
@@ -421,16 +426,13 @@ class JsonlReader : public FormatReader {
                        "does not parse as JSON: " + bad.front().second +
                            " (set on_error: skip to skip such records)");
     }
-    for (const auto& [at, why] : bad) {
-      // Once a record (a later epoch's skip of it is the loader's to log), at most
-      // kBadLinesLogged records.
-      if (logged_bad_.size() < size_t(kBadLinesLogged) &&
-          logged_bad_.emplace(file, at).second) {
-        std::fprintf(stderr,
-                     "braid: source '%s' skipped record %lld of %s: it does not parse as "
-                     "JSON (%s)\n",
-                     source_name_.c_str(), static_cast<long long>(at), f.path.c_str(),
-                     why.c_str());
+    {
+      // Why each is null, for the loader's skip line (WhyNull).
+      std::lock_guard<std::mutex> lock(bad_mu_);
+      for (const auto& [at, why] : bad) {
+        if (bad_.size() < size_t(kBadLinesKept)) {
+          bad_.emplace(std::make_pair(file, at), "does not parse as JSON (" + why + ")");
+        }
       }
     }
     Columns block;
@@ -530,12 +532,12 @@ class JsonlReader : public FormatReader {
   bool at_end_ = false;  // no reader_: file_'s records were read to its end
   // No reader_: making it failed on a line of its first block, from record next_.
   Status first_block_error_;
-  // Records that do not parse (on_error: skip): logged once each, the first
-  // kBadLinesLogged of them.
-  static constexpr int64_t kBadLinesLogged = 10;
-  const std::string source_name_;
+  // Why records did not parse (on_error: skip), the first kBadLinesKept of them: a
+  // corpus of many bad lines keeps the first reasons, not every one.
+  static constexpr size_t kBadLinesKept = 1000;
   const bool skip_bad_lines_;
-  std::set<std::pair<int, int64_t>> logged_bad_;  // (file, record)
+  mutable std::mutex bad_mu_;
+  std::map<std::pair<int, int64_t>, std::string> bad_;  // GUARDED_BY(bad_mu_)
 };
 
 // The records (lines holding anything but whitespace) and decoded bytes of one file. A
@@ -646,7 +648,6 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(cache),
                                              std::move(files), columns, std::move(schema),
-                                             source.name,
                                              source.on_error == OnError::kSkip);
   return out;
 }

@@ -225,6 +225,11 @@ class SourceFiles {
                                                                          int64_t first,
                                                                          int64_t rows);
 
+  /// Why row `row` of file `file` was read as null by its format's reader itself (a
+  /// JSON Lines line that does not parse, under on_error: skip), for the loader's skip
+  /// line; empty when it was not, or for a Parquet file. Thread-safe, unlike the reads.
+  std::string WhyNull(int file, int64_t row) const;
+
  private:
   SourceFiles() = default;
 

@@ -41,6 +41,10 @@ Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadLengths(
       file, row_group, [&] { return ReadLengthsOnce(file, row_group); });
 }
 
+std::string SourceFiles::WhyNull(int file, int64_t row) const {
+  return format_reader_ ? format_reader_->WhyNull(file, row) : std::string();
+}
+
 Result<std::shared_ptr<const std::vector<RowLength>>> SourceFiles::ReadBlockLengths(
     int file, int row_group, int64_t first, int64_t rows) {
   if (format_reader_) {

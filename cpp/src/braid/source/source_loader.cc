@@ -870,6 +870,10 @@ Status SourceLoader::ReadStep() {
     }
     // (An unread row group was logged once, not per row.)
     if (o.skip != SkipReason::kNone && unread_[size_t(r.arrays_slot)].empty()) {
+      if (o.skip == SkipReason::kNull) {  // null as read: the reader may know why
+        std::string why = files_->WhyNull(r.file, r.row);
+        if (!why.empty()) o.null_what = std::move(why);
+      }
       LogSkip(where(r), o);
     }
     if (o.skip == SkipReason::kNone) {
