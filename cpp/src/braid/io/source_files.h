@@ -169,6 +169,13 @@ class SourceFiles {
   /// `format` named; for another format than Parquet a file's row groups are that
   /// format's units (a Megatron dataset's runs of documents, ...; docs/sources.md).
   SourceFormat format() const { return format_; }
+  /// The row group a location names for unit `unit` (DataLocation): -1 where a file is
+  /// one unit (JSON Lines, WebDataset: a row is named by its index in the file alone).
+  int64_t NamedRowGroup(int64_t unit) const {
+    const bool one_unit =
+        format_ == SourceFormat::kJsonl || format_ == SourceFormat::kWebDataset;
+    return one_unit ? -1 : unit;
+  }
   int64_t total_rows() const { return total_rows_; }
   /// Files whose footer could not be read (File::unreadable set).
   int64_t unreadable_files() const { return unreadable_files_; }

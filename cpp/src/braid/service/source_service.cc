@@ -244,7 +244,9 @@ SourceService::TransformedRows SourceService::TransformAhead(const int64_t* requ
         const auto& [key, t] = todo[size_t(i)];
         const std::string& path = files_->files()[size_t(key.first)].path;
         t->status = transform_->Apply(t->at.cols, t->at.index, /*want_payload=*/true,
-                                      RowLocation{&path, t->at.row_group, key.second},
+                                      RowLocation{&path,
+                                                  files_->NamedRowGroup(t->at.row_group),
+                                                  key.second},
                                       &t->out);
       });
   served_.rows_transformed += static_cast<int64_t>(todo.size());
@@ -283,11 +285,14 @@ Result<TokenPayload> SourceService::Row(int32_t file, int64_t row, bool more,
     ARROW_ASSIGN_OR_RAISE(at, Locate(file, row));
     ++served_.rows_transformed;
     ARROW_RETURN_NOT_OK(transform_->Apply(at.cols, at.index, /*want_payload=*/true,
-                                          RowLocation{&f.path, at.row_group, row}, &out));
+                                          RowLocation{&f.path,
+                                                      files_->NamedRowGroup(at.row_group),
+                                                      row},
+                                          &out));
   }
   const Columns& cols = at.cols;
   const int64_t index = at.index;
-  const RowLocation where{&f.path, at.row_group, row};
+  const RowLocation where{&f.path, files_->NamedRowGroup(at.row_group), row};
   if (out.skip != SkipReason::kNone || out.payload == nullptr) {
     return DataError(where.ToString(), "the row has no tokens now (" +
                                            (out.null_what.empty() ? std::string("empty")

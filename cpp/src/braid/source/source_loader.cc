@@ -721,7 +721,8 @@ Status SourceLoader::LoadWindow() {
         estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
         batch.push_back(BatchRow{
             &cols, r.array_index,
-            RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row}});
+            RowLocation{&file_list[size_t(r.file)].path,
+                        files_->NamedRowGroup(r.row_group), r.row}});
         is.push_back(i);
       }
       if (batch.empty()) return;
@@ -795,7 +796,8 @@ Status SourceLoader::ReadStep() {
   std::vector<RowOutput> out(size_t(m), RowOutput{});
   std::vector<Status> status(size_t(m), Status::OK());
   auto where = [&](const RowRef& r) {
-    return RowLocation{&file_list[size_t(r.file)].path, r.row_group, r.row};
+    return RowLocation{&file_list[size_t(r.file)].path, files_->NamedRowGroup(r.row_group),
+                       r.row};
   };
   if (precomputed_) {
     for (int64_t j = 0; j < m; ++j) {
