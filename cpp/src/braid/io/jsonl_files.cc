@@ -12,7 +12,7 @@
 // records (its lines holding anything but whitespace, as Arrow's reader skips blank
 // ones) and its decoded bytes; a block is read by a streaming reader that stays open,
 // so a file's blocks read in order decode it once, and a block behind it (a resume)
-// reopens the file and skips the records before.
+// reopens the file and passes the records before by their line ends, not parsed.
 //
 // With runtime.length_cache, the counts of each file are kept there (keyed by its path,
 // size and modification time), and a later open of an unchanged file reads them instead.
@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -150,6 +151,43 @@ bool Space(uint8_t c) { return c == ' ' || c == '\t' || c == '\r'; }
 bool Blank(std::string_view line) {
   return std::all_of(line.begin(), line.end(), [](char c) { return Space(uint8_t(c)); });
 }
+
+// The record ends in decoded bytes fed in order: a line holding anything but whitespace
+// ends a record at its newline (a blank line is none). Counting at open and skipping to
+// a record (a resume inside a file) find records by it, by memchr, without parsing.
+class RecordEnds {
+ public:
+  // Scans [p, end) for at most `most` record ends; adds how many it found to *found and
+  // returns the position after the last of them (p when none).
+  const uint8_t* Scan(const uint8_t* p, const uint8_t* end, int64_t most, int64_t* found) {
+    const uint8_t* after = p;
+    while (p < end && most > 0) {
+      if (!in_record_) {
+        while (p < end && Space(*p)) ++p;
+        if (p == end) break;
+        if (*p == '\n') {
+          ++p;
+          continue;
+        }
+        in_record_ = true;
+      }
+      const void* nl = std::memchr(p, '\n', size_t(end - p));
+      if (nl == nullptr) break;  // the line goes on in the next chunk
+      ++*found;
+      --most;
+      in_record_ = false;
+      p = static_cast<const uint8_t*>(nl) + 1;
+      after = p;
+    }
+    return after;
+  }
+  // A record has begun and not ended (at the end of the file: a last line with no
+  // newline, which is a record too).
+  bool in_record() const { return in_record_; }
+
+ private:
+  bool in_record_ = false;
+};
 
 bool EndsWith(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
@@ -318,11 +356,30 @@ class JsonlReader : public FormatReader {
            st.message().find("straddl") == std::string::npos;
   }
 
-  Status Open(int file) {
+  // File `file` opened for the reader to parse from record `first`: the records before
+  // it are passed by their line ends (RecordEnds), decoded but not parsed, so a resume
+  // inside a file costs its decompression up to there, not a parse. A file with fewer
+  // records than counted is found by the reader (ReadRowsOnce).
+  Status OpenAt(int file, int64_t first) {
     Reset();
     const JsonlFile& f = files_[size_t(file)];
     ARROW_ASSIGN_OR_RAISE(auto in, OpenDecoded(f));
-    return StartReader(f, file, std::move(in), 0);
+    RecordEnds ends;
+    int64_t passed = 0;
+    std::vector<uint8_t> buffer;
+    while (passed < first) {
+      buffer.resize(static_cast<size_t>(kCountChunkBytes));
+      auto n = in->Read(kCountChunkBytes, buffer.data());
+      if (!n.ok()) return Fail(f, 0, first, n.status());
+      if (*n == 0) break;
+      const uint8_t* end = buffer.data() + *n;
+      const uint8_t* after = ends.Scan(buffer.data(), end, first - passed, &passed);
+      if (passed == first) {  // the rest of the chunk is the reader's
+        std::string rest(reinterpret_cast<const char*>(after), size_t(end - after));
+        in = std::make_shared<PrefixedStream>(std::move(rest), std::move(in));
+      }
+    }
+    return StartReader(f, file, std::move(in), passed);
   }
 
   // Lines [a, b) (records first + a ..) parsed: a run of lines that parses is one part,
@@ -462,7 +519,7 @@ class JsonlReader : public FormatReader {
     const int64_t behind = rest_.empty() ? next_ : rest_first_;
     if (file_ != file || behind > first ||
         (reader_ == nullptr && !at_end_ && first_block_error_.ok())) {
-      ARROW_RETURN_NOT_OK(Open(file));
+      ARROW_RETURN_NOT_OK(OpenAt(file, first));
     }
     std::vector<Columns> out;
     int64_t covered = first;
@@ -559,7 +616,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
     ARROW_ASSIGN_OR_RAISE(
         in, arrow::io::CompressedInputStream::Make(codec.get(), in, ReadMemoryPool()));
   }
-  bool content = false;  // the current line holds a non-whitespace character
+  RecordEnds ends;
   // One buffer for every chunk (a chunk read as a new buffer would cost an allocation
   // and fresh pages each).
   std::vector<uint8_t> buffer(static_cast<size_t>(kCountChunkBytes));
@@ -579,29 +636,16 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
     const int64_t n = *chunk;
     if (n == 0) break;
     *bytes += n;
-    // Per line: skip leading whitespace (a blank line is no record), then the line's
-    // end by memchr.
-    const uint8_t* p = buffer.data();
-    const uint8_t* end = p + n;
-    while (p < end) {
-      if (!content) {
-        while (p < end && Space(*p)) ++p;
-        if (p == end) break;
-        if (*p == '\n') {
-          ++p;
-          continue;
-        }
-        content = true;
-      }
-      const void* nl = std::memchr(p, '\n', size_t(end - p));
-      if (nl == nullptr) break;  // the line goes on in the next chunk
-      ++*records;
-      content = false;
-      p = static_cast<const uint8_t*>(nl) + 1;
-      lines_end = *bytes - (end - p);
+    const uint8_t* end = buffer.data() + n;
+    int64_t found = 0;
+    const uint8_t* after =
+        ends.Scan(buffer.data(), end, std::numeric_limits<int64_t>::max(), &found);
+    if (found > 0) {
+      *records += found;
+      lines_end = *bytes - (end - after);
     }
   }
-  *records += content ? 1 : 0;
+  *records += ends.in_record() ? 1 : 0;
   return Status::OK();
 }
 

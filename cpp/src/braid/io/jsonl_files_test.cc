@@ -187,6 +187,52 @@ TEST(JsonlFilesTest, ARecordLongerThanArrowsBlockIsRead) {
   EXPECT_EQ(testing::ListRowIds(*cols->front(), 4), docs[4]);
 }
 
+// A block behind the reader reopens the file and passes the records before it by their
+// line ends, unparsed: records are found as Arrow's reader finds them (blank and
+// whitespace lines are none, CRLF ends, records longer than a read chunk, a line cut by
+// a chunk's end, a last line with no newline), and a line before the block that does
+// not parse is no error, since it is not read.
+TEST(JsonlFilesTest, ABlockBehindTheReaderStartsAtItsRecordWithoutParsingThoseBefore) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  Docs docs = MakeDocs(400, 9);
+  for (size_t i = 0; i < docs.size(); i += 37) docs[i].resize(20000, 7);  // > 64 KiB
+  std::string body;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    std::string line = Lines(Docs{docs[i]});
+    line.resize(line.find('\n'));
+    if (i == 2) line = "{\"input_ids\": [1,, 2]}";  // read only by block 0
+    body += line + (i % 5 == 1 ? "\r\n" : "\n");
+    if (i % 9 == 4) body += " \t \n\n";
+  }
+  body.pop_back();  // the last line has no newline
+  const std::vector<std::pair<std::string, arrow::Compression::type>> kinds = {
+      {"a.jsonl", arrow::Compression::UNCOMPRESSED},
+      {"b.jsonl.zst", arrow::Compression::ZSTD}};
+  for (const auto& [name, compression] : kinds) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(Write(dir.Sub(name), body, compression).ok());
+    auto files = SourceFiles::Open(Jsonl(dir.Sub(name)), "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    ASSERT_EQ((*files)->total_rows(), 400);
+    // Blocks of 3 records, last first: each one behind the reader.
+    for (int64_t b = 133; b >= 1; b -= (b > 120 ? 1 : 11)) {
+      auto block = (*files)->ReadBlock(0, 0, 3, b);
+      ASSERT_TRUE(block.ok()) << "block " << b << ": " << block.status().ToString();
+      int64_t at = b * 3;
+      for (const auto& chunk : *block) {
+        for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
+          ASSERT_EQ(testing::ListRowIds(*chunk.front(), i), docs[size_t(at)]) << at;
+        }
+      }
+      EXPECT_EQ(at, std::min<int64_t>(b * 3 + 3, 400)) << "block " << b;
+    }
+    // Block 0 holds the bad line: the error names it.
+    auto first = (*files)->ReadBlock(0, 0, 3, 0);
+    ASSERT_FALSE(first.ok());
+    EXPECT_THAT(first.status().message(), HasSubstr("row 2)"));
+  }
+}
+
 TEST(JsonlFilesTest, AWholeFileReadsAsArrowsBlocksWithTheRowsOfReadColumns) {
   testing::ScopedTempDir dir("braid-jsonl");
   Docs docs = MakeDocs(1500, 7);
