@@ -20,10 +20,10 @@
 // Errors. A failed read of the underlying file is a storage error (retried by
 // SourceFiles); a stream that does not decompress is a data error naming the file and
 // its records. A line that does not parse (or holds a field of another type) fails
-// Arrow's whole block: the block's lines are read again and parsed a run at a time to
-// find it, then it is an error naming the file and its record (on_error: fail) or a
-// null record in its place, the block's other records read (skip); why it is null is
-// kept for the loader's skip line (WhyNull), which logs it.
+// Arrow's whole block: the file is then read in line mode from that block on (its lines
+// parsed a run at a time, halving a run that fails), and the bad line is an error naming
+// the file and its record (on_error: fail) or a null record in its place, the other
+// records read (skip); why it is null is kept for the loader's skip line (WhyNull).
 //
 // Thread-compatible (format_reader_internal.h), but WhyNull, which is thread-safe.
 #include <algorithm>
@@ -159,7 +159,8 @@ class RecordEnds {
  public:
   // Scans [p, end) for at most `most` record ends; adds how many it found to *found and
   // returns the position after the last of them (p when none).
-  const uint8_t* Scan(const uint8_t* p, const uint8_t* end, int64_t most, int64_t* found) {
+  const uint8_t* Scan(const uint8_t* p, const uint8_t* end, int64_t most,
+                      int64_t* found) {
     const uint8_t* after = p;
     while (p < end && most > 0) {
       if (!in_record_) {
@@ -290,6 +291,10 @@ class JsonlReader : public FormatReader {
  private:
   void Reset() {
     reader_.reset();
+    line_in_.reset();
+    pending_.clear();
+    pending_at_ = 0;
+    clean_line_blocks_ = 0;
     file_ = -1;
     next_ = 0;
     at_end_ = false;
@@ -356,29 +361,38 @@ class JsonlReader : public FormatReader {
            st.message().find("straddl") == std::string::npos;
   }
 
-  // File `file` opened for the reader to parse from record `first`: the records before
-  // it are passed by their line ends (RecordEnds), decoded but not parsed, so a resume
-  // inside a file costs its decompression up to there, not a parse. A file with fewer
-  // records than counted is found by the reader (ReadRowsOnce).
-  Status OpenAt(int file, int64_t first) {
-    Reset();
-    const JsonlFile& f = files_[size_t(file)];
+  // File f's decoded bytes from its record `first`: the records before it are passed by
+  // their line ends (RecordEnds), decoded but not parsed, so a resume inside a file costs
+  // its decompression up to there, not a parse. Sets *passed to the records passed:
+  // fewer than `first` in a file with fewer records than counted (the reader finds it).
+  Result<std::shared_ptr<arrow::io::InputStream>> DecodedFrom(const JsonlFile& f,
+                                                              int64_t first,
+                                                              int64_t* passed) {
     ARROW_ASSIGN_OR_RAISE(auto in, OpenDecoded(f));
     RecordEnds ends;
-    int64_t passed = 0;
+    *passed = 0;
     std::vector<uint8_t> buffer;
-    while (passed < first) {
+    while (*passed < first) {
       buffer.resize(static_cast<size_t>(kCountChunkBytes));
       auto n = in->Read(kCountChunkBytes, buffer.data());
       if (!n.ok()) return Fail(f, 0, first, n.status());
       if (*n == 0) break;
       const uint8_t* end = buffer.data() + *n;
-      const uint8_t* after = ends.Scan(buffer.data(), end, first - passed, &passed);
-      if (passed == first) {  // the rest of the chunk is the reader's
+      const uint8_t* after = ends.Scan(buffer.data(), end, first - *passed, passed);
+      if (*passed == first) {  // the rest of the chunk is the reader's
         std::string rest(reinterpret_cast<const char*>(after), size_t(end - after));
         in = std::make_shared<PrefixedStream>(std::move(rest), std::move(in));
       }
     }
+    return in;
+  }
+
+  // File `file` opened for the streaming reader to parse from record `first`.
+  Status OpenAt(int file, int64_t first) {
+    Reset();
+    const JsonlFile& f = files_[size_t(file)];
+    int64_t passed = 0;
+    ARROW_ASSIGN_OR_RAISE(auto in, DecodedFrom(f, first, &passed));
     return StartReader(f, file, std::move(in), passed);
   }
 
@@ -426,64 +440,80 @@ class JsonlReader : public FormatReader {
     return ParseLines(lines, mid, b, first, parts, bad);
   }
 
-  // The streaming reader of file `file` failed (`st`) on the block from record next_:
-  // reads that block's lines again one run at a time to find the lines that do not
-  // parse. Under on_error: fail the first is an error naming its record; under skip
-  // each is a null record (so it is skipped in its place, logged here with why) and the
-  // others are read, and a streaming reader goes on after them. Returns the block.
-  Result<Columns> ReadBlockLineByLine(int file, const Status& st) {
+  // Line mode. The streaming reader of file `file` failed (`cause`) on the block from
+  // record next_, which Arrow's reader fails whole: the file is read again from that
+  // record (passed by RecordEnds) a line at a time, the lines of a block parsed a run at
+  // a time (ParseLines); a line that does not parse is an error naming its record
+  // (on_error: fail) or a null record in its place, why kept for WhyNull (skip), and the
+  // others are read. The file stays in line mode, with no reopening, until
+  // kCleanLineBlocks blocks in a row parse whole; then a streaming reader goes on from
+  // there (a file of many bad lines is so decoded about once, not once per bad block).
+  Status EnterLineMode(int file) {
     const JsonlFile& f = files_[size_t(file)];
     const int64_t first = next_;
     reader_.reset();
-    ARROW_ASSIGN_OR_RAISE(auto in, OpenDecoded(f));
-    std::vector<std::string> lines;  // records [first, first + lines.size())
-    std::string line, rest;          // the line being read; bytes after the block
-    int64_t record = 0, bytes = 0;
-    std::vector<char> buffer(static_cast<size_t>(kCountChunkBytes));
-    bool done = false;
-    while (!done) {
-      auto n = in->Read(kCountChunkBytes, buffer.data());
-      if (!n.ok()) return Fail(f, first, f.records, n.status());
-      if (*n == 0) break;
-      std::string_view chunk(buffer.data(), size_t(*n));
-      while (!chunk.empty()) {
-        const size_t nl = chunk.find('\n');
-        if (nl == std::string_view::npos) {
-          line.append(chunk);
-          break;
-        }
-        line.append(chunk.substr(0, nl));
-        chunk.remove_prefix(nl + 1);
-        if (!Blank(line)) {
-          if (record >= first) {
-            bytes += int64_t(line.size()) + 1;
-            lines.push_back(std::move(line));
-          }
-          ++record;
-        }
-        line.clear();
-        if (bytes >= block_bytes_) {  // the block's lines are in: the rest streams on
-          rest.assign(chunk);
-          done = true;
-          break;
-        }
+    int64_t passed = 0;
+    ARROW_ASSIGN_OR_RAISE(line_in_, DecodedFrom(f, first, &passed));
+    file_ = file;
+    next_ = passed;
+    pending_.clear();
+    pending_at_ = 0;
+    clean_line_blocks_ = 0;
+    return Status::OK();
+  }
+
+  // Line mode's next line (without its newline); false at the end of the file.
+  Result<bool> NextLine(std::string* line) {
+    line->clear();
+    while (true) {
+      const size_t nl = pending_.find('\n', pending_at_);
+      if (nl != std::string::npos) {
+        line->append(pending_, pending_at_, nl - pending_at_);
+        pending_at_ = nl + 1;
+        return true;
       }
+      line->append(pending_, pending_at_, std::string::npos);
+      pending_.resize(static_cast<size_t>(kCountChunkBytes));
+      pending_at_ = 0;
+      ARROW_ASSIGN_OR_RAISE(const int64_t n,
+                            line_in_->Read(kCountChunkBytes, pending_.data()));
+      pending_.resize(size_t(n));
+      if (n == 0) return !line->empty();  // a last line without a newline is one
     }
-    if (!done && !Blank(line) && record >= first) {
-      lines.push_back(std::move(line));  // the last line, without a newline
-      ++record;
+  }
+
+  // Line mode's next block of records (none at the file's end). `cause`: the streaming
+  // reader's error that entered line mode, returned if the block's lines all parse (it
+  // was not a line's fault).
+  Result<Columns> ReadLineBlock(int file, const Status* cause) {
+    const JsonlFile& f = files_[size_t(file)];
+    const int64_t first = next_;
+    std::vector<std::string> lines;  // records [first, first + lines.size())
+    std::string line;
+    int64_t bytes = 0;
+    while (bytes < block_bytes_) {
+      auto more = NextLine(&line);
+      if (!more.ok()) return Fail(f, first, f.records, more.status());
+      if (!*more) {
+        at_end_ = true;
+        break;
+      }
+      if (Blank(line)) continue;
+      bytes += int64_t(line.size()) + 1;
+      lines.push_back(std::move(line));
     }
+    if (lines.empty()) return Columns{};
     std::vector<Columns> parts;
     std::vector<std::pair<int64_t, std::string>> bad;
     ARROW_RETURN_NOT_OK(ParseLines(lines, 0, lines.size(), first, &parts, &bad));
-    if (bad.empty()) return Fail(f, first, f.records, st);  // not a line's fault
-    if (!skip_bad_lines_) {
+    if (bad.empty() && cause != nullptr) return Fail(f, first, f.records, *cause);
+    if (!bad.empty() && !skip_bad_lines_) {
       Reset();
       return DataError(DataLocation(f.path, -1, bad.front().first),
                        "does not parse as JSON: " + bad.front().second +
                            " (set on_error: skip to skip such records)");
     }
-    {
+    if (!bad.empty()) {
       // Why each is null, for the loader's skip line (WhyNull).
       std::lock_guard<std::mutex> lock(bad_mu_);
       for (const auto& [at, why] : bad) {
@@ -492,6 +522,7 @@ class JsonlReader : public FormatReader {
         }
       }
     }
+    clean_line_blocks_ = bad.empty() ? clean_line_blocks_ + 1 : 0;
     Columns block;
     for (size_t c = 0; c < columns_.size(); ++c) {
       arrow::ArrayVector pieces;
@@ -499,16 +530,16 @@ class JsonlReader : public FormatReader {
       ARROW_ASSIGN_OR_RAISE(auto whole, arrow::Concatenate(pieces, ReadMemoryPool()));
       block.push_back(std::move(whole));
     }
-    const int64_t after = first + static_cast<int64_t>(lines.size());
-    if (done) {
+    next_ = first + static_cast<int64_t>(lines.size());
+    if (!at_end_ && clean_line_blocks_ >= kCleanLineBlocks) {
+      // Back to a streaming reader, from the bytes after the lines read.
+      std::string rest = pending_.substr(pending_at_);
+      pending_.clear();
+      pending_at_ = 0;
       ARROW_RETURN_NOT_OK(StartReader(
-          f, file, std::make_shared<PrefixedStream>(std::move(rest), std::move(in)),
-          after));
-    } else {  // the file's end: nothing streams on
-      reader_.reset();
-      file_ = file;
-      next_ = after;
-      at_end_ = true;
+          f, file, std::make_shared<PrefixedStream>(std::move(rest), std::move(line_in_)),
+          next_));
+      line_in_.reset();
     }
     return block;
   }
@@ -518,7 +549,8 @@ class JsonlReader : public FormatReader {
     const int64_t end = first + rows;
     const int64_t behind = rest_.empty() ? next_ : rest_first_;
     if (file_ != file || behind > first ||
-        (reader_ == nullptr && !at_end_ && first_block_error_.ok())) {
+        (reader_ == nullptr && line_in_ == nullptr && !at_end_ &&
+         first_block_error_.ok())) {
       ARROW_RETURN_NOT_OK(OpenAt(file, first));
     }
     std::vector<Columns> out;
@@ -530,6 +562,9 @@ class JsonlReader : public FormatReader {
         piece = std::move(rest_);
         rest_.clear();
         at = rest_first_;
+      } else if (line_in_ != nullptr && !at_end_) {  // line mode
+        at = next_;
+        ARROW_ASSIGN_OR_RAISE(piece, ReadLineBlock(file, nullptr));
       } else {
         std::shared_ptr<arrow::RecordBatch> batch;
         Status st = first_block_error_;
@@ -540,8 +575,9 @@ class JsonlReader : public FormatReader {
           return Fail(f, next_, end, st);
         }
         if (!st.ok()) {  // a line that does not parse
+          ARROW_RETURN_NOT_OK(EnterLineMode(file));
           at = next_;
-          ARROW_ASSIGN_OR_RAISE(piece, ReadBlockLineByLine(file, st));
+          ARROW_ASSIGN_OR_RAISE(piece, ReadLineBlock(file, &st));
         } else if (batch == nullptr) {
           Reset();
           return DataError(f.path, "has " + std::to_string(next_) +
@@ -586,7 +622,15 @@ class JsonlReader : public FormatReader {
   std::unique_ptr<arrow::util::Codec> codec_;
   std::shared_ptr<std::atomic<bool>> failed_;
   std::shared_ptr<arrow::json::StreamingReader> reader_;
-  bool at_end_ = false;  // no reader_: file_'s records were read to its end
+  bool at_end_ = false;  // file_'s records were read to its end (no reader_)
+  // Line mode (EnterLineMode): file_'s decoded bytes after what pending_ holds, the
+  // bytes read and not yet split into lines (from pending_at_), and the blocks in a row
+  // whose lines all parsed.
+  static constexpr int kCleanLineBlocks = 8;
+  std::shared_ptr<arrow::io::InputStream> line_in_;
+  std::string pending_;
+  size_t pending_at_ = 0;
+  int clean_line_blocks_ = 0;
   // No reader_: making it failed on a line of its first block, from record next_.
   Status first_block_error_;
   // Why records did not parse (on_error: skip), the first kBadLinesKept of them: a

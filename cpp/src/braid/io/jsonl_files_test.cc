@@ -354,6 +354,67 @@ TEST(JsonlFilesTest, ALineThatDoesNotParseIsANullRecordInItsPlaceUnderSkip) {
   }
 }
 
+// A file read in line mode after a bad line goes back to Arrow's streaming reader once
+// blocks in a row parse whole, and a later bad line enters line mode again: bad lines in
+// the first block, in a run of blocks after a dozen clean ones, and in the last block;
+// every other record read, each bad one null in its place (skip), the first named
+// (fail), whole and in blocks in order.
+TEST(JsonlFilesTest, LineModeEndsAfterCleanBlocksAndBeginsAgainAtTheNextBadLine) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  const Docs docs = MakeDocs(90000, 12);  // about 21 MB: 21 of Arrow's 1 MiB blocks
+  std::set<int64_t> bad = {3, 200, 89990};
+  for (int64_t i = 60000; i < 70000; i += 500) bad.insert(i);  // blocks 14-16 or so
+  std::string body;
+  for (int64_t i = 0; i < int64_t(docs.size()); ++i) {
+    std::string line = Lines(Docs{docs[size_t(i)]});
+    line = line.substr(0, line.find('\n') + 1);
+    body += bad.count(i) > 0 ? "{\"input_ids\": [7 7]}\n" : line;
+  }
+  for (const auto& [name, compression] :
+       std::vector<std::pair<std::string, arrow::Compression::type>>{
+           {"a.jsonl", arrow::Compression::UNCOMPRESSED},
+           {"b.jsonl.zst", arrow::Compression::ZSTD}}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(Write(dir.Sub(name), body, compression).ok());
+    auto failing = SourceFiles::Open(Jsonl(dir.Sub(name)), "sources[0]");
+    ASSERT_TRUE(failing.ok()) << failing.status().ToString();
+    auto error = (*failing)->ReadColumns(0, 0);
+    ASSERT_FALSE(error.ok());
+    EXPECT_THAT(error.status().message(), HasSubstr("row 3)"));
+    auto files = SourceFiles::Open(Jsonl(dir.Sub(name), OnError::kSkip), "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    auto check = [&](const arrow::Array& ids, int64_t i, int64_t record) {
+      if (bad.count(record) > 0) {
+        ASSERT_TRUE(ids.IsNull(i)) << record;
+        EXPECT_THAT((*files)->WhyNull(0, record), HasSubstr("does not parse")) << record;
+      } else {
+        ASSERT_FALSE(ids.IsNull(i)) << record;
+        ASSERT_EQ(testing::ListRowIds(ids, i), docs[size_t(record)]) << record;
+      }
+    };
+    auto whole = (*files)->ReadChunks(0, 0);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    int64_t at = 0;
+    for (const auto& chunk : *whole) {
+      for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
+        check(*chunk.front(), i, at);
+      }
+    }
+    EXPECT_EQ(at, 90000);
+    at = 0;
+    for (int64_t b = 0; b < 9; ++b) {  // in blocks, in order
+      auto block = (*files)->ReadBlock(0, 0, 10000, b);
+      ASSERT_TRUE(block.ok()) << block.status().ToString();
+      for (const auto& chunk : *block) {
+        for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
+          check(*chunk.front(), i, at);
+        }
+      }
+    }
+    EXPECT_EQ(at, 90000);
+  }
+}
+
 // A compressed file cut short (an interrupted download): under on_error: fail an error
 // naming it; under skip its records before the cut, exactly, and the rest unknown; the
 // counts are not kept, so a later open under fail finds the damage again. A file cut
