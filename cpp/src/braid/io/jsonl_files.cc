@@ -397,47 +397,58 @@ class JsonlReader : public FormatReader {
   }
 
   // Lines [a, b) (records first + a ..) parsed: a run of lines that parses is one part,
-  // a line that does not is a null record (its error in `bad`, by record). The runs are
-  // found by halving the lines where a parse fails.
+  // a line that does not is a null record (its error in `bad`, by record). Where a parse
+  // fails, the row Arrow's error names (" in row R") splits the run: the lines before
+  // it, the line itself, the lines after; an error that names none halves the run.
   Status ParseLines(const std::vector<std::string>& lines, size_t a, size_t b,
                     int64_t first, std::vector<Columns>* parts,
                     std::vector<std::pair<int64_t, std::string>>* bad) {
-    if (a == b) return Status::OK();
-    std::string text;
-    for (size_t i = a; i < b; ++i) (text += lines[i]) += '\n';
-    auto batch = arrow::json::ParseOne(ParseOptions(), arrow::Buffer::FromString(text));
-    if (batch.ok()) {
-      Columns cols;
-      for (const auto& field : schema_->fields()) {
-        auto column = (*batch)->GetColumnByName(field->name());
-        if (column == nullptr) {
-          ARROW_ASSIGN_OR_RAISE(column, arrow::MakeArrayOfNull(field->type(),
-                                                               int64_t(b - a)));
+    while (a < b) {
+      std::string text;
+      for (size_t i = a; i < b; ++i) (text += lines[i]) += '\n';
+      auto batch = arrow::json::ParseOne(ParseOptions(), arrow::Buffer::FromString(text));
+      if (batch.ok()) {
+        Columns cols;
+        for (const auto& field : schema_->fields()) {
+          auto column = (*batch)->GetColumnByName(field->name());
+          if (column == nullptr) {
+            ARROW_ASSIGN_OR_RAISE(column, arrow::MakeArrayOfNull(field->type(),
+                                                                 int64_t(b - a)));
+          }
+          cols.push_back(std::move(column));
         }
-        cols.push_back(std::move(column));
+        parts->push_back(std::move(cols));
+        return Status::OK();
       }
-      parts->push_back(std::move(cols));
-      return Status::OK();
-    }
-    if (b - a == 1) {
-      // Arrow's " in row 0" is the row of this one-line parse: the record is named.
       std::string why = OneLine(batch.status().message());
+      size_t row = b - a;  // the row the error names; b - a: none
       if (const size_t in_row = why.rfind(" in row "); in_row != std::string::npos &&
+          in_row + 8 < why.size() &&
           why.find_first_not_of("0123456789", in_row + 8) == std::string::npos) {
+        row = std::min<size_t>(b - a, std::stoull(why.substr(in_row + 8)));
         why.resize(in_row);
       }
-      bad->emplace_back(first + int64_t(a), std::move(why));
-      Columns cols;
-      for (const auto& field : schema_->fields()) {
-        ARROW_ASSIGN_OR_RAISE(auto nulls, arrow::MakeArrayOfNull(field->type(), 1));
-        cols.push_back(std::move(nulls));
+      if (b - a == 1) {  // this record does not parse: named by its record, not row 0
+        bad->emplace_back(first + int64_t(a), std::move(why));
+        Columns cols;
+        for (const auto& field : schema_->fields()) {
+          ARROW_ASSIGN_OR_RAISE(auto nulls, arrow::MakeArrayOfNull(field->type(), 1));
+          cols.push_back(std::move(nulls));
+        }
+        parts->push_back(std::move(cols));
+        return Status::OK();
       }
-      parts->push_back(std::move(cols));
-      return Status::OK();
+      if (row < b - a) {  // the lines before the row, the row alone, then the rest
+        ARROW_RETURN_NOT_OK(ParseLines(lines, a, a + row, first, parts, bad));
+        ARROW_RETURN_NOT_OK(ParseLines(lines, a + row, a + row + 1, first, parts, bad));
+        a += row + 1;
+      } else {
+        const size_t mid = a + (b - a) / 2;
+        ARROW_RETURN_NOT_OK(ParseLines(lines, a, mid, first, parts, bad));
+        a = mid;
+      }
     }
-    const size_t mid = a + (b - a) / 2;
-    ARROW_RETURN_NOT_OK(ParseLines(lines, a, mid, first, parts, bad));
-    return ParseLines(lines, mid, b, first, parts, bad);
+    return Status::OK();
   }
 
   // Line mode. The streaming reader of file `file` failed (`cause`) on the block from
