@@ -44,8 +44,9 @@ def main() -> None:
         def config(folder):
             return {"seed": 1, "batch": {"global_tokens": 4096, "seq_len": 4096},
                     "runtime": {"length_cache": os.path.join(top, "counts")},
-                    "sources": [{"name": "s", "path": folder, "tokens_column": "input_ids",
-                                 "workers": 1, "on_error": "skip"}]}
+                    "sources": [{"name": "s", "path": folder,
+                                 "tokens_column": "input_ids", "workers": 1,
+                                 "on_error": "skip"}]}
 
         for folder in (clean, bad):  # counted once, kept
             read_in_fresh_process(config(folder), len(lines))
@@ -61,9 +62,9 @@ def main() -> None:
         assert tokens["bad"] == tokens["clean"] - lost, (tokens, lost)
         mb = os.path.getsize(os.path.join(clean, name)) / 1e6
         best = {k: min(v) for k, v in runs.items()}
-        print(f"one .jsonl file of {len(lines):,} records ({mb:.0f} MB), {len(broken)} of "
-              f"them (every {args.every:,}th) not JSON in the copy; on_error: skip, one "
-              f"worker, best of {args.repeat}")
+        print(f"one .jsonl file of {len(lines):,} records ({mb:.0f} MB), "
+              f"{len(broken)} of them (every {args.every:,}th) not JSON in the copy; "
+              f"on_error: skip, one worker, best of {args.repeat}")
         print(f"    clean file                    {best['clean']:7.2f} s")
         print(f"    with the bad lines            {best['bad']:7.2f} s   ratio "
               f"{best['bad'] / best['clean']:5.2f}")

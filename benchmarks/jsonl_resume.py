@@ -66,7 +66,8 @@ def job(config, mode: str, state: str, skip: int = 0) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=60_000)
-    ap.add_argument("--at", type=float, default=0.85, help="share of the epoch to resume at")
+    ap.add_argument("--at", type=float, default=0.85,
+                    help="share of the epoch to resume at")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="braid-jsonl-resume-") as top:
@@ -92,7 +93,8 @@ def main() -> None:
               f"{tokens / 1e6:.1f}M tokens), resumed {skip:,} micro-batches of {seq} "
               f"tokens in (about {args.at:.0%} of it); best of {args.repeat}")
         print(f"    first batch, fresh start      {fresh:7.3f} s")
-        print(f"    first batch, resumed          {resume:7.3f} s   ratio {resume / fresh:6.2f}")
+        print(f"    first batch, resumed          {resume:7.3f} s   "
+              f"ratio {resume / fresh:6.2f}")
 
 
 if __name__ == "__main__":

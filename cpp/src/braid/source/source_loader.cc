@@ -796,8 +796,8 @@ Status SourceLoader::ReadStep() {
   std::vector<RowOutput> out(size_t(m), RowOutput{});
   std::vector<Status> status(size_t(m), Status::OK());
   auto where = [&](const RowRef& r) {
-    return RowLocation{&file_list[size_t(r.file)].path, files_->NamedRowGroup(r.row_group),
-                       r.row};
+    return RowLocation{&file_list[size_t(r.file)].path,
+                       files_->NamedRowGroup(r.row_group), r.row};
   };
   if (precomputed_) {
     for (int64_t j = 0; j < m; ++j) {
