@@ -442,7 +442,8 @@ Status SourceLoader::SkipRowGroup(int file, int row_group, const Status& error,
   const int64_t rows = f.row_group_rows[size_t(row_group)];
   if (!was_lost) {  // a lost file is logged once, when it was lost
     std::string why = error.message();
-    const std::string where = DataLocation(f.path, row_group, -1) + ": ";
+    const std::string where =
+        DataLocation(f.path, files_->NamedRowGroup(row_group), -1) + ": ";
     if (why.compare(0, where.size(), where) == 0) why.erase(0, where.size());
     LogSkipLine(where + why + "; its " + std::to_string(rows) + " rows are skipped" +
                 (files_->is_lost(file) ? "; the file is lost for the rest of the run "
