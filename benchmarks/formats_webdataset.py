@@ -37,8 +37,6 @@ import contextlib
 import json
 import os
 import pickle
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -77,32 +75,6 @@ def reference(paths) -> tuple:
     return tokens, time.perf_counter() - start
 
 
-_RESUME = """
-import json, pickle, sys, time
-import braid
-job = json.load(sys.stdin)
-with open(job["state"], "rb") as f:
-    state = pickle.load(f)
-next(iter(braid.Loader(job["warm"], rank=0, world_size=1)))  # the process's first Loader
-start = time.perf_counter()
-resumed = braid.Loader(job["config"], rank=0, world_size=1)
-resumed.load_state_dict(state)
-next(iter(resumed))
-print(time.perf_counter() - start)
-"""
-
-
-def _resume_in_fresh_process(config: dict, state_path: str, warm: dict) -> float:
-    """Seconds from a new braid.Loader restored from the state at `state_path` to its
-    first batch, in a new Python process, after that process's one-time costs (imports,
-    its first Loader) are paid on the small local source `warm`."""
-    out = subprocess.run([sys.executable, "-c", _RESUME], check=True,
-                         capture_output=True, text=True,
-                         input=json.dumps({"config": config, "state": state_path,
-                                           "warm": warm}))
-    return float(out.stdout.strip().splitlines()[-1])
-
-
 def index_ratios(prep: str, plain: str, repeat: int, resume_batches: int,
                  storage: dict | None, where: str, warm_folder: str) -> None:
     import braid
@@ -133,7 +105,8 @@ def index_ratios(prep: str, plain: str, repeat: int, resume_batches: int,
         with tempfile.NamedTemporaryFile(suffix=".pkl") as saved:
             pickle.dump(loader.state_dict(), saved)
             saved.flush()
-            return min(_resume_in_fresh_process(config, saved.name, warm)
+            return min(format_reads.loader_in_fresh_process(config, state=saved.name,
+                                                            warm=warm)["seconds"]
                        for _ in range(repeat))
 
     o_plain, o_prep = open_seconds(plain), open_seconds(prep)

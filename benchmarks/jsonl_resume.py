@@ -6,8 +6,9 @@ One `.jsonl.zst` file of `--records` token-list records (formats_jsonl.py's: 60,
 71 MB, 180 MB of JSON), read in 4 MiB blocks of records (shuffle_window_bytes); a
 loader saves its state after `--at` of an epoch's micro-batches; then, alternately
 `--repeat` times, a fresh process resumes from it and one starts from the beginning, and
-each times its first batch (load_state_dict included; the counts are in
-runtime.length_cache, so neither counts the file). The resumed loader reopens the file
+each times its first batch (load_state_dict included, the process's one-time costs paid
+first on a small source; the counts are in runtime.length_cache, so neither counts the
+file). The resumed loader reopens the file
 and passes the records before its block: its extra time over the fresh start is that
 pass. Prints both and their ratio, and checks the resumed batches equal the batches a
 loader that ran on reaches.
@@ -19,48 +20,11 @@ loader that ran on reaches.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 from formats_jsonl import write_files
-
-_JOB = """
-import hashlib, json, pickle, sys, time
-import braid
-job = json.load(sys.stdin)
-loader = braid.Loader(job["config"], rank=0, world_size=1)
-start = time.perf_counter()
-if job["mode"] == "resume":
-    with open(job["state"], "rb") as f:
-        loader.load_state_dict(pickle.load(f))
-it = iter(loader)
-for _ in range(job["skip"]):  # "save" and "run on" only
-    next(it)
-if job["mode"] == "save":
-    with open(job["state"], "wb") as f:
-        pickle.dump(loader.state_dict(), f)
-    start = time.perf_counter()
-batches = []
-for k in range(3):
-    batch = next(it)
-    if k == 0:
-        seconds = time.perf_counter() - start
-    h = hashlib.sha256()
-    for name in sorted(batch):
-        h.update(name.encode() + batch[name].numpy().tobytes())
-    batches.append(h.hexdigest())
-json.dump({"seconds": seconds, "batches": batches}, sys.stdout)
-"""
-
-
-def job(config, mode: str, state: str, skip: int = 0) -> dict:
-    out = subprocess.run([sys.executable, "-c", _JOB], check=True, capture_output=True,
-                         text=True, input=json.dumps({"config": config, "mode": mode,
-                                                      "state": state, "skip": skip}))
-    return json.loads(out.stdout)
+from harness.format_reads import loader_in_fresh_process
 
 
 def main() -> None:
@@ -75,18 +39,28 @@ def main() -> None:
         os.makedirs(root)
         tokens = write_files(root, ".zst", args.records, 1, seed=4)
         seq = 4096
-        config = {"seed": 1, "batch": {"global_tokens": 16 * seq, "seq_len": seq},
-                  "runtime": {"length_cache": os.path.join(top, "counts")},
-                  "sources": [{"name": "s", "path": root, "tokens_column": "input_ids"}]}
+
+        def config(folder):
+            return {"seed": 1, "batch": {"global_tokens": 16 * seq, "seq_len": seq},
+                    "runtime": {"length_cache": os.path.join(top, "counts")},
+                    "sources": [{"name": "s", "path": folder,
+                                 "tokens_column": "input_ids"}]}
+
+        # A small source each process reads first: its one-time costs are not timed.
+        warm = os.path.join(top, "warm")
+        os.makedirs(warm)
+        write_files(warm, "", 400, 1, seed=5)
+        job = dict(config=config(root), warm=config(warm))
         state = os.path.join(top, "state.pkl")
         skip = int(args.at * tokens / seq)  # micro-batches: about that share of the file
-        saved = job(config, "save", state, skip)  # the batches after the state, run on
+        # The state there, and the batches after it of a loader that runs on.
+        ran_on = loader_in_fresh_process(**job, skip=skip, save=state, batches=3)
         runs = {"resume": [], "fresh": []}
         for _ in range(args.repeat):
-            resumed = job(config, "resume", state)
-            assert resumed["batches"] == saved["batches"], "a resumed batch differs"
+            resumed = loader_in_fresh_process(**job, state=state, batches=3)
+            assert resumed["batches"] == ran_on["batches"], "a resumed batch differs"
             runs["resume"].append(resumed["seconds"])
-            runs["fresh"].append(job(config, "fresh", state)["seconds"])
+            runs["fresh"].append(loader_in_fresh_process(**job)["seconds"])
         mb = os.path.getsize(os.path.join(root, os.listdir(root)[0])) / 1e6
         resume, fresh = min(runs["resume"]), min(runs["fresh"])
         print(f"one .jsonl.zst file of {args.records:,} records ({mb:.0f} MB, "

@@ -245,11 +245,12 @@ def s3_server_running(log_path) -> Iterator[S3Server]:
 
 
 def with_and_without_cache(server: "S3Server", files, make_config: Callable[[str], dict],
-                           cache_dir, n: int) -> Tuple[int, int]:
+                           cache_dir, n: int) -> None:
     """Uploads `files` (local paths) under the prefixes plain/ and cached/ of S3_BUCKET,
     takes `n` batches of rank 0 of 2 of make_config(url of the prefix) in this process,
-    without and with runtime.cache in `cache_dir`, and checks they are the same: returns
-    the GETs of each prefix's objects (plain, cached)."""
+    without and with runtime.cache in `cache_dir`, and checks they are the same and that
+    the cache took each object across the network once (one GET each, where without it
+    there are more)."""
     import torch
 
     batches, gets = {}, {}
@@ -266,7 +267,8 @@ def with_and_without_cache(server: "S3Server", files, make_config: Callable[[str
         gets[prefix] = server.gets(f"{prefix}/")
     for x, y in zip(batches["plain"], batches["cached"], strict=True):
         assert torch.equal(x["input_ids"], y["input_ids"])
-    return gets["plain"], gets["cached"]
+    assert gets["cached"] == len(files), gets
+    assert gets["plain"] > len(files), gets
 
 
 # --- Storage that changes or goes down under a run (docs/sources.md, "Files that change",

@@ -42,6 +42,52 @@ def read_in_fresh_process(config: Dict[str, Any], rows: int, payloads: bool = Tr
     return json.loads(out.stdout)
 
 
+_LOADER = """
+import hashlib, json, pickle, sys, time
+import braid
+job = json.load(sys.stdin)
+if job["warm"] is not None:  # the process's one-time costs, paid on a small source
+    next(iter(braid.Loader(job["warm"], rank=0, world_size=1)))
+start = time.perf_counter()
+loader = braid.Loader(job["config"], rank=0, world_size=1)
+if job["state"] is not None:
+    with open(job["state"], "rb") as f:
+        loader.load_state_dict(pickle.load(f))
+it = iter(loader)
+for _ in range(job["skip"]):
+    next(it)
+if job["save"] is not None:
+    with open(job["save"], "wb") as f:
+        pickle.dump(loader.state_dict(), f)
+seconds, digests = None, []
+for k in range(job["batches"]):
+    batch = next(it)
+    if seconds is None:
+        seconds = time.perf_counter() - start
+    h = hashlib.sha256()
+    for name in sorted(batch):
+        h.update(name.encode() + batch[name].numpy().tobytes())
+    digests.append(h.hexdigest())
+json.dump({"seconds": seconds, "batches": digests}, sys.stdout)
+"""
+
+
+def loader_in_fresh_process(config: Dict[str, Any], state: str | None = None,
+                            batches: int = 1, skip: int = 0, save: str | None = None,
+                            warm: Dict[str, Any] | None = None) -> Dict[str, Any]:
+    """A `braid.Loader(config)` (rank 0 of 1) in a new Python process, restored from the
+    pickled state at `state` when given: `skip` batches taken, its state then pickled to
+    `save` when given, then `batches` more. Returns `seconds` (from the Loader's making
+    to the first of those, load_state_dict included; after `warm`'s first batch in the
+    same process when given, so the process's one-time costs are not in it) and
+    `batches`, each one's digest."""
+    out = subprocess.run([sys.executable, "-c", _LOADER], check=True, capture_output=True,
+                         text=True,
+                         input=json.dumps({"config": config, "state": state, "skip": skip,
+                                           "save": save, "batches": batches,
+                                           "warm": warm}))
+    return json.loads(out.stdout)
+
 
 def compare(top: str, root: str, tokens_column: str, rows: int, tokens: int,
             reference: Callable[[List[str]], Tuple[int, float]], repeat: int,

@@ -219,6 +219,20 @@ Result<std::shared_ptr<arrow::io::InputStream>> OpenRaw(arrow::fs::FileSystem* f
   return std::move(*raw);
 }
 
+// File f's decoded bytes from its start (its raw bytes through OpenRaw, decompressed by
+// `codec`, made here, which must outlive the stream); `failed` notes a failed read of the
+// raw bytes.
+Result<std::shared_ptr<arrow::io::InputStream>> DecodedStream(
+    arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile& f,
+    std::shared_ptr<std::atomic<bool>> failed, std::unique_ptr<arrow::util::Codec>* codec) {
+  ARROW_ASSIGN_OR_RAISE(auto raw, OpenRaw(fs, cache, f));
+  std::shared_ptr<arrow::io::InputStream> in =
+      std::make_shared<WatchedStream>(std::move(raw), std::move(failed));
+  if (f.compression == arrow::Compression::UNCOMPRESSED) return in;
+  ARROW_ASSIGN_OR_RAISE(*codec, MakeReadCodec(f.compression));
+  return arrow::io::CompressedInputStream::Make(codec->get(), in, ReadMemoryPool());
+}
+
 class JsonlReader : public FormatReader {
  public:
   JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::shared_ptr<FileCache> cache,
@@ -234,21 +248,7 @@ class JsonlReader : public FormatReader {
   Result<Columns> ReadColumns(int file, int unit) override {
     ARROW_ASSIGN_OR_RAISE(auto chunks,
                           ReadRows(file, unit, 0, files_[size_t(file)].records));
-    Columns out;
-    for (size_t c = 0; c < columns_.size(); ++c) {
-      arrow::ArrayVector parts;
-      for (const auto& chunk : chunks) parts.push_back(chunk[c]);
-      if (parts.empty()) {
-        ARROW_ASSIGN_OR_RAISE(auto empty, arrow::MakeEmptyArray(schema_->field(int(c))->type()));
-        out.push_back(std::move(empty));
-      } else if (parts.size() == 1) {
-        out.push_back(parts.front());
-      } else {
-        ARROW_ASSIGN_OR_RAISE(auto whole, arrow::Concatenate(parts, ReadMemoryPool()));
-        out.push_back(std::move(whole));
-      }
-    }
-    return out;
+    return Joined(chunks);
   }
 
   std::string WhyNull(int file, int64_t row) const override {
@@ -289,6 +289,26 @@ class JsonlReader : public FormatReader {
   }
 
  private:
+  // Consecutive chunks of rows as one array per column (one chunk: as it is).
+  Result<Columns> Joined(const std::vector<Columns>& chunks) const {
+    Columns out;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      arrow::ArrayVector parts;
+      for (const auto& chunk : chunks) parts.push_back(chunk[c]);
+      if (parts.empty()) {
+        ARROW_ASSIGN_OR_RAISE(auto empty,
+                              arrow::MakeEmptyArray(schema_->field(int(c))->type()));
+        out.push_back(std::move(empty));
+      } else if (parts.size() == 1) {
+        out.push_back(parts.front());
+      } else {
+        ARROW_ASSIGN_OR_RAISE(auto whole, arrow::Concatenate(parts, ReadMemoryPool()));
+        out.push_back(std::move(whole));
+      }
+    }
+    return out;
+  }
+
   void Reset() {
     reader_.reset();
     line_in_.reset();
@@ -314,14 +334,8 @@ class JsonlReader : public FormatReader {
   // noted in a fresh failed_.
   Result<std::shared_ptr<arrow::io::InputStream>> OpenDecoded(const JsonlFile& f) {
     failed_ = std::make_shared<std::atomic<bool>>(false);
-    ARROW_ASSIGN_OR_RAISE(auto raw, OpenRaw(fs_.get(), cache_.get(), f));
-    std::shared_ptr<arrow::io::InputStream> in =
-        std::make_shared<WatchedStream>(std::move(raw), failed_);
-    if (f.compression != arrow::Compression::UNCOMPRESSED) {
-      ARROW_ASSIGN_OR_RAISE(codec_, MakeReadCodec(f.compression));
-      ARROW_ASSIGN_OR_RAISE(in, arrow::io::CompressedInputStream::Make(codec_.get(), in,
-                                                                       ReadMemoryPool()));
-    }
+    ARROW_ASSIGN_OR_RAISE(auto in,
+                          DecodedStream(fs_.get(), cache_.get(), f, failed_, &codec_));
     if (f.bytes >= 0) in = std::make_shared<LimitedStream>(std::move(in), f.bytes);
     return in;
   }
@@ -534,13 +548,7 @@ class JsonlReader : public FormatReader {
       }
     }
     clean_line_blocks_ = bad.empty() ? clean_line_blocks_ + 1 : 0;
-    Columns block;
-    for (size_t c = 0; c < columns_.size(); ++c) {
-      arrow::ArrayVector pieces;
-      for (const auto& part : parts) pieces.push_back(part[c]);
-      ARROW_ASSIGN_OR_RAISE(auto whole, arrow::Concatenate(pieces, ReadMemoryPool()));
-      block.push_back(std::move(whole));
-    }
+    ARROW_ASSIGN_OR_RAISE(Columns block, Joined(parts));
     next_ = first + static_cast<int64_t>(lines.size());
     if (!at_end_ && clean_line_blocks_ >= kCleanLineBlocks) {
       // Back to a streaming reader, from the bytes after the lines read.
@@ -662,15 +670,8 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
   *bytes = 0;
   int64_t lines_end = 0;  // decoded bytes up to the last newline
   auto failed = std::make_shared<std::atomic<bool>>(false);
-  ARROW_ASSIGN_OR_RAISE(auto raw, OpenRaw(fs, cache, f));
-  std::shared_ptr<arrow::io::InputStream> in =
-      std::make_shared<WatchedStream>(std::move(raw), failed);
   std::unique_ptr<arrow::util::Codec> codec;
-  if (f.compression != arrow::Compression::UNCOMPRESSED) {
-    ARROW_ASSIGN_OR_RAISE(codec, MakeReadCodec(f.compression));
-    ARROW_ASSIGN_OR_RAISE(
-        in, arrow::io::CompressedInputStream::Make(codec.get(), in, ReadMemoryPool()));
-  }
+  ARROW_ASSIGN_OR_RAISE(auto in, DecodedStream(fs, cache, f, failed, &codec));
   RecordEnds ends;
   // One buffer for every chunk (a chunk read as a new buffer would cost an allocation
   // and fresh pages each).

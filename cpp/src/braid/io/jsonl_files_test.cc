@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <map>
 #include <set>
 
 #include "braid/io/format_reader_internal.h"
@@ -83,6 +84,45 @@ SourceConfig Jsonl(const std::string& path, OnError on_error = OnError::kFail) {
   s.on_error = on_error;
   s.shuffle_window_rows = 32;
   return s;
+}
+
+using Chunks = std::vector<std::vector<std::shared_ptr<arrow::Array>>>;
+
+// One line per record of `docs` (as Lines writes it), the records in `bad` given the
+// line there instead (one that does not parse; the file's last may lack its newline).
+std::string WithBadLines(const Docs& docs, const std::map<int64_t, std::string>& bad) {
+  std::string body;
+  for (int64_t i = 0; i < int64_t(docs.size()); ++i) {
+    if (const auto it = bad.find(i); it != bad.end()) {
+      body += it->second;
+      continue;
+    }
+    const std::string line = Lines(Docs{docs[size_t(i)]});
+    body += line.substr(0, line.find('\n') + 1);
+  }
+  return body;
+}
+
+// Expects `chunks`, records from `first` on of the file `files` reads under on_error:
+// skip, to hold `docs`' ids, and each record in `bad` to be null with the reader's
+// reason; returns the record after the last.
+int64_t ExpectRecords(const SourceFiles& files, const Chunks& chunks, int64_t first,
+                      const Docs& docs, const std::map<int64_t, std::string>& bad) {
+  int64_t at = first;
+  for (const auto& chunk : chunks) {
+    const arrow::Array& ids = *chunk.front();
+    for (int64_t i = 0; i < ids.length(); ++i, ++at) {
+      if (bad.count(at) > 0) {
+        EXPECT_TRUE(ids.IsNull(i)) << at;
+        EXPECT_THAT(files.WhyNull(0, at), HasSubstr("does not parse as JSON (")) << at;
+      } else if (ids.IsNull(i)) {
+        ADD_FAILURE() << "record " << at << " is null";
+      } else {
+        EXPECT_EQ(testing::ListRowIds(ids, i), docs[size_t(at)]) << at;
+      }
+    }
+  }
+  return at;
 }
 
 TEST(JsonlFilesTest, EveryCompressionReadsWholeAndInBlocks) {
@@ -294,16 +334,11 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
 TEST(JsonlFilesTest, ALineThatDoesNotParseIsANullRecordInItsPlaceUnderSkip) {
   testing::ScopedTempDir dir("braid-jsonl");
   const Docs docs = MakeDocs(30000, 8);  // about 7 MB: seven of Arrow's 1 MiB blocks
-  const std::set<int64_t> bad = {5, 17000, 29999};
-  std::string body;
-  for (int64_t i = 0; i < int64_t(docs.size()); ++i) {
-    std::string line = Lines(Docs{docs[size_t(i)]});
-    line = line.substr(0, line.find('\n') + 1);
-    if (i == 5) line = "{\"input_ids\": [1, 2,, 3]}\n";
-    if (i == 17000) line = "not json at all\n";
-    if (i == 29999) line = "{\"input_ids\": [4, 5";  // cut short, no newline
-    body += line;
-  }
+  const std::map<int64_t, std::string> bad = {
+      {5, "{\"input_ids\": [1, 2,, 3]}\n"},
+      {17000, "not json at all\n"},
+      {29999, "{\"input_ids\": [4, 5"}};  // cut short, no newline
+  const std::string body = WithBadLines(docs, bad);
   for (const auto& [name, compression] :
        std::vector<std::pair<std::string, arrow::Compression::type>>{
            {"a.jsonl", arrow::Compression::UNCOMPRESSED},
@@ -320,36 +355,19 @@ TEST(JsonlFilesTest, ALineThatDoesNotParseIsANullRecordInItsPlaceUnderSkip) {
     auto files = SourceFiles::Open(Jsonl(dir.Sub(name), OnError::kSkip), "sources[0]");
     ASSERT_TRUE(files.ok()) << files.status().ToString();
     ASSERT_EQ((*files)->total_rows(), 30000);
-    auto check = [&](const arrow::Array& ids, int64_t i, int64_t record) {
-      if (bad.count(record) > 0) {
-        EXPECT_TRUE(ids.IsNull(i)) << record;
-      } else {
-        ASSERT_FALSE(ids.IsNull(i)) << record;
-        EXPECT_EQ(testing::ListRowIds(ids, i), docs[size_t(record)]) << record;
-      }
-    };
     EXPECT_EQ((*files)->WhyNull(0, 5), "");  // not read yet
     auto whole = (*files)->ReadColumns(0, 0);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
     ASSERT_EQ(whole->front()->length(), 30000);
-    for (int64_t i = 0; i < 30000; ++i) check(*whole->front(), i, i);
     // Why each bad record is null, for the loader's skip line; none for the others.
-    for (int64_t record : bad) {
-      EXPECT_THAT((*files)->WhyNull(0, record), HasSubstr("does not parse as JSON ("))
-          << record;
-    }
+    EXPECT_EQ(ExpectRecords(**files, {*whole}, 0, docs, bad), 30000);
     EXPECT_EQ((*files)->WhyNull(0, 6), "");
     // In blocks: in order, then behind the reader (reopened, found again).
     for (int64_t b : {0, 1, 2, 3, 2}) {
       auto block = (*files)->ReadBlock(0, 0, 8000, b);
       ASSERT_TRUE(block.ok()) << block.status().ToString();
-      int64_t at = b * 8000;
-      for (const auto& chunk : *block) {
-        for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-          check(*chunk.front(), i, at);
-        }
-      }
-      EXPECT_EQ(at, std::min<int64_t>(30000, b * 8000 + 8000));
+      EXPECT_EQ(ExpectRecords(**files, *block, b * 8000, docs, bad),
+                std::min<int64_t>(30000, b * 8000 + 8000));
     }
   }
 }
@@ -362,14 +380,11 @@ TEST(JsonlFilesTest, ALineThatDoesNotParseIsANullRecordInItsPlaceUnderSkip) {
 TEST(JsonlFilesTest, LineModeEndsAfterCleanBlocksAndBeginsAgainAtTheNextBadLine) {
   testing::ScopedTempDir dir("braid-jsonl");
   const Docs docs = MakeDocs(90000, 12);  // about 21 MB: 21 of Arrow's 1 MiB blocks
-  std::set<int64_t> bad = {3, 200, 89990};
-  for (int64_t i = 60000; i < 70000; i += 500) bad.insert(i);  // blocks 14-16 or so
-  std::string body;
-  for (int64_t i = 0; i < int64_t(docs.size()); ++i) {
-    std::string line = Lines(Docs{docs[size_t(i)]});
-    line = line.substr(0, line.find('\n') + 1);
-    body += bad.count(i) > 0 ? "{\"input_ids\": [7 7]}\n" : line;
-  }
+  std::map<int64_t, std::string> bad;
+  for (int64_t i = 60000; i < 70000; i += 500) bad[i] = "";  // blocks 14-16 or so
+  for (int64_t i : {int64_t{3}, int64_t{200}, int64_t{89990}}) bad[i] = "";
+  for (auto& [i, line] : bad) line = "{\"input_ids\": [7 7]}\n";
+  const std::string body = WithBadLines(docs, bad);
   for (const auto& [name, compression] :
        std::vector<std::pair<std::string, arrow::Compression::type>>{
            {"a.jsonl", arrow::Compression::UNCOMPRESSED},
@@ -383,33 +398,14 @@ TEST(JsonlFilesTest, LineModeEndsAfterCleanBlocksAndBeginsAgainAtTheNextBadLine)
     EXPECT_THAT(error.status().message(), HasSubstr("row 3)"));
     auto files = SourceFiles::Open(Jsonl(dir.Sub(name), OnError::kSkip), "sources[0]");
     ASSERT_TRUE(files.ok()) << files.status().ToString();
-    auto check = [&](const arrow::Array& ids, int64_t i, int64_t record) {
-      if (bad.count(record) > 0) {
-        ASSERT_TRUE(ids.IsNull(i)) << record;
-        EXPECT_THAT((*files)->WhyNull(0, record), HasSubstr("does not parse")) << record;
-      } else {
-        ASSERT_FALSE(ids.IsNull(i)) << record;
-        ASSERT_EQ(testing::ListRowIds(ids, i), docs[size_t(record)]) << record;
-      }
-    };
     auto whole = (*files)->ReadChunks(0, 0);
     ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    EXPECT_EQ(ExpectRecords(**files, *whole, 0, docs, bad), 90000);
     int64_t at = 0;
-    for (const auto& chunk : *whole) {
-      for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-        check(*chunk.front(), i, at);
-      }
-    }
-    EXPECT_EQ(at, 90000);
-    at = 0;
     for (int64_t b = 0; b < 9; ++b) {  // in blocks, in order
       auto block = (*files)->ReadBlock(0, 0, 10000, b);
       ASSERT_TRUE(block.ok()) << block.status().ToString();
-      for (const auto& chunk : *block) {
-        for (int64_t i = 0; i < chunk.front()->length(); ++i, ++at) {
-          check(*chunk.front(), i, at);
-        }
-      }
+      at = ExpectRecords(**files, *block, at, docs, bad);
     }
     EXPECT_EQ(at, 90000);
   }
