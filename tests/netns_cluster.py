@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 
 SUBNET = "10.77.0"
 PORT = 6390
+READY = "braid-node-entered"  # a node's anchor prints it once its namespaces are set up
 
 
 def _run(*args: str) -> None:
@@ -126,14 +127,27 @@ class NamespaceCluster:
             self.logs.append(hosts)
             script += f"mount --bind {hosts} /etc/hosts && hostname {self.hostname(node)} && "
             unshare.append("--uts")
-        script += "exec \"$@\""
+        script += f"echo {READY} && exec \"$@\""
         self.anchors[node] = subprocess.Popen(
             ["ip", "netns", "exec", self.netns[node], *unshare, "sh", "-c", script, "sh",
              *args],
             stdout=log.open("w"), stderr=subprocess.STDOUT, env=self.env,
             start_new_session=True)
+        self._wait_until_entered(node, log)
         if node == 0 and not self.bare:  # the others join it
             self._wait_for_nodes(1)
+
+    def _wait_until_entered(self, node: int, log: Path) -> None:
+        """Waits until the anchor of node `node` is inside its namespaces, with its /tmp/ray
+        mounted. Until then `enter` joins whatever namespaces the process is in at that
+        moment (the machine's mount namespace, under load): a `ray start` there writes its
+        session to the machine's /tmp/ray, and the node's own stays empty."""
+        deadline = time.monotonic() + 60
+        while READY not in log.read_text():
+            if self.anchors[node].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"node {node} did not enter its namespaces: "
+                                   f"{log.read_text()[-2000:]}")
+            time.sleep(0.05)
 
     def _wait_for_nodes(self, want: Optional[int] = None) -> None:
         want = self.nodes if want is None else want
@@ -155,6 +169,21 @@ class NamespaceCluster:
 
     def log_tail(self) -> str:
         return " | ".join(log.read_text()[-1000:] for log in self.logs if log.exists())
+
+    def ray_logs(self, node: int, lines: int = 30) -> str:
+        """What node `node`'s Ray said: its sockets and the tails of its raylet's, GCS's
+        and agents' logs, read inside the node (its /tmp/ray is its own, gone with it).
+        For a failure message: a driver that cannot reach its raylet says nothing of why."""
+        logs = "/tmp/ray/session_latest/logs"
+        script = (f"ls -l /tmp/ray/session_latest/sockets; cd {logs} && "
+                  "for f in raylet.out raylet.err gcs_server.out gcs_server.err "
+                  "dashboard_agent.log runtime_env_agent.log; do "
+                  f"[ -s $f ] && echo \"== $f\" && tail -n {lines} $f; done")
+        try:
+            out = self.run(node, ["sh", "-c", script], timeout=30, check=False)
+        except subprocess.TimeoutExpired:
+            return f"node {node}: its Ray logs could not be read in 30 s"
+        return f"node {node}:\n{out.stdout}{out.stderr}"
 
     def enter(self, node: int) -> List[str]:
         """The command prefix that runs a program inside node `node` (both namespaces)."""

@@ -1,8 +1,5 @@
 """docs/distributed.md's quick start, run line by line as written on two fresh nodes in
-namespaces of their own (tests/netns_cluster.py, `bare`: nothing running in them). In a
-module of its own: no other namespace cluster is up beside it (with the three-node
-cluster of tests/test_netns_cluster.py up, a Ray driver in a bare node failed now and
-then to reach its raylet's socket; not traced).
+namespaces of their own (tests/netns_cluster.py, `bare`: nothing running in them).
 """
 
 from __future__ import annotations
@@ -160,6 +157,10 @@ def test_the_quick_start_runs_as_written_on_two_fresh_nodes(small_dataset, tmp_p
                 proc.wait(timeout=120)
                 time.sleep(0.5)
                 assert proc.returncode == 0, excerpt(errors[node])
+        except BaseException:  # pytest shows a failed test's stdout
+            for node in range(2):
+                print(nodes.ray_logs(node))
+            raise
         finally:
             for proc in procs:
                 if proc.poll() is None:

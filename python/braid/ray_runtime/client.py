@@ -98,11 +98,6 @@ class ObjectStoreChannel:
         self._jobs.detach(self._job, self._client)
 
 
-# Helpers started per attach: one that dies with no answer (a Ray driver's fatal error
-# while joining a loaded cluster) is started again; attaching a client is idempotent.
-_HELPER_TRIES = 3
-
-
 def _cause(stderr: str) -> str:
     """What a helper that died printed, from a little before the first line that reads as
     the cause (a Ray check or fatal log, a Python traceback) when there is one, else its
@@ -119,33 +114,27 @@ def attach_in_helper(config: "_core.Config", state_json: str, client: str,
                      timeout_s: float) -> Dict[str, str]:
     """Attaches ``client`` from a short-lived helper process that joins Ray, creates or
     finds the job's actors and prints the node constructor's socket name; this process
-    never imports Ray. A helper that exits with no answer is started again, up to
-    _HELPER_TRIES in all. Returns ``{"job", "namespace", "socket"}``."""
+    never imports Ray. Returns ``{"job", "namespace", "socket"}``."""
     payload = pickle.dumps({"config": config, "state": state_json, "client": client,
                             "timeout_s": timeout_s})
-    for attempt in range(_HELPER_TRIES):
-        try:
-            done = subprocess.run([sys.executable, "-m", "braid.ray_runtime.attach"],
-                                  input=payload, capture_output=True,
-                                  timeout=timeout_s + 60, cwd=os.getcwd())
-        except subprocess.TimeoutExpired as exc:
-            said = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[-20:]
-            raise TimeoutError(f"runtime: attaching to the Ray job took over "
-                               f"{timeout_s + 60:.0f} s; the helper's last words:\n"
-                               + "\n".join(said)) from exc
-        for line in done.stdout.decode(errors="replace").splitlines():
-            if line.startswith(ATTACH_MARK):
-                answer = json.loads(line[len(ATTACH_MARK):])
-                if "error" in answer:
-                    raise _error(answer["error"], answer["message"])
-                return answer
-        cause = _cause(done.stderr.decode(errors="replace"))
-        if attempt + 1 < _HELPER_TRIES:
-            print(f"braid: the Ray attach helper exited with status {done.returncode} "
-                  f"and no answer; starting it again:\n{cause}", file=sys.stderr)
+    try:
+        done = subprocess.run([sys.executable, "-m", "braid.ray_runtime.attach"],
+                              input=payload, capture_output=True, timeout=timeout_s + 60,
+                              cwd=os.getcwd())
+    except subprocess.TimeoutExpired as exc:
+        said = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[-20:]
+        raise TimeoutError(f"runtime: attaching to the Ray job took over "
+                           f"{timeout_s + 60:.0f} s; the helper's last words:\n"
+                           + "\n".join(said)) from exc
+    for line in done.stdout.decode(errors="replace").splitlines():
+        if line.startswith(ATTACH_MARK):
+            answer = json.loads(line[len(ATTACH_MARK):])
+            if "error" in answer:
+                raise _error(answer["error"], answer["message"])
+            return answer
     raise RuntimeError("runtime: the Ray attach helper exited with status "
-                       f"{done.returncode} and no answer ({_HELPER_TRIES} tries):\n"
-                       + cause)
+                       f"{done.returncode} and no answer:\n"
+                       + _cause(done.stderr.decode(errors="replace")))
 
 
 class NodeChannel:
