@@ -609,3 +609,36 @@ def test_an_attach_helper_that_dies_with_no_answer_shows_rays_message(monkeypatc
     with pytest.raises(RuntimeError, match="status 1 and no answer") as error:
         client.attach_in_helper({}, "{}", "c", 5.0)
     assert "Failed to register worker" in str(error.value)
+
+
+def test_a_late_rank_waits_out_the_ended_jobs_actors_but_not_a_failed_creation(
+        monkeypatch):
+    """A rank that attaches while the job it finds is being stopped (its actors killed one
+    by one, their names released slowly on a loaded cluster) tries again until
+    runtime.timeout_s, however many killed actors it meets; an actor whose creation failed
+    is raised at once."""
+    class Config:
+        runtime = {"timeout_s": 30}
+
+    tries = []
+
+    def killed_five_times(config, state_json, client):
+        tries.append(client)
+        if len(tries) <= 5:
+            raise ray.exceptions.ActorDiedError()  # killed as the job ended
+        return "job"
+
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    monkeypatch.setattr(jobs, "_attach_once", killed_five_times)
+    assert jobs.attach(Config(), "{}", "late") == "job"
+    assert len(tries) == 6
+    tries.clear()
+
+    def creation_failed(config, state_json, client):
+        tries.append(client)
+        raise ray.exceptions.RayActorError(actor_init_failed=True)
+
+    monkeypatch.setattr(jobs, "_attach_once", creation_failed)
+    with pytest.raises(ray.exceptions.RayActorError):
+        jobs.attach(Config(), "{}", "late")
+    assert len(tries) == 1

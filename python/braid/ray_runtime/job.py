@@ -63,11 +63,6 @@ class Job:
     clients: List[str] = field(default_factory=list)
 
 
-# Killed actors met by one attach before it gives up (their names take a moment to be
-# released); an actor that died otherwise (its creation failed) is an error to raise.
-_ACTOR_ERROR_TRIES = 3
-
-
 def _ended_or_raced(exc: BaseException) -> bool:
     """Whether an attach failed because the job was ending (its planner refuses ranks
     once the last one detached) or because Ray's ``get_if_exists`` lost a race for a name
@@ -84,18 +79,18 @@ def attach(config: "_core.Config", state_json: str, client: str) -> Job:
     that arrives while the job stops (its last rank detached: a rank that starts late,
     after the others finished) is refused by the ended planner and, once the job's actors
     are gone, starts it again from the same start state; it tries for
-    ``runtime.timeout_s``. Ranks that attach at once from several nodes race to create
+    ``runtime.timeout_s`` (a loaded cluster takes seconds to kill the old actors and
+    release their names). Ranks that attach at once from several nodes race to create
     the actors: Ray's ``get_if_exists`` can then fail to look up the name another rank
-    just took, and the next try finds it."""
+    just took, and the next try finds it. An actor whose creation failed is an error at
+    once."""
     deadline = time.monotonic() + float(config.runtime["timeout_s"])
-    actor_errors = 0
     while True:
         try:
             return _attach_once(config, state_json, client)
         except Exception as exc:  # noqa: BLE001 - raised again unless worth a retry
             if isinstance(exc, ray.exceptions.RayActorError):  # killed as the job ended
-                actor_errors += 1
-                retry, pause = actor_errors < _ACTOR_ERROR_TRIES, 0.5
+                retry, pause = not exc.actor_init_failed, 0.5
             else:
                 retry, pause = _ended_or_raced(exc), 0.2
             if not retry or time.monotonic() > deadline:
