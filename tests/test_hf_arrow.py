@@ -92,6 +92,30 @@ def test_a_missing_column_or_a_broken_shard_names_the_file(saved, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+def test_a_dataset_dicts_folder_names_its_splits_and_one_split_reads(saved, tmp_path):
+    """A DatasetDict saved whole (dataset_dict.json, a folder per split): its folder as a
+    source is an error naming each split's folder (read as one source, the test split
+    would be trained on), in `braid run` and the Loader alike; a split's folder reads
+    its rows, and a glob of both splits' files reads them together on purpose."""
+    whole = datasets.load_from_disk(str(saved))
+    folder = tmp_path / "dict"
+    datasets.DatasetDict({"train": whole.select(range(250)),
+                          "test": whole.select(range(250, 300))}).save_to_disk(str(folder))
+    result = braid_cli("run", write_config(tmp_path / "d.json", config_for(folder)),
+                       "--steps", 1)
+    assert result.returncode == 3, result.stderr
+    assert "DatasetDict" in result.stderr and "sources[0].path" in result.stderr
+    assert f"{folder}/test, {folder}/train" in result.stderr
+    with pytest.raises(braid.DataError, match="name one split's folder"):
+        next(iter(braid.Loader(config_for(folder), rank=0, world_size=2)))
+    ref = {row[0] // SPAN: row for row in whole.select(range(250))["input_ids"]}
+    assert_every_token_once(config_for(folder / "train"), ref, SPAN)
+    both = braid_cli("plan", write_config(tmp_path / "g.json",
+                                          config_for(f"{folder}/*/*.arrow")),
+                     "--steps", 1)
+    assert both.returncode == 0, both.stderr
+
+
 def test_inspect_lists_the_shards_and_their_lengths(saved):
     result = braid_cli("inspect", saved, "--json")
     assert result.returncode == 0, result.stderr

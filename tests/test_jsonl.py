@@ -130,7 +130,7 @@ def test_a_missing_field_names_the_file_record_and_key(tmp_path):
     assert json.loads((report / "report.json").read_text())["skipped"]["j"] == 1
 
 
-def test_a_bad_gzip_or_line_names_the_file(tmp_path):
+def test_a_bad_gzip_a_json_array_or_a_bad_line_names_the_file(tmp_path):
     rng = np.random.default_rng(2)
     good = write(tmp_path / "d" / "a.jsonl", records(0, 30, rng))
     bad = tmp_path / "d" / "b.jsonl.gz"
@@ -143,6 +143,15 @@ def test_a_bad_gzip_or_line_names_the_file(tmp_path):
                             config_for(tmp_path / "d", on_error="skip"))
     result = braid_cli("plan", skipping, "--steps", 2)
     assert result.returncode == 0, result.stderr
+    # A JSON array of records in a `.json` file (another format): named as one.
+    array = tmp_path / "arr" / "rows.json"
+    array.parent.mkdir()
+    array.write_text(json.dumps([json.loads(line)
+                                 for line in good.read_text().splitlines()[:3]]))
+    result = braid_cli("plan", write_config(tmp_path / "a.json", config_for(array)),
+                       "--steps", 1)
+    assert result.returncode == 3, result.stderr
+    assert f"{array}: holds a JSON array, not JSON Lines" in result.stderr, result.stderr
     # A line that is not JSON: a data error naming the file and the record; under skip
     # that record alone is skipped, in its place, and logged.
     broken = tmp_path / "e" / "c.jsonl"
@@ -154,6 +163,8 @@ def test_a_bad_gzip_or_line_names_the_file(tmp_path):
     assert result.returncode == 3, result.stderr
     assert str(broken) in result.stderr and "(row 7)" in result.stderr
     assert "does not parse as JSON" in result.stderr
+    # One hint, the record's: not a second one to skip the file.
+    assert result.stderr.count("set on_error: skip") == 1, result.stderr
     report = tmp_path / "report"
     result = braid_cli("run", write_config(tmp_path / "f.json",
                                            config_for(broken, on_error="skip")),

@@ -18,8 +18,9 @@
 // size and modification time), and a later open of an unchanged file reads them instead.
 //
 // Errors. A failed read of the underlying file is a storage error (retried by
-// SourceFiles); a stream that does not decompress is a data error naming the file and
-// its records. A line that does not parse (or holds a field of another type) fails
+// SourceFiles); a stream that does not decompress, or one that begins a JSON array (a
+// `.json` file of another shape), is a data error naming the file (and the records
+// before the damage). A line that does not parse (or holds a field of another type) fails
 // Arrow's whole block: the file is then read in line mode from that block on (its lines
 // parsed a run at a time, halving a run that fails), and the bad line is an error naming
 // the file and its record (on_error: fail) or a null record in its place, the other
@@ -673,6 +674,7 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
   std::unique_ptr<arrow::util::Codec> codec;
   ARROW_ASSIGN_OR_RAISE(auto in, DecodedStream(fs, cache, f, failed, &codec));
   RecordEnds ends;
+  bool begun = false;  // a byte other than whitespace was read
   // One buffer for every chunk (a chunk read as a new buffer would cost an allocation
   // and fresh pages each).
   std::vector<uint8_t> buffer(static_cast<size_t>(kCountChunkBytes));
@@ -691,8 +693,20 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
     }
     const int64_t n = *chunk;
     if (n == 0) break;
-    *bytes += n;
     const uint8_t* end = buffer.data() + n;
+    if (!begun) {  // a JSON array of records is a file of another format
+      const uint8_t* start = buffer.data();
+      const uint8_t* first = std::find_if(start, end, [](uint8_t c) {
+        return !Space(c) && c != '\n';
+      });
+      begun = first != end;
+      if (begun && *first == '[') {
+        return DataError(f.path, "holds a JSON array, not JSON Lines: records are read "
+                                 "one JSON object per line (jq -c '.[]' writes an "
+                                 "array's objects so)");
+      }
+    }
+    *bytes += n;
     int64_t found = 0;
     const uint8_t* after =
         ends.Scan(buffer.data(), end, std::numeric_limits<int64_t>::max(), &found);

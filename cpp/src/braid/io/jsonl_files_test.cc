@@ -326,6 +326,33 @@ TEST(JsonlFilesTest, BadBytesNameTheFile) {
   EXPECT_FALSE((*typed)->ReadColumns(0, 0).ok());
 }
 
+// A `.json` file holding a JSON array of records (another format, often met under that
+// name): a data error at open naming the file and saying what it is, plain or
+// compressed, the array's first bracket after blank lines; under skip the file is left
+// out and the JSON Lines beside it read.
+TEST(JsonlFilesTest, AJsonArrayIsNamedAsOneAtOpen) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  ASSERT_TRUE(Write(dir.Sub("a.jsonl"), Lines(MakeDocs(20, 5))).ok());
+  const std::string array = " \n\n [{\"input_ids\": [1, 2]},\n {\"input_ids\": [3]}]\n";
+  for (auto [name, compression] :
+       {std::pair{"b.json", arrow::Compression::UNCOMPRESSED},
+        std::pair{"b.json.zst", arrow::Compression::ZSTD}}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(Write(dir.Sub(name), array, compression).ok());
+    auto files = SourceFiles::Open(Jsonl(dir.Sub(name)), "sources[0]");
+    ASSERT_FALSE(files.ok());
+    EXPECT_TRUE(files.status().IsInvalid()) << files.status().ToString();
+    EXPECT_THAT(files.status().message(),
+                AllOf(HasSubstr(dir.Sub(name)), HasSubstr("holds a JSON array"),
+                      HasSubstr("one JSON object per line")));
+    files = SourceFiles::Open(Jsonl(dir.path().string(), OnError::kSkip), "sources[0]");
+    ASSERT_TRUE(files.ok()) << files.status().ToString();
+    EXPECT_EQ((*files)->unreadable_files(), 1);
+    EXPECT_EQ((*files)->total_rows(), 20);
+    std::filesystem::remove(dir.Sub(name));
+  }
+}
+
 // Lines that do not parse (a broken record, a cut one at the end) in a file read in
 // several of Arrow's blocks: under on_error: skip each is a null record in its place and
 // every other record is read, in the file's first block, a later one, and its last

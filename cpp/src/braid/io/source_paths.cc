@@ -192,6 +192,36 @@ std::vector<std::string> MegatronPrefixes(const std::vector<std::string>& files,
   return out;
 }
 
+// A save_to_disk DatasetDict below a directory (its dataset_dict.json) holds its splits
+// in folders of their own: read as one source, a test split would be trained on. An
+// error naming the splits' folders; a glob of the files reads them together on purpose.
+Status NotADatasetDict(const std::string& path, const std::string& where,
+                       const std::vector<std::string>& listed) {
+  auto base = [](const std::string& p) { return p.substr(p.rfind('/') + 1); };
+  auto folder = [](const std::string& p) {
+    const size_t slash = p.rfind('/');
+    return slash == std::string::npos ? std::string() : p.substr(0, slash);
+  };
+  auto is_dict = [&](const std::string& f) { return base(f) == "dataset_dict.json"; };
+  if (std::none_of(listed.begin(), listed.end(), is_dict)) return Status::OK();
+  std::vector<std::string> splits;
+  for (const auto& f : listed) {
+    if (HasFormatSuffix(f, SourceFormat::kHfArrow)) splits.push_back(base(folder(f)));
+  }
+  std::sort(splits.begin(), splits.end());
+  splits.erase(std::unique(splits.begin(), splits.end()), splits.end());
+  std::string shown = path;
+  while (shown.size() > 1 && shown.back() == '/') shown.pop_back();
+  std::string names;
+  for (const auto& split : splits) {
+    names += (names.empty() ? "" : ", ") + shown + "/" + split;
+  }
+  return DataError(path, where + ": a save_to_disk DatasetDict (dataset_dict.json), "
+                                 "whose splits would be read as one source: name one "
+                                 "split's folder (" + names + "), or a glob of the "
+                                 "files to read them together");
+}
+
 }  // namespace
 
 Status ResolveFiles(const std::string& path, const std::string& key_path,
@@ -282,6 +312,9 @@ Status ResolveFormatFiles(const std::string& path, const std::string& key_path,
   if (kind != Listed::kDirectory) {  // a file, or a glob's matches: as named
     *files = std::move(listed);
     return Status::OK();
+  }
+  if (*format == SourceFormat::kHfArrow) {
+    ARROW_RETURN_NOT_OK(NotADatasetDict(path, where, listed));
   }
   for (auto& f : listed) {
     if (HasFormatSuffix(f, *format)) files->push_back(std::move(f));

@@ -430,6 +430,8 @@ std::vector<int32_t> SourceLoader::skipped_files() const {
 Status SourceLoader::SkipRowGroup(int file, int row_group, const Status& error,
                                   bool was_lost) {
   if (source_.on_error != OnError::kSkip) {
+    // (A record's error says already how to skip such records.)
+    if (error.message().find("(set on_error: skip") != std::string::npos) return error;
     return error.WithMessage(error.message(),
                              " (set on_error: skip to skip unreadable files)");
   }
