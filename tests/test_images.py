@@ -123,6 +123,51 @@ def test_several_images_per_row_arrive_in_list_order(tmp_path: Path, model: str)
                                                np.float32)[:, None], atol=1e-5)
 
 
+def test_hugging_face_image_features_read_as_their_bytes(tmp_path: Path, model: str):
+    """A column of the `datasets` library's Image feature (struct<bytes, path>), alone and
+    in a Sequence, written by `datasets` to Parquet and by save_to_disk: the same batches
+    as the same images in a plain binary column laid out alike. An Image that holds a
+    path and no bytes is a null that says so."""
+    datasets = pytest.importorskip("datasets")  # a dev dependency
+    from conftest import assert_same_batches, take_batches
+
+    sizes = [(28, 42), (14, 28), (42, 14), (28, 28)] * 4
+    images = [png(w, h, (15 * i, 255 - 15 * i, 7 * i)) for i, (w, h) in enumerate(sizes)]
+    captions = [" ".join(CAPTION.split()[:3 + i % 5]) for i in range(len(images))]
+    image = datasets.Image()
+    layouts = {
+        "single": ({"image": images, "caption": captions}, image),
+        "sequence": ({"image": [[im, images[-1 - i]] for i, im in enumerate(images)],
+                      "caption": captions}, datasets.Sequence(image)),
+    }
+    for name, (columns, feature) in layouts.items():
+        plain = datasets.Dataset.from_dict(columns)  # binary, or a list of binary
+        hf = plain.cast_column("image", feature)
+        assert "struct" in str(hf.data.schema.field("image").type), hf.data.schema
+        got = {}
+        for kind, ds in (("plain", plain), ("hf", hf)):
+            ds.to_parquet(str(tmp_path / f"{name}-{kind}.parquet"), batch_size=4)
+            ds.save_to_disk(str(tmp_path / f"{name}-{kind}"), max_shard_size="1MB")
+            for where in (f"{name}-{kind}.parquet", f"{name}-{kind}"):
+                cfg = config(model, tmp_path / where, 256)
+                got[(kind, where.endswith(".parquet"))] = take_batches(
+                    [braid.Loader(cfg, rank=0, world_size=1)], 6)[0]
+        for parquet in (True, False):
+            assert_same_batches(got[("hf", parquet)], got[("plain", parquet)])
+        assert got[("hf", True)][0]["image_grid"].shape[0] >= (2 if name == "sequence"
+                                                               else 1)
+    # An Image kept as a path (as `datasets` holds files it has not embedded), its bytes
+    # null: a null row naming why.
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    pq.write_table(pa.table({"image": pa.array([{"bytes": images[0], "path": None},
+                                                {"bytes": None, "path": "x.png"}], struct),
+                             "caption": captions[:2]}), tmp_path / "path.parquet")
+    with pytest.raises(braid.DataError, match="Image struct without bytes"):
+        for _ in itertools.islice(iter(braid.Loader(
+                config(model, tmp_path / "path.parquet", 256), rank=0, world_size=1)), 4):
+            pass
+
+
 def test_jpeg_images_decode_within_tolerance(tmp_path: Path, model: str):
     if not hasattr(_core, "encode_test_jpeg"):
         pytest.skip("this build has no JPEG test encoder")

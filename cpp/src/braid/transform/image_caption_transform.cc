@@ -1,5 +1,7 @@
 // The image-caption transform (transform.h: image_column + text_column):
 //   [BOS] image_token_id x num_patches (each image's), ids(caption) [EOS]
+// The image column holds encoded bytes: binary, Hugging Face's Image struct (its bytes
+// field), or a list of either.
 // loss_mask is 0 on BOS and the placeholders, 1 on the caption and EOS. Apply reads only
 // the images' headers (the grids, hence the token count, and header-level skips, the
 // same with or without a payload); Finish decodes the pixels (transform/image.h,
@@ -26,9 +28,28 @@ bool IsBinary(const arrow::DataType& t) {
          t.id() == arrow::Type::BINARY_VIEW;
 }
 
-// Row `i` of a binary array; false if null.
+// Hugging Face `datasets`' Image feature, struct<bytes: binary, path: string> (Parquet
+// that `datasets` wrote, save_to_disk folders): the index of its `bytes` field, or -1
+// for any other type.
+int ImageStructBytes(const arrow::DataType& t) {
+  if (t.id() != arrow::Type::STRUCT) return -1;
+  const int k = static_cast<const arrow::StructType&>(t).GetFieldIndex("bytes");
+  return k >= 0 && IsBinary(*t.field(k)->type()) ? k : -1;
+}
+
+// One encoded image a row: a binary column, or an Image struct's bytes.
+bool IsEncoded(const arrow::DataType& t) { return IsBinary(t) || ImageStructBytes(t) >= 0; }
+
+// Row `i` of a binary array, or of an Image struct's bytes; false if null (an Image
+// struct that holds only a path is null).
 bool BinaryAt(const arrow::Array& a, int64_t i, std::string_view* out) {
   if (a.IsNull(i)) return false;
+  if (a.type_id() == arrow::Type::STRUCT) {
+    // (StructArray::field keeps the child it slices: no allocation per row.)
+    const auto& bytes = static_cast<const arrow::StructArray&>(a).field(
+        ImageStructBytes(*a.type()));
+    return BinaryAt(*bytes, i, out);
+  }
   switch (a.type_id()) {
     case arrow::Type::BINARY:
       *out = static_cast<const arrow::BinaryArray&>(a).GetView(i);
@@ -44,18 +65,24 @@ bool BinaryAt(const arrow::Array& a, int64_t i, std::string_view* out) {
 }
 
 bool IsImageColumn(const arrow::DataType& t) {
-  if (IsBinary(t)) return true;
+  if (IsEncoded(t)) return true;
   const auto id = t.id();
   return (id == arrow::Type::LIST || id == arrow::Type::LARGE_LIST) &&
-         IsBinary(*t.field(0)->type());
+         IsEncoded(*t.field(0)->type());
 }
 
-// The encoded images of row `i`: one for a binary column, each element of a list<binary>
-// column in order. False if the row (or an element of its list) is null.
+// Whether the column holds Image structs (alone or in lists).
+bool HoldsImageStructs(const arrow::DataType& t) {
+  return ImageStructBytes(t) >= 0 ||
+         (t.num_fields() == 1 && ImageStructBytes(*t.field(0)->type()) >= 0);
+}
+
+// The encoded images of row `i`: one for a binary or Image struct column, each element
+// of a list of them in order. False if the row (or an element of its list) is null.
 bool ImagesAt(const arrow::Array& a, int64_t i, std::vector<std::string_view>* out) {
   out->clear();
   if (a.IsNull(i)) return false;
-  if (IsBinary(*a.type())) {
+  if (IsEncoded(*a.type())) {
     out->emplace_back();
     return BinaryAt(a, i, &out->back());
   }
@@ -93,8 +120,9 @@ class ImageCaptionTransform : public Transform {
   std::vector<ColumnSpec> columns() const override {
     auto check_binary = [](const arrow::DataType& t) -> std::string {
       return IsImageColumn(t) ? ""
-                              : "a binary column (encoded JPEG / PNG / WebP bytes) or a "
-                                "list of them";
+                              : "a binary column (encoded JPEG / PNG / WebP bytes), a "
+                                "Hugging Face Image struct (its bytes), or a list of "
+                                "either";
     };
     return {{image_column_, key_ + ".image_column", check_binary},
             {text_column_, key_ + ".text_column", CheckString}};
@@ -115,7 +143,12 @@ class ImageCaptionTransform : public Transform {
     std::vector<std::string_view> images;
     std::string_view caption;
     if (!ImagesAt(*cols[0], i, &images)) {
-      return Null("null column '" + image_column_ + "'", out);
+      return Null("null column '" + image_column_ + "'" +
+                      (HoldsImageStructs(*cols[0]->type())
+                           ? " (an Image struct without bytes: images kept as a path "
+                             "are not read)"
+                           : ""),
+                  out);
     }
     if (!StringAt(*cols[1], i, &caption)) {
       return Null("null column '" + text_column_ + "'", out);
