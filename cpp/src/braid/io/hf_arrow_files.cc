@@ -230,11 +230,13 @@ Result<FormatOpen> OpenHfArrowFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     } else if (st.ok()) {
       // A missing or mistyped column is the files' promise broken: an error whatever
       // on_error says (as for Parquet). Only unreadable bytes are skipped.
-    } else if (!skip || st.message().find("no column") != std::string::npos ||
+    } else if (st.message().find("no column") != std::string::npos ||
                st.message().find(" has type ") != std::string::npos) {
-      if (!skip) return RefuseUnreadable(st, tries);
+      // (No hint to skip: skipping does not mend it.)
       if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
       return st;
+    } else if (!skip) {
+      return RefuseUnreadable(st, tries);
     } else {
       out.KeepUnreadable(std::move(file), st, path);
       files.push_back(std::move(f));
