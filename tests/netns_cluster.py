@@ -138,8 +138,8 @@ class NamespaceCluster:
             self._wait_for_nodes(1)
 
     def _wait_until_entered(self, node: int, log: Path) -> None:
-        """Waits until the anchor of node `node` is inside its namespaces, with its /tmp/ray
-        mounted. Until then `enter` joins whatever namespaces the process is in at that
+        """Waits until the anchor of node `node` is inside its namespaces, with its
+        /tmp/ray mounted. Until then `enter` joins whatever namespaces the process is in at that
         moment (the machine's mount namespace, under load): a `ray start` there writes its
         session to the machine's /tmp/ray, and the node's own stays empty."""
         deadline = time.monotonic() + 60
@@ -173,7 +173,7 @@ class NamespaceCluster:
     def ray_logs(self, node: int, lines: int = 30) -> str:
         """What node `node`'s Ray said: its sockets and the tails of its raylet's, GCS's
         and agents' logs, read inside the node (its /tmp/ray is its own, gone with it).
-        For a failure message: a driver that cannot reach its raylet says nothing of why."""
+        For a failure message: a driver that cannot reach its raylet does not say why."""
         logs = "/tmp/ray/session_latest/logs"
         script = (f"ls -l /tmp/ray/session_latest/sockets; cd {logs} && "
                   "for f in raylet.out raylet.err gcs_server.out gcs_server.err "

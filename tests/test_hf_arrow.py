@@ -100,8 +100,8 @@ def test_a_dataset_dicts_folder_names_its_splits_and_one_split_reads(saved, tmp_
     its rows, and a glob of both splits' files reads them together on purpose."""
     whole = datasets.load_from_disk(str(saved))
     folder = tmp_path / "dict"
-    datasets.DatasetDict({"train": whole.select(range(250)),
-                          "test": whole.select(range(250, 300))}).save_to_disk(str(folder))
+    splits = {"train": whole.select(range(250)), "test": whole.select(range(250, 300))}
+    datasets.DatasetDict(splits).save_to_disk(str(folder))
     result = braid_cli("run", write_config(tmp_path / "d.json", config_for(folder)),
                        "--steps", 1)
     assert result.returncode == 3, result.stderr

@@ -159,9 +159,9 @@ def test_hugging_face_image_features_read_as_their_bytes(tmp_path: Path, model: 
     # An Image kept as a path (as `datasets` holds files it has not embedded), its bytes
     # null: a null row naming why.
     struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    pq.write_table(pa.table({"image": pa.array([{"bytes": images[0], "path": None},
-                                                {"bytes": None, "path": "x.png"}], struct),
-                             "caption": captions[:2]}), tmp_path / "path.parquet")
+    rows = [{"bytes": images[0], "path": None}, {"bytes": None, "path": "x.png"}]
+    pq.write_table(pa.table({"image": pa.array(rows, struct), "caption": captions[:2]}),
+                   tmp_path / "path.parquet")
     with pytest.raises(braid.DataError, match="Image struct without bytes"):
         for _ in itertools.islice(iter(braid.Loader(
                 config(model, tmp_path / "path.parquet", 256), rank=0, world_size=1)), 4):

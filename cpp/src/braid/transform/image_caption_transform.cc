@@ -38,7 +38,9 @@ int ImageStructBytes(const arrow::DataType& t) {
 }
 
 // One encoded image a row: a binary column, or an Image struct's bytes.
-bool IsEncoded(const arrow::DataType& t) { return IsBinary(t) || ImageStructBytes(t) >= 0; }
+bool IsEncoded(const arrow::DataType& t) {
+  return IsBinary(t) || ImageStructBytes(t) >= 0;
+}
 
 // Row `i` of a binary array, or of an Image struct's bytes; false if null (an Image
 // struct that holds only a path is null).
