@@ -93,6 +93,38 @@ def test_every_sample_arrives_once_as_webdataset_reads_it(corpus):
     assert_every_token_once(config, ref, SPAN)
 
 
+def test_a_user_transform_gets_the_members_bytes(corpus):
+    """A user transform over WebDataset members gets each named member's bytes (a JSON
+    member's too, undecoded, as the webdataset package gives it): token lists taken from
+    the JSON bytes give the batches of `tokens_column: json:input_ids`, and the text
+    member beside them is the same sample's."""
+    from conftest import assert_same_batches, take_batches
+
+    folder, _ = corpus
+    calls = []
+
+    def ids_of(txt, raw):
+        assert isinstance(txt, bytes) and isinstance(raw, bytes), (txt, raw)
+        ids = json.loads(raw)["input_ids"]
+        _, row, _, _, shard = txt.decode().split()  # "sample R of shard S"
+        assert ids[0] == (int(shard) * 1000 + int(row)) * SPAN, (txt, ids[:2])
+        calls.append(row)
+        return ids
+
+    config = config_for(folder)
+    del config["sources"][0]["tokens_column"]
+    config["sources"][0]["transform"] = {"python": "wds_ids", "columns": ["txt", "json"]}
+    braid.register_transform("wds_ids", ids_of)
+    try:
+        got = take_batches([braid.Loader(config, r, 2) for r in range(2)], 8)
+    finally:
+        braid.unregister_transform("wds_ids")
+    want = take_batches([braid.Loader(config_for(folder), r, 2) for r in range(2)], 8)
+    for rank in range(2):
+        assert_same_batches(got[rank], want[rank])
+    assert calls
+
+
 def test_resume_loaders_and_a_glob_keep_the_plan(corpus, tmp_path):
     folder, _ = corpus
     path = write_config(tmp_path / "c.json", config_for(folder))

@@ -135,11 +135,6 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
       break;
     }
     case SourceFormat::kWebDataset: {
-      if (source.user_transform.enabled()) {
-        return ConfigError(key_path + ".transform",
-                           "is not supported on WebDataset sources yet (text_column, "
-                           "chat, tokens_column and image_column are)");
-      }
       ARROW_ASSIGN_OR_RAISE(opened,
                             internal::OpenWebDatasetFiles(fs_, paths, stamps, source,
                                                           key_path, columns_));

@@ -12,7 +12,8 @@
 //   EXT         its bytes: a binary column (images), a string (text; UTF-8 checked) or an
 //               integer (`cls`: decimal text), whichever the transform reads
 //   A;B;C       alternatives: the first of them the sample has (`jpg;png;webp`)
-//   json        a JSON member parsed whole (Arrow's JSON reader), e.g. a list of ids
+//   json        a JSON member parsed whole (Arrow's JSON reader), e.g. a list of ids;
+//               for a user transform, its bytes, as any member's
 //   EXT:FIELD   a field of a JSON member (`json:input_ids`, `json:messages`)
 //
 // Units. A tar has no index, so a shard is one unit (the shuffle unit, like a JSON Lines
@@ -367,7 +368,9 @@ Result<MemberColumn> ColumnOf(const ColumnSpec& spec) {
     c.extensions.push_back(std::move(ext));
     at = end + 1;
   }
-  if (!c.json) {
+  // A whole JSON member is parsed, but for a column that takes bytes (a user transform's:
+  // the function gets the member's bytes, as the webdataset package gives them).
+  if (!c.json && !spec.check(*arrow::binary()).empty()) {
     c.json = std::all_of(c.extensions.begin(), c.extensions.end(), [](const auto& e) {
       return e == "json" || (e.size() > 5 && e.compare(e.size() - 5, 5, ".json") == 0);
     });
