@@ -139,9 +139,9 @@ class NamespaceCluster:
 
     def _wait_until_entered(self, node: int, log: Path) -> None:
         """Waits until the anchor of node `node` is inside its namespaces, with its
-        /tmp/ray mounted. Until then `enter` joins whatever namespaces the process is in at that
-        moment (the machine's mount namespace, under load): a `ray start` there writes its
-        session to the machine's /tmp/ray, and the node's own stays empty."""
+        /tmp/ray mounted. Until then `enter` joins whatever namespaces the process is in
+        at that moment (the machine's mount namespace, under load): a `ray start` there
+        writes its session to the machine's /tmp/ray, and the node's own stays empty."""
         deadline = time.monotonic() + 60
         while READY not in log.read_text():
             if self.anchors[node].poll() is not None or time.monotonic() > deadline:

@@ -71,6 +71,11 @@ bool IsErrorKind(const Status& st, ErrorKind kind);
 /// The ErrorDetail of `st`, or nullptr.
 const ErrorDetail* GetErrorDetail(const Status& st);
 
+/// `st` with the hint that says what `on_error: skip` would pass over: " (set on_error:
+/// skip to skip WHAT)" ("unreadable files", "such rows"), unless it says one already (an
+/// error passed up through several layers gives one hint, the innermost's).
+Status WithSkipHint(const Status& st, const std::string& what);
+
 /// Where in a Parquet file: "FILE (row group G, row R)"; omitted parts are -1.
 std::string DataLocation(const std::string& file, int64_t row_group, int64_t row);
 

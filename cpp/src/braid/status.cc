@@ -12,6 +12,12 @@ Status DataError(const std::string& file, const std::string& what) {
       .WithDetail(std::make_shared<ErrorDetail>(ErrorKind::kData, file));
 }
 
+Status WithSkipHint(const Status& st, const std::string& what) {
+  constexpr const char* kHint = " (set on_error: skip to skip ";
+  if (st.message().find(kHint) != std::string::npos) return st;
+  return st.WithMessage(st.message(), kHint, what, ")");
+}
+
 Status StorageError(const std::string& file, const std::string& what) {
   return Status::IOError(file, ": ", what)
       .WithDetail(std::make_shared<ErrorDetail>(ErrorKind::kData, file));

@@ -197,7 +197,7 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
 Status RefuseUnreadable(const Status& error, int tries) {
   Status st = error;
   if (tries > 1) st = st.WithMessage(st.message(), " (", tries, " tries)");
-  return st.WithMessage(st.message(), " (set on_error: skip to skip unreadable files)");
+  return WithSkipHint(st, "unreadable files");
 }
 
 std::vector<RowLength> ListLengths(const arrow::Array& a) {

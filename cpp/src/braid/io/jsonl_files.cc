@@ -535,9 +535,9 @@ class JsonlReader : public FormatReader {
     if (bad.empty() && cause != nullptr) return Fail(f, first, f.records, *cause);
     if (!bad.empty() && !skip_bad_lines_) {
       Reset();
-      return DataError(DataLocation(f.path, -1, bad.front().first),
-                       "does not parse as JSON: " + bad.front().second +
-                           " (set on_error: skip to skip such records)");
+      return WithSkipHint(DataError(DataLocation(f.path, -1, bad.front().first),
+                                    "does not parse as JSON: " + bad.front().second),
+                          "such records");
     }
     if (!bad.empty()) {
       // Why each is null, for the loader's skip line (WhyNull).

@@ -313,8 +313,7 @@ Result<std::unique_ptr<SourceFiles>> SourceFiles::Open(const SourceConfig& sourc
         footer = footer.WithMessage(footer.message(), " (", tries, " tries)");
       }
       if (!skip) {
-        return footer.WithMessage(footer.message(),
-                                  " (set on_error: skip to skip unreadable files)");
+        return WithSkipHint(footer, "unreadable files");
       }
       // Kept in the list without row groups: the file indexes and the order stay a pure
       // function of which footers read (docs/decisions.md 22).

@@ -303,7 +303,7 @@ Status AttachPieces(StepPlan* plan, int64_t bucket, int32_t source,
         }
         if (!bad.ok()) {
           if (source_config.on_error != OnError::kSkip) {
-            return bad.WithMessage(bad.message(), " (set on_error: skip to skip such rows)");
+            return WithSkipHint(bad, "such rows");
           }
           // As the source loader delivers such a row: blank images, nothing trained.
           BlankImagePayload(options, payload.get());

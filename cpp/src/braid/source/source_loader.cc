@@ -430,10 +430,7 @@ std::vector<int32_t> SourceLoader::skipped_files() const {
 Status SourceLoader::SkipRowGroup(int file, int row_group, const Status& error,
                                   bool was_lost) {
   if (source_.on_error != OnError::kSkip) {
-    // (A record's error says already how to skip such records.)
-    if (error.message().find("(set on_error: skip") != std::string::npos) return error;
-    return error.WithMessage(error.message(),
-                             " (set on_error: skip to skip unreadable files)");
+    return WithSkipHint(error, "unreadable files");
   }
   {
     std::lock_guard<std::mutex> lock(skipped_mu_);
@@ -510,7 +507,7 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
     LogSkip(d.where, o);
     ref.Set(TokenPayload(d.payload));
   } else {
-    ref.Set(st.WithMessage(st.message(), " (set on_error: skip to skip such rows)"));
+    ref.Set(WithSkipHint(st, "such rows"));
   }
 }
 
@@ -869,8 +866,7 @@ Status SourceLoader::ReadStep() {
     s.meta.skip = o.skip;
     const bool bad = o.skip == SkipReason::kNull || o.skip == SkipReason::kError;
     if (bad && source_.on_error == OnError::kFail) {
-      error = DataError(where(r).ToString(),
-                        o.null_what + " (set on_error: skip to skip such rows)");
+      error = WithSkipHint(DataError(where(r).ToString(), o.null_what), "such rows");
       break;
     }
     // (An unread row group was logged once, not per row.)

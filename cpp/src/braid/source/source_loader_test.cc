@@ -1237,5 +1237,17 @@ TEST_F(UnreadableFileTest, EveryFileLostMidRunIsADataErrorNamingTheSource) {
                                   HasSubstr("no readable file left")));
 }
 
+// An error passed up through several layers (a reader's record, then the loader's
+// unreadable unit) says once how on_error: skip would pass it: the innermost hint.
+TEST(SkipHintTest, AnErrorGetsOneHintTheInnermost) {
+  const Status record = WithSkipHint(DataError("f.jsonl (row 7)", "bad"), "such records");
+  EXPECT_TRUE(IsErrorKind(record, ErrorKind::kData));
+  EXPECT_EQ(record.message(), "f.jsonl (row 7): bad (set on_error: skip to skip such "
+                              "records)");
+  EXPECT_EQ(WithSkipHint(record, "unreadable files").message(), record.message());
+  EXPECT_EQ(WithSkipHint(DataError("f", "x"), "such rows").message(),
+            "f: x (set on_error: skip to skip such rows)");
+}
+
 }  // namespace
 }  // namespace braid
