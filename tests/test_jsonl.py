@@ -219,6 +219,77 @@ def test_text_records_are_tokenized_and_other_fields_ignored(tmp_path):
     assert r["samples"] == 40 and r["skipped"] == 0 and r["payload_tokens"] > 40
 
 
+def sft_records(file: int, n: int, rng) -> list:
+    """Records as an SFT set holds them: strings, a nested object, a list, a number, a
+    date, and a field only some records have (ignored: not read)."""
+    out = []
+    for r in range(n):
+        rec = {"id": f"{file}-{r}", "instruction": "say " * int(rng.integers(1, 9)),
+               "meta": {"score": float(rng.random()), "tags": ["a", "b"][: r % 3]},
+               "turn": int(rng.integers(0, 5)), "day": f"2024-05-{1 + r % 28:02d}"}
+        if r % 4 == 0:
+            rec["extra"] = [1, "two"]
+        out.append(rec)
+    return out
+
+
+def test_a_user_transform_gets_each_field_as_json_gives_it(tmp_path):
+    """A Python transform over JSON Lines fields gets each field's value as json.loads
+    gives it (a string, a dict, a list, an int; a date its string), typed by the first
+    file's first records and held; its batches equal those of the same records in
+    Parquet files laid out alike, and the same from a fresh process (the CLI)."""
+    from conftest import assert_same_batches, take_batches
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(9)
+    by_id = {}
+    for f, name in enumerate(["a.jsonl.gz", "b.jsonl.zst", "c.jsonl"]):
+        recs = sft_records(f, int(rng.integers(20, 40)), rng)
+        write(tmp_path / "jsonl" / name, recs)
+        columns = ["id", "instruction", "meta", "turn", "day"]
+        (tmp_path / "pq").mkdir(exist_ok=True)
+        pq.write_table(pa.Table.from_pylist([{k: r[k] for k in columns} for r in recs]),
+                       tmp_path / "pq" / f"{name.split('.')[0]}.parquet")
+        by_id.update({r["id"]: r for r in recs})
+    calls = []
+
+    def encode(rid, instruction, meta, turn, day):
+        rec = by_id[rid]
+        assert (instruction, meta, turn, day) == (rec["instruction"], rec["meta"],
+                                                  rec["turn"], rec["day"]), rid
+        assert type(turn) is int and type(meta["score"]) is float, (turn, meta)
+        calls.append(rid)
+        f, r = map(int, rid.split("-"))
+        return [(f * 100 + r) * 8 + k for k in range(len(instruction) // 4 + turn)]
+
+    def config(path):
+        out = config_for(path)
+        del out["sources"][0]["tokens_column"]
+        out["sources"][0]["transform"] = {
+            "python": "sft_encode", "columns": ["id", "instruction", "meta", "turn", "day"]}
+        return out
+
+    braid.register_transform("sft_encode", encode)
+    try:
+        got = take_batches([braid.Loader(config(tmp_path / "jsonl"), r, 2)
+                            for r in range(2)], 6)
+        want = take_batches([braid.Loader(config(tmp_path / "pq"), r, 2)
+                             for r in range(2)], 6)
+    finally:
+        braid.unregister_transform("sft_encode")
+    for rank in range(2):
+        assert_same_batches(got[rank], want[rank])
+    assert len(set(calls)) > 20
+    # A field no record of the first file's first block has: a config error naming it.
+    missing = config(tmp_path / "jsonl")
+    missing["sources"][0]["transform"]["columns"] = ["id", "nothing"]
+    missing["sources"][0]["transform"]["python"] = "json:dumps"
+    result = braid_cli("plan", write_config(tmp_path / "m.json", missing), "--steps", 2)
+    assert result.returncode != 0
+    assert "sources[0].transform.columns[1]" in result.stderr, result.stderr
+    assert "'nothing'" in result.stderr and "a.jsonl.gz" in result.stderr
+
+
 def test_s3_files_stream_like_the_local_copy(corpus, tmp_path):
     from remote_fixtures import S3_BUCKET, s3_server_running
 

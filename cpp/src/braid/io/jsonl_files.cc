@@ -719,6 +719,131 @@ Status CountRecords(arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile
   return Status::OK();
 }
 
+
+// `type` as a record's JSON says it: what inference adds is undone (a string that reads
+// as a date, which Arrow types a timestamp, stays the string).
+std::shared_ptr<arrow::DataType> AsWritten(const std::shared_ptr<arrow::DataType>& type) {
+  switch (type->id()) {
+    case arrow::Type::TIMESTAMP:
+      return arrow::utf8();
+    case arrow::Type::LIST: {
+      const auto& item = static_cast<const arrow::ListType&>(*type).value_field();
+      return arrow::list(item->WithType(AsWritten(item->type())));
+    }
+    case arrow::Type::STRUCT: {
+      arrow::FieldVector fields;
+      for (const auto& field : type->fields()) {
+        fields.push_back(field->WithType(AsWritten(field->type())));
+      }
+      return arrow::struct_(fields);
+    }
+    default:
+      return type;
+  }
+}
+
+// True if `type` holds a null type (no value said what it is: a null, an empty list).
+bool HoldsNull(const arrow::DataType& type) {
+  if (type.id() == arrow::Type::NA) return true;
+  for (const auto& field : type.fields()) {
+    if (HoldsNull(*field->type())) return true;
+  }
+  return false;
+}
+
+// The type of each of `columns` (a user transform's, ColumnSpec::any_type) in the first
+// records of file `f` (the source's first file in path order that holds any): each
+// record's fields as Arrow's JSON reader infers them, unified over the records as
+// Arrow unifies schemas (permissive: an integer and a float give a float, a null or an
+// empty list takes the other's type, objects the union of their fields), held for every
+// record of the source. Each record is typed alone, so a field the transform does not
+// read may hold anything; a record that does not parse does not count.
+Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
+    arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile& f,
+    const std::vector<const ColumnSpec*>& columns) {
+  auto failed = std::make_shared<std::atomic<bool>>(false);
+  std::unique_ptr<arrow::util::Codec> codec;  // outlives the stream that uses it
+  ARROW_ASSIGN_OR_RAISE(auto in, DecodedStream(fs, cache, f, failed, &codec));
+  if (f.bytes >= 0) in = std::make_shared<LimitedStream>(std::move(in), f.bytes);
+  // The first block's whole lines (at least one, however long, up to a record's limit).
+  std::string text;
+  size_t lines_end = 0;
+  bool at_end = false;
+  while (!at_end && (text.size() < size_t(kFirstBlockBytes) || lines_end == 0) &&
+         text.size() < size_t(kMaxBlockBytes)) {
+    const size_t had = text.size();
+    text.resize(had + size_t(kCountChunkBytes));
+    auto n = in->Read(kCountChunkBytes, text.data() + had);
+    if (!n.ok()) {
+      const std::string what = "cannot read: " + OneLine(n.status().message());
+      return failed->load() ? StorageError(f.path, what) : DataError(f.path, what);
+    }
+    text.resize(had + size_t(*n));
+    at_end = *n == 0;
+    const size_t nl = text.rfind('\n');
+    if (nl != std::string::npos && nl >= had) lines_end = nl + 1;
+  }
+  if (at_end) lines_end = text.size();  // the last line may lack its newline
+  auto parse_options = arrow::json::ParseOptions::Defaults();
+  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::InferType;
+  std::vector<std::shared_ptr<arrow::Schema>> typed;  // of the columns, per record
+  Status first_failure;
+  for (size_t at = 0; at < lines_end;) {
+    const size_t nl = std::min(text.find('\n', at), lines_end);
+    std::string_view line(text.data() + at, nl - at);
+    at = nl + 1;
+    if (Blank(line)) continue;
+    auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(
+                                                          std::string(line)));
+    if (!batch.ok()) {
+      if (first_failure.ok()) first_failure = batch.status();
+      continue;
+    }
+    arrow::FieldVector fields;
+    for (const ColumnSpec* c : columns) {
+      if (const auto field = (*batch)->schema()->GetFieldByName(c->name)) {
+        fields.push_back(field->WithType(AsWritten(field->type())));
+      }
+    }
+    typed.push_back(arrow::schema(std::move(fields)));
+  }
+  if (typed.empty() && !first_failure.ok()) {
+    return DataError(f.path, "the types of the transform's columns are taken from its "
+                             "first records, and none of them parses: " +
+                                 OneLine(first_failure.message()));
+  }
+  auto unified =
+      arrow::UnifySchemas(typed, arrow::Field::MergeOptions::Permissive());
+  if (!unified.ok()) {
+    return DataError(f.path, "a field the transform reads has types that do not unify in "
+                             "its first records (each record's type is taken from "
+                             "there, and held): " +
+                                 OneLine(unified.status().message()));
+  }
+  std::vector<std::shared_ptr<arrow::DataType>> types;
+  for (const ColumnSpec* c : columns) {
+    const auto field = (*unified)->GetFieldByName(c->name);
+    if (field == nullptr || HoldsNull(*field->type())) {
+      return ConfigError(
+          c->key, "field '" + c->name + "' has no value in the first records of " +
+                      f.path + " to take its type from (" +
+                      (field == nullptr ? "no record there has it"
+                                        : "only nulls or empty lists: " +
+                                              field->type()->ToString()) +
+                      "); a JSON Lines source gives a transform's column the type its "
+                      "first file's first block of records (1 MiB) has, and holds it");
+    }
+    if (!c->check(*field->type()).empty()) {
+      return ConfigError(c->key, "field '" + c->name + "' is " +
+                                     field->type()->ToString() +
+                                     " in the first records of " + f.path +
+                                     "; expected " + c->check(*field->type()));
+    }
+    types.push_back(field->type());
+  }
+  return types;
+}
+
 }  // namespace
 
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
@@ -727,17 +852,21 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const std::vector<arrow::fs::FileInfo>& stamps,
                                   const SourceConfig& source, const std::string& key_path,
                                   const std::vector<ColumnSpec>& columns) {
-  arrow::FieldVector fields;
-  for (const auto& c : columns) {
-    auto type = JsonColumnType(c);
-    if (type == nullptr) {
+  std::vector<std::shared_ptr<arrow::DataType>> types(columns.size());
+  std::vector<const ColumnSpec*> inferred;  // a user transform's: typed by the records
+  for (size_t i = 0; i < columns.size(); ++i) {
+    const ColumnSpec& c = columns[i];
+    if (c.any_type) {
+      inferred.push_back(&c);
+      continue;
+    }
+    types[i] = JsonColumnType(c);
+    if (types[i] == nullptr) {
       return ConfigError(c.key, "cannot be read from JSON Lines (a string, a list of "
                                 "token ids, chat messages or an integer field)");
     }
-    fields.push_back(arrow::field(c.name, type));
   }
   (void)key_path;
-  auto schema = arrow::schema(fields);
   FormatOpen out;
   std::vector<JsonlFile> files(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -760,8 +889,27 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     const SourceFiles::File& f = out.files[i];
     if (!f.damaged.empty()) files[i].bytes = f.row_group_bytes.front();
   }
+  if (!inferred.empty()) {
+    // From the first file that holds records; with none, no record is read and the
+    // columns are typed null.
+    std::vector<std::shared_ptr<arrow::DataType>> found(inferred.size(), arrow::null());
+    for (size_t i = 0; i < files.size(); ++i) {
+      if (files[i].records == 0 || !out.files[i].unreadable.empty()) continue;
+      ARROW_ASSIGN_OR_RAISE(found,
+                            InferredTypes(fs.get(), cache.get(), files[i], inferred));
+      break;
+    }
+    for (size_t i = 0, k = 0; i < columns.size(); ++i) {
+      if (columns[i].any_type) types[i] = found[k++];
+    }
+  }
+  arrow::FieldVector fields;
+  for (size_t i = 0; i < columns.size(); ++i) {
+    fields.push_back(arrow::field(columns[i].name, types[i]));
+  }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(cache),
-                                             std::move(files), columns, std::move(schema),
+                                             std::move(files), columns,
+                                             arrow::schema(fields),
                                              source.on_error == OnError::kSkip);
   return out;
 }

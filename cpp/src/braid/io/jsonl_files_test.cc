@@ -574,5 +574,69 @@ TEST(JsonlFilesTest, TheLengthCacheKeepsTheRecordCountsOfUnchangedFiles) {
   EXPECT_FALSE(SourceFiles::Open(s, "sources[0]").ok());
 }
 
+// A user transform's columns (ColumnSpec::any_type) have the types Arrow infers from the
+// source's first file's first records, unified over them and held for every file: a
+// date stays its string, an integer beside floats is a float, an object a struct, a list
+// of numbers a list; a record Arrow cannot type (a list of mixed values in a field not
+// read) does not count, and is read; a record of another type later is an error naming
+// its file and record; a field with no value to type it by is a config error naming the
+// key and the field.
+TEST(JsonlFilesTest, AUserTransformsColumnsTakeTheFirstRecordsTypesAndHoldThem) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  auto record = [](int i, const std::string& n) {
+    const std::string x = i == 0 ? "1" : std::to_string(i) + ".5";
+    const std::string o = i % 2 == 1 ? "[1, \"two\"]" : "[]";
+    return "{\"o\": " + o + ", \"n\": " + n + ", \"x\": " + x + ", \"d\": \"2020-01-0" +
+           std::to_string(1 + i % 9) + "\", \"m\": {\"k\": " + std::to_string(i) +
+           ", \"t\": \"v\"}, \"l\": [" + std::to_string(i) + ", 7], \"e\": null}\n";
+  };
+  std::string a, b;
+  for (int i = 0; i < 30; ++i) a += record(i, std::to_string(i));
+  for (int i = 30; i < 40; ++i) b += record(i, std::to_string(i));
+  ASSERT_TRUE(Write(dir.Sub("a.jsonl"), a).ok());
+  ASSERT_TRUE(Write(dir.Sub("b.jsonl.gz"), b, arrow::Compression::GZIP).ok());
+  auto any = [](const std::string& name) {
+    ColumnSpec spec{name, "sources[0].transform.columns." + name,
+                    [](const arrow::DataType&) { return std::string(); }};
+    spec.any_type = true;
+    return spec;
+  };
+  SourceConfig s = Jsonl(dir.path().string());
+  s.tokens_column.clear();
+  auto files = SourceFiles::Open(s, "sources[0]", {any("n"), any("x"), any("d"), any("m"),
+                                                  any("l")});
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  auto cols = (*files)->ReadColumns(1, 0);
+  ASSERT_TRUE(cols.ok()) << cols.status().ToString();
+  ASSERT_EQ(cols->size(), 5u);
+  EXPECT_EQ((*cols)[0]->type()->ToString(), "int64");
+  EXPECT_EQ((*cols)[1]->type()->ToString(), "double");
+  EXPECT_EQ((*cols)[2]->type()->ToString(), "string");
+  EXPECT_EQ((*cols)[3]->type()->ToString(), "struct<k: int64, t: string>");
+  EXPECT_EQ((*cols)[4]->type()->ToString(), "list<item: int64>");
+  ASSERT_EQ((*cols)[0]->length(), 10);
+  EXPECT_EQ(static_cast<const arrow::Int64Array&>(*(*cols)[0]).Value(3), 33);
+  EXPECT_EQ(static_cast<const arrow::DoubleArray&>(*(*cols)[1]).Value(3), 33.5);
+  EXPECT_EQ(static_cast<const arrow::StringArray&>(*(*cols)[2]).GetString(3),
+            "2020-01-07");
+  // A later file whose `n` is a string: its record is an error naming file and record.
+  ASSERT_TRUE(Write(dir.Sub("c.jsonl"), record(40, "40") + record(41, "\"x\"")).ok());
+  files = SourceFiles::Open(s, "sources[0]", {any("n")});
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  auto bad = (*files)->ReadColumns(2, 0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr(dir.Sub("c.jsonl")),
+                                            HasSubstr("row 1")));
+  // No value to take a type from: the key, the field and the file it looked in.
+  for (const char* field : {"e", "absent"}) {
+    auto untyped = SourceFiles::Open(s, "sources[0]", {any(field)});
+    ASSERT_FALSE(untyped.ok()) << field;
+    EXPECT_THAT(untyped.status().message(),
+                AllOf(HasSubstr("sources[0].transform.columns." + std::string(field)),
+                      HasSubstr("'" + std::string(field) + "'"),
+                      HasSubstr(dir.Sub("a.jsonl"))));
+  }
+}
+
 }  // namespace
 }  // namespace braid

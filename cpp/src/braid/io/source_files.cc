@@ -117,11 +117,10 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
       break;
     }
     case SourceFormat::kJsonl: {
-      if (source.user_transform.enabled() || !source.image_column.empty()) {
-        return ConfigError(key_path + (source.user_transform.enabled() ? ".transform"
-                                                                      : ".image_column"),
+      if (!source.image_column.empty()) {
+        return ConfigError(key_path + ".image_column",
                            "is not supported on JSON Lines sources yet (text_column, "
-                           "chat and tokens_column are)");
+                           "chat, tokens_column and transform are)");
       }
       ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, WholeFileCache(source),
                                                              paths, stamps, source,

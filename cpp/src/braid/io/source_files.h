@@ -110,6 +110,10 @@ struct ColumnSpec {
   /// a config error, it is not counted in File::row_group_bytes (it must not move the
   /// windows), and ReadLengths reads it instead of the token column's levels.
   bool length = false;
+  /// The transform takes whatever type the file holds (a user transform's column): a
+  /// format whose values have no type until parsed (JSON Lines) infers it from the
+  /// source's first records and holds it (docs/sources.md, "User transforms").
+  bool any_type = false;
 };
 
 /// The spec of a token column (list<int32|int64>).

@@ -211,8 +211,10 @@ class UserTransform : public Transform {
   std::vector<ColumnSpec> columns() const override {
     std::vector<ColumnSpec> specs;
     for (size_t c = 0; c < columns_.size(); ++c) {
-      specs.push_back({columns_[c], key_ + ".columns[" + std::to_string(c) + "]",
-                       CheckUserType});
+      ColumnSpec spec{columns_[c], key_ + ".columns[" + std::to_string(c) + "]",
+                      CheckUserType};
+      spec.any_type = true;
+      specs.push_back(std::move(spec));
     }
     return specs;
   }
