@@ -168,6 +168,89 @@ def test_hugging_face_image_features_read_as_their_bytes(tmp_path: Path, model: 
             pass
 
 
+def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Path,
+                                                                    model: str):
+    """A JSON Lines image field names its images (LLaVA-style and caption sets): a path
+    relative to the records' file or to `image.folder`, a data: URI, or a list of them;
+    the batches equal those of the same images in a Parquet binary column laid out
+    alike. An image that is not there is an error naming the file, the record and the
+    path, or a skipped record under on_error: skip."""
+    import base64
+    import gzip
+    from conftest import assert_same_batches, take_batches
+
+    sizes = [(28, 42), (14, 28), (42, 14), (28, 28)] * 4
+    images = [png(w, h, (15 * i, 255 - 15 * i, 7 * i)) for i, (w, h) in enumerate(sizes)]
+    captions = [" ".join(CAPTION.split()[:3 + i % 5]) for i in range(len(images))]
+    (tmp_path / "imgs").mkdir()
+    for i, im in enumerate(images):
+        (tmp_path / "imgs" / f"{i}.png").write_bytes(im)
+    halves = {"a": range(0, 8), "b": range(8, 16)}
+
+    def jsonl(folder: str, image_of) -> Path:
+        root = tmp_path / folder
+        root.mkdir()
+        for name, rows in halves.items():
+            body = "".join(json.dumps({"id": i, "image": image_of(i), "caption": captions[i],
+                                       "meta": {"w": sizes[i][0]}}) + "\n" for i in rows)
+            if name == "a":
+                (root / "a.jsonl.gz").write_bytes(gzip.compress(body.encode()))
+            else:
+                (root / "b.jsonl").write_text(body)
+        return root
+
+    def parquet(folder: str, column) -> Path:
+        root = tmp_path / folder
+        root.mkdir()
+        for name, rows in halves.items():
+            pq.write_table(pa.table({"image": column([images[i] for i in rows]),
+                                     "caption": [captions[i] for i in rows]}),
+                           root / f"{name}.parquet")
+        return root
+
+    def batches(path: Path, **source) -> list:
+        cfg = config(model, path, 256, **source)
+        return take_batches([braid.Loader(cfg, rank=0, world_size=1)], 6)[0]
+
+    want = batches(parquet("pq", lambda ims: pa.array(ims, pa.binary())))
+    relative = jsonl("rel", lambda i: f"../imgs/{i}.png")
+    assert_same_batches(batches(relative), want)
+    folder = jsonl("folder", lambda i: f"{i}.png")
+    assert_same_batches(batches(folder, image={"patch_size": 14, "image_token_id": IMAGE_TOKEN,
+                                               "folder": str(tmp_path / "imgs")}), want)
+    uri = jsonl("uri", lambda i: "data:image/png;base64," + base64.b64encode(images[i])
+                .decode())
+    assert_same_batches(batches(uri), want)
+    def pair(i):  # two images a row: its own and another
+        return [i, 15 - i % 8]
+
+    def two(ims):  # the rows of a half, in order: image i, then pair(i)'s other
+        first = images.index(ims[0])
+        return pa.array([[images[j] for j in pair(first + k)] for k in range(len(ims))],
+                        pa.list_(pa.binary()))
+
+    want_two = batches(parquet("pq2", two))
+    listed = jsonl("list", lambda i: [f"../imgs/{j}.png" for j in pair(i)])
+    assert_same_batches(batches(listed), want_two)
+    # A missing image: the file, the record and the path; skipped under on_error: skip.
+    (tmp_path / "imgs" / "9.png").unlink()
+    with pytest.raises(braid.DataError, match=r"b\.jsonl.*row 1\b.*'\.\./imgs/9\.png'.*no "
+                                              r"image file"):
+        batches(relative)
+    from conftest import braid_cli, write_config
+
+    cfg = write_config(tmp_path / "skip.json", config(model, relative, 256, on_error="skip"))
+    result = braid_cli("run", cfg, "--steps", 4, "--report", tmp_path / "report")
+    assert result.returncode == 0, result.stderr
+    skips = {line.split(" (skip")[0] for line in result.stderr.splitlines()
+             if "skipped" in line}
+    assert skips == {f"braid: source 'captions' skipped {relative / 'b.jsonl'} (row 1): "
+                     f"field 'image': image '../imgs/9.png': no image file "
+                     f"{relative / '..' / 'imgs' / '9.png'}"}, result.stderr
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["skipped"]["captions"] >= 1, report["skipped"]  # once an epoch
+
+
 def test_jpeg_images_decode_within_tolerance(tmp_path: Path, model: str):
     if not hasattr(_core, "encode_test_jpeg"):
         pytest.skip("this build has no JPEG test encoder")

@@ -127,6 +127,10 @@ struct SourceConfig {
   int64_t image_patch_size = 14;  ///< image.patch_size
   int64_t image_max_pixels = 262144;  ///< image.max_pixels
   int64_t image_token_id = -1;    ///< image.image_token_id (required with image_column)
+  /// image.folder: where the relative image paths of a JSON Lines source's image field
+  /// are found (a local folder or a URI on the source's filesystem); "" the folder of
+  /// the records' file. Not part of the fingerprint (as `path` is not).
+  std::string image_folder;
 
   // Storage (docs/config.md); credentials come from the environment.
   std::string storage_endpoint;  ///< e.g. "http://127.0.0.1:9000" for a local S3 server

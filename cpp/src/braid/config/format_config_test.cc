@@ -80,5 +80,20 @@ TEST(FormatConfigTest, AnImageColumnMayListAlternativeMemberExtensions) {
               "sources[0].image_column[0]", "string");
 }
 
+// image.folder: where a JSON Lines image field's relative paths are found, resolved
+// against the config's folder like `path`; an empty one is an error naming it.
+TEST(FormatConfigTest, AnImageFolderResolvesLikeAPath) {
+  const std::string head = "{name: a, path: d.jsonl, text_column: c, image_column: i, ";
+  auto c = Parse(head + "image: {image_token_id: 7, folder: imgs}, tokenizer: {model: m}}");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->sources[0].image_folder, "/base/imgs");
+  auto remote = Parse(head + "image: {image_token_id: 7, folder: 's3://b/imgs'}, "
+                             "tokenizer: {model: m}}");
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  EXPECT_EQ(remote->sources[0].image_folder, "s3://b/imgs");
+  ExpectError(head + "image: {image_token_id: 7, folder: ''}, tokenizer: {model: m}}",
+              "sources[0].image.folder", "empty");
+}
+
 }  // namespace
 }  // namespace braid

@@ -69,7 +69,8 @@ inline const std::set<std::string>& ConfigKeyNames() {
       "name", "path", "tokens_column", "text_column", "image_column", "weight",
       "schedule",
       "steps", "oversize", "on_error", "storage", "endpoint", "region", "anonymous",
-      "image", "patch_size", "max_pixels", "image_token_id", "shuffle_window", "chat",
+      "image", "patch_size", "max_pixels", "image_token_id", "folder", "shuffle_window",
+      "chat",
       "prompt_column", "response_column", "messages_column", "workers", "transform",
       "python", "columns", "loaders",
       // runtime

@@ -128,10 +128,10 @@ Status ParseSourceTransform(const YAML::Node& node, const std::string& path,
   return Status::OK();
 }
 
-// image_column + image: {patch_size, max_pixels, image_token_id}, only together with
-// text_column (the caption).
+// image_column + image: {patch_size, max_pixels, image_token_id, folder}, only together
+// with text_column (the caption); `folder` resolved against `base_dir`.
 Status ParseSourceImage(const YAML::Node& node, const std::string& path,
-                        SourceConfig* src) {
+                        const std::string& base_dir, SourceConfig* src) {
   if (!node["image_column"]) {
     if (node["image"]) return ConfigError(Join(path, "image"), "needs image_column");
     return Status::OK();
@@ -161,7 +161,17 @@ Status ParseSourceImage(const YAML::Node& node, const std::string& path,
   const std::string key = Join(path, "image");
   const YAML::Node image = node["image"];
   if (!image) return ConfigError(Join(key, "image_token_id"), "is required");
-  ARROW_RETURN_NOT_OK(CheckMap(image, key, {"patch_size", "max_pixels", "image_token_id"}));
+  ARROW_RETURN_NOT_OK(
+      CheckMap(image, key, {"patch_size", "max_pixels", "image_token_id", "folder"}));
+  if (image["folder"]) {
+    ARROW_ASSIGN_OR_RAISE(src->image_folder,
+                          Scalar<std::string>(image["folder"], Join(key, "folder"),
+                                              "a string"));
+    if (src->image_folder.empty()) {
+      return ConfigError(Join(key, "folder"), "must not be empty");
+    }
+    src->image_folder = ResolvePath(src->image_folder, base_dir);
+  }
   if (image["patch_size"]) {
     ARROW_ASSIGN_OR_RAISE(src->image_patch_size,
                           PositiveInt(image["patch_size"], Join(key, "patch_size")));
@@ -330,7 +340,7 @@ Result<SourceConfig> ParseSource(const YAML::Node& node, const std::string& path
     return ConfigError(Join(path, "image_column"), "needs text_column (the caption)");
   }
   ARROW_RETURN_NOT_OK(ParseSourceTransform(node, path, &src));
-  ARROW_RETURN_NOT_OK(ParseSourceImage(node, path, &src));
+  ARROW_RETURN_NOT_OK(ParseSourceImage(node, path, base_dir, &src));
   if (node["length_column"]) {
     ARROW_RETURN_NOT_OK(
         ParseLengthColumn(node["length_column"], Join(path, "length_column"), &src));

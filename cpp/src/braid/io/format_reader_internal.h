@@ -157,10 +157,12 @@ Result<FormatOpen> OpenMegatronFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
 /// Opens the JSON Lines files `paths` of `fs` (.jsonl / .json, plain, .gz or .zst; one
 /// unit per file, io/jsonl_files.cc; `stamps`: each path's stamp, SourceFiles'): reads
 /// each once to count its records, through `cache` (runtime.cache, or null) when given,
-/// as every later read of a file is. A column
-/// whose spec accepts none of string, list<int32>, chat messages or int64 is a config
-/// error naming its key; with on_error: skip a file that does not decompress is kept as
-/// unreadable, else that is an error naming it.
+/// as every later read of a file is. A user transform's column (ColumnSpec::any_type)
+/// and an image column (one that takes binary: the field holds paths or data: URIs,
+/// loaded from `source.image_folder` or the file's folder) are typed by the first file's
+/// first records; another column whose spec accepts none of string, list<int32>, chat
+/// messages or int64 is a config error naming its key; with on_error: skip a file that
+/// does not decompress is kept as unreadable, else that is an error naming it.
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   std::shared_ptr<FileCache> cache,
                                   const std::vector<std::string>& paths,

@@ -2,7 +2,11 @@
 // OpenJsonlFiles): `.jsonl` / `.json`, plain or compressed (`.gz`, `.zst`), one JSON
 // object per line, read with Arrow's JSON reader (arrow::json::StreamingReader) under an
 // explicit schema of the columns the transform reads (unexpected fields ignored, a
-// missing field null) through Arrow's compressed input streams.
+// missing field null) through Arrow's compressed input streams. A user transform's
+// columns and image fields have no type the config gives: they take the types of the
+// source's first records (InferredTypes) and hold them; an image field's references
+// (paths, data: URIs) are loaded into the bytes the transform reads (io/
+// image_refs_internal.h) as each block is read.
 //
 // Units. A compressed stream has no seek, so a file is one unit of all its records (the
 // shuffle unit: files are permuted, and a file larger than the source's
@@ -45,6 +49,7 @@
 #include "braid/io/file_cache.h"
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/gzip_codec_internal.h"
+#include "braid/io/image_refs_internal.h"
 #include "braid/io/read_memory.h"
 #include "braid/io/source_files_internal.h"
 
@@ -202,6 +207,7 @@ struct JsonlFile {
   arrow::Compression::type compression = arrow::Compression::UNCOMPRESSED;
   int64_t records = 0;
   int64_t bytes = -1;  // decoded bytes to read: those before a damage; -1: all
+  std::string image_folder;  // where its image fields' relative paths are found
 };
 
 // File f's bytes: its copy in `cache` (runtime.cache; downloaded whole the first time,
@@ -236,14 +242,17 @@ Result<std::shared_ptr<arrow::io::InputStream>> DecodedStream(
 
 class JsonlReader : public FormatReader {
  public:
+  // `images`: per column, whether it is an image field, its references loaded (ReadRows).
   JsonlReader(std::shared_ptr<arrow::fs::FileSystem> fs, std::shared_ptr<FileCache> cache,
               std::vector<JsonlFile> files, std::vector<ColumnSpec> columns,
-              std::shared_ptr<arrow::Schema> schema, bool skip_bad_lines)
+              std::shared_ptr<arrow::Schema> schema, std::vector<bool> images,
+              bool skip_bad_lines)
       : fs_(std::move(fs)),
         cache_(std::move(cache)),
         files_(std::move(files)),
         columns_(std::move(columns)),
         schema_(std::move(schema)),
+        images_(std::move(images)),
         skip_bad_lines_(skip_bad_lines) {}
 
   Result<Columns> ReadColumns(int file, int unit) override {
@@ -286,7 +295,10 @@ class JsonlReader : public FormatReader {
       Reset();
       out = ReadRowsOnce(file, first, rows);
     }
-    return out;
+    if (!out.ok() || std::find(images_.begin(), images_.end(), true) == images_.end()) {
+      return out;
+    }
+    return WithImages(file, first, std::move(*out));
   }
 
  private:
@@ -299,6 +311,10 @@ class JsonlReader : public FormatReader {
       if (parts.empty()) {
         ARROW_ASSIGN_OR_RAISE(auto empty,
                               arrow::MakeEmptyArray(schema_->field(int(c))->type()));
+        if (images_[c]) {  // of the type its references load as
+          ARROW_ASSIGN_OR_RAISE(auto loaded, LoadImageRefs(fs_.get(), "", *empty));
+          empty = std::move(loaded.bytes);
+        }
         out.push_back(std::move(empty));
       } else if (parts.size() == 1) {
         out.push_back(parts.front());
@@ -308,6 +324,40 @@ class JsonlReader : public FormatReader {
       }
     }
     return out;
+  }
+
+  // `chunks` (records from `first` on of file `file`) with each image field's references
+  // loaded: a record whose image does not load is an error naming it (on_error: fail)
+  // or its image is null, why kept for WhyNull (skip).
+  Result<std::vector<Columns>> WithImages(int file, int64_t first,
+                                          std::vector<Columns> chunks) {
+    const JsonlFile& f = files_[size_t(file)];
+    int64_t at = first;
+    for (auto& chunk : chunks) {
+      for (size_t c = 0; c < chunk.size(); ++c) {
+        if (!images_[c]) continue;
+        ARROW_ASSIGN_OR_RAISE(LoadedImages loaded,
+                              LoadImageRefs(fs_.get(), f.image_folder, *chunk[c]));
+        if (!loaded.bad.empty() && !skip_bad_lines_) {
+          const auto& [row, why] = loaded.bad.front();
+          return WithSkipHint(DataError(DataLocation(f.path, -1, at + row),
+                                        "field '" + columns_[c].name + "': " + why),
+                              "such records");
+        }
+        if (!loaded.bad.empty()) {
+          std::lock_guard<std::mutex> lock(bad_mu_);
+          for (const auto& [row, why] : loaded.bad) {
+            if (bad_.size() < kBadLinesKept) {
+              bad_.emplace(std::make_pair(file, at + row),
+                           "field '" + columns_[c].name + "': " + why);
+            }
+          }
+        }
+        chunk[c] = std::move(loaded.bytes);
+      }
+      if (!chunk.empty()) at += chunk.front()->length();
+    }
+    return chunks;
   }
 
   void Reset() {
@@ -632,6 +682,7 @@ class JsonlReader : public FormatReader {
   std::vector<JsonlFile> files_;
   std::vector<ColumnSpec> columns_;
   std::shared_ptr<arrow::Schema> schema_;
+  const std::vector<bool> images_;  // per column: an image field (WithImages)
   int32_t block_bytes_ = kFirstBlockBytes;
   // The open reader: file file_, records [0, next_) read; rest_ (records from
   // rest_first_ on) is the part of the last batch past the rows returned.
@@ -751,8 +802,9 @@ bool HoldsNull(const arrow::DataType& type) {
   return false;
 }
 
-// The type of each of `columns` (a user transform's, ColumnSpec::any_type) in the first
-// records of file `f` (the source's first file in path order that holds any): each
+// The type of each of `columns` (a user transform's, ColumnSpec::any_type, or an image
+// field) in the first records of file `f` (the source's first file in path order that
+// holds any): each
 // record's fields as Arrow's JSON reader infers them, unified over the records as
 // Arrow unifies schemas (permissive: an integer and a float give a float, a null or an
 // empty list takes the other's type, objects the union of their fields), held for every
@@ -833,15 +885,28 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
                       "); a JSON Lines source gives a transform's column the type its "
                       "first file's first block of records (1 MiB) has, and holds it");
     }
-    if (!c->check(*field->type()).empty()) {
-      return ConfigError(c->key, "field '" + c->name + "' is " +
-                                     field->type()->ToString() +
-                                     " in the first records of " + f.path +
-                                     "; expected " + c->check(*field->type()));
-    }
     types.push_back(field->type());
   }
   return types;
+}
+
+// `folder` (image.folder: a local path or a URI) as a path on `fs`, the source's
+// filesystem; a folder on another filesystem is a config error naming `key`.
+Result<std::string> FolderOn(const arrow::fs::FileSystem& fs, const std::string& folder,
+                             const std::string& key) {
+  std::string path = folder;
+  std::string type = "local";
+  if (folder.find("://") != std::string::npos) {
+    auto other = arrow::fs::FileSystemFromUri(folder, &path);
+    if (!other.ok()) return ConfigError(key, OneLine(other.status().message()));
+    type = (*other)->type_name();
+  }
+  if (type != fs.type_name()) {
+    return ConfigError(key, "'" + folder + "' is on a " + type +
+                                " filesystem, the source's files on a " + fs.type_name() +
+                                " one; the images must be on the source's");
+  }
+  return path;
 }
 
 }  // namespace
@@ -853,20 +918,26 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const SourceConfig& source, const std::string& key_path,
                                   const std::vector<ColumnSpec>& columns) {
   std::vector<std::shared_ptr<arrow::DataType>> types(columns.size());
-  std::vector<const ColumnSpec*> inferred;  // a user transform's: typed by the records
+  // A user transform's columns and image fields (a path or data: URI, or a list of them:
+  // JSON has no bytes) are typed by the records.
+  std::vector<const ColumnSpec*> inferred;
+  std::vector<bool> images(columns.size(), false);
   for (size_t i = 0; i < columns.size(); ++i) {
     const ColumnSpec& c = columns[i];
-    if (c.any_type) {
+    types[i] = c.any_type ? nullptr : JsonColumnType(c);
+    images[i] = !c.any_type && types[i] == nullptr && c.check(*arrow::binary()).empty();
+    if (c.any_type || images[i]) {
       inferred.push_back(&c);
-      continue;
-    }
-    types[i] = JsonColumnType(c);
-    if (types[i] == nullptr) {
+    } else if (types[i] == nullptr) {
       return ConfigError(c.key, "cannot be read from JSON Lines (a string, a list of "
                                 "token ids, chat messages or an integer field)");
     }
   }
-  (void)key_path;
+  std::string image_folder;  // on `fs`; "" each file's own folder
+  if (!source.image_folder.empty()) {
+    ARROW_ASSIGN_OR_RAISE(image_folder, FolderOn(*fs, source.image_folder,
+                                                 key_path + ".image.folder"));
+  }
   FormatOpen out;
   std::vector<JsonlFile> files(paths.size());
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -875,6 +946,8 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     f.stamp = stamps[i];
     if (EndsWith(f.path, ".gz")) f.compression = arrow::Compression::GZIP;
     if (EndsWith(f.path, ".zst")) f.compression = arrow::Compression::ZSTD;
+    f.image_folder = image_folder.empty() ? f.path.substr(0, f.path.rfind('/') + 1)
+                                          : image_folder;
   }
   ARROW_ASSIGN_OR_RAISE(
       const std::vector<int64_t> records,
@@ -890,17 +963,34 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     if (!f.damaged.empty()) files[i].bytes = f.row_group_bytes.front();
   }
   if (!inferred.empty()) {
-    // From the first file that holds records; with none, no record is read and the
-    // columns are typed null.
-    std::vector<std::shared_ptr<arrow::DataType>> found(inferred.size(), arrow::null());
-    for (size_t i = 0; i < files.size(); ++i) {
+    // From the first file that holds records; with none, no record is read (and the
+    // columns are typed as the first records could have them).
+    std::vector<std::shared_ptr<arrow::DataType>> found;
+    std::string from;
+    for (size_t i = 0; i < files.size() && found.empty(); ++i) {
       if (files[i].records == 0 || !out.files[i].unreadable.empty()) continue;
+      from = files[i].path;
       ARROW_ASSIGN_OR_RAISE(found,
                             InferredTypes(fs.get(), cache.get(), files[i], inferred));
-      break;
     }
     for (size_t i = 0, k = 0; i < columns.size(); ++i) {
-      if (columns[i].any_type) types[i] = found[k++];
+      if (!columns[i].any_type && !images[i]) continue;
+      const ColumnSpec& c = columns[i];
+      if (found.empty()) {
+        types[i] = images[i] ? arrow::utf8() : arrow::null();
+        continue;
+      }
+      types[i] = found[k++];
+      std::string wrong = c.check(*types[i]);
+      if (images[i]) {
+        wrong = IsImageRefType(*types[i]) ? "" : "an image's path or data: URI (a "
+                                                 "string), or a list of them";
+      }
+      if (!wrong.empty()) {
+        return ConfigError(c.key, "field '" + c.name + "' is " + types[i]->ToString() +
+                                      " in the first records of " + from + "; expected " +
+                                      wrong);
+      }
     }
   }
   arrow::FieldVector fields;
@@ -909,7 +999,7 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
   }
   out.reader = std::make_unique<JsonlReader>(std::move(fs), std::move(cache),
                                              std::move(files), columns,
-                                             arrow::schema(fields),
+                                             arrow::schema(fields), std::move(images),
                                              source.on_error == OnError::kSkip);
   return out;
 }

@@ -117,11 +117,6 @@ Status SourceFiles::OpenFormat(const SourceConfig& source, const std::string& ke
       break;
     }
     case SourceFormat::kJsonl: {
-      if (!source.image_column.empty()) {
-        return ConfigError(key_path + ".image_column",
-                           "is not supported on JSON Lines sources yet (text_column, "
-                           "chat, tokens_column and transform are)");
-      }
       ARROW_ASSIGN_OR_RAISE(opened, internal::OpenJsonlFiles(fs_, WholeFileCache(source),
                                                              paths, stamps, source,
                                                              key_path, columns_));
