@@ -810,14 +810,14 @@ bool HoldsNull(const arrow::DataType& type) {
 // empty list takes the other's type, objects the union of their fields), held for every
 // record of the source. Each record is typed alone, so a field the transform does not
 // read may hold anything; a record that does not parse does not count.
-Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
-    arrow::fs::FileSystem* fs, FileCache* cache, const JsonlFile& f,
-    const std::vector<const ColumnSpec*>& columns) {
+// The records (lines holding anything) of file `f`'s first block: at least one, however
+// long, up to a record's limit.
+Result<std::vector<std::string>> FirstRecords(arrow::fs::FileSystem* fs, FileCache* cache,
+                                              const JsonlFile& f) {
   auto failed = std::make_shared<std::atomic<bool>>(false);
   std::unique_ptr<arrow::util::Codec> codec;  // outlives the stream that uses it
   ARROW_ASSIGN_OR_RAISE(auto in, DecodedStream(fs, cache, f, failed, &codec));
   if (f.bytes >= 0) in = std::make_shared<LimitedStream>(std::move(in), f.bytes);
-  // The first block's whole lines (at least one, however long, up to a record's limit).
   std::string text;
   size_t lines_end = 0;
   bool at_end = false;
@@ -836,17 +836,25 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
     if (nl != std::string::npos && nl >= had) lines_end = nl + 1;
   }
   if (at_end) lines_end = text.size();  // the last line may lack its newline
-  auto parse_options = arrow::json::ParseOptions::Defaults();
-  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::InferType;
-  std::vector<std::shared_ptr<arrow::Schema>> typed;  // of the columns, per record
-  Status first_failure;
+  std::vector<std::string> records;
   for (size_t at = 0; at < lines_end;) {
     const size_t nl = std::min(text.find('\n', at), lines_end);
     std::string_view line(text.data() + at, nl - at);
     at = nl + 1;
-    if (Blank(line)) continue;
-    auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(
-                                                          std::string(line)));
+    if (!Blank(line)) records.emplace_back(line);
+  }
+  return records;
+}
+
+Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
+    const std::vector<std::string>& records, const JsonlFile& f,
+    const std::vector<const ColumnSpec*>& columns) {
+  auto parse_options = arrow::json::ParseOptions::Defaults();
+  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::InferType;
+  std::vector<std::shared_ptr<arrow::Schema>> typed;  // of the columns, per record
+  Status first_failure;
+  for (const std::string& line : records) {
+    auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(line));
     if (!batch.ok()) {
       if (first_failure.ok()) first_failure = batch.status();
       continue;
@@ -888,6 +896,34 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
     types.push_back(field->type());
   }
   return types;
+}
+
+// The mean bytes of the images that field `name` (of `type`) names in the first
+// kImageSample of `records` (file `f`'s first), which load: what a record's images add
+// to its file's decoded bytes, about. 0 when none loads.
+Result<int64_t> ImageBytesPerRecord(arrow::fs::FileSystem* fs,
+                                    const std::vector<std::string>& records,
+                                    const JsonlFile& f, const std::string& name,
+                                    const std::shared_ptr<arrow::DataType>& type) {
+  constexpr size_t kImageSample = 16;
+  std::string sample;
+  const size_t n = std::min(records.size(), kImageSample);
+  for (size_t i = 0; i < n; ++i) (sample += records[i]) += '\n';
+  auto parse_options = arrow::json::ParseOptions::Defaults();
+  parse_options.explicit_schema = arrow::schema({arrow::field(name, type)});
+  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::Ignore;
+  auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(sample));
+  if (!batch.ok() || n == 0) return 0;  // a bad record is found (and named) when read
+  ARROW_ASSIGN_OR_RAISE(LoadedImages loaded,
+                        LoadImageRefs(fs, f.image_folder, *(*batch)->column(0)));
+  int64_t bytes = 0;
+  const auto& list = *loaded.bytes;
+  const auto& values = static_cast<const arrow::BinaryArray&>(
+      list.type_id() == arrow::Type::LIST
+          ? *static_cast<const arrow::ListArray&>(list).values()
+          : list);
+  for (int64_t k = 0; k < values.length(); ++k) bytes += values.value_length(k);
+  return bytes / int64_t(n);
 }
 
 // `folder` (image.folder: a local path or a URI) as a path on `fs`, the source's
@@ -967,11 +1003,14 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     // columns are typed as the first records could have them).
     std::vector<std::shared_ptr<arrow::DataType>> found;
     std::string from;
-    for (size_t i = 0; i < files.size() && found.empty(); ++i) {
+    const JsonlFile* first = nullptr;
+    std::vector<std::string> first_records;
+    for (size_t i = 0; i < files.size() && first == nullptr; ++i) {
       if (files[i].records == 0 || !out.files[i].unreadable.empty()) continue;
-      from = files[i].path;
-      ARROW_ASSIGN_OR_RAISE(found,
-                            InferredTypes(fs.get(), cache.get(), files[i], inferred));
+      first = &files[i];
+      from = first->path;
+      ARROW_ASSIGN_OR_RAISE(first_records, FirstRecords(fs.get(), cache.get(), *first));
+      ARROW_ASSIGN_OR_RAISE(found, InferredTypes(first_records, *first, inferred));
     }
     for (size_t i = 0, k = 0; i < columns.size(); ++i) {
       if (!columns[i].any_type && !images[i]) continue;
@@ -990,6 +1029,17 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
         return ConfigError(c.key, "field '" + c.name + "' is " + types[i]->ToString() +
                                       " in the first records of " + from + "; expected " +
                                       wrong);
+      }
+      if (images[i]) {
+        // A file's records hold only where its images are; the windows (and the memory
+        // a block holds) count the images too, as a Parquet row group's bytes do.
+        ARROW_ASSIGN_OR_RAISE(const int64_t per_record,
+                              ImageBytesPerRecord(fs.get(), first_records, *first, c.name,
+                                                  types[i]));
+        for (size_t f = 0; f < files.size(); ++f) {
+          if (out.files[f].row_group_bytes.empty()) continue;
+          out.files[f].row_group_bytes.front() += files[f].records * per_record;
+        }
       }
     }
   }

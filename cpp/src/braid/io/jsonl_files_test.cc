@@ -638,5 +638,46 @@ TEST(JsonlFilesTest, AUserTransformsColumnsTakeTheFirstRecordsTypesAndHoldThem) 
   }
 }
 
+// An image field (a column that takes bytes) holds where each image is: the reader
+// loads them, and the file's bytes, which size the windows, count them.
+TEST(JsonlFilesTest, AnImageFieldIsLoadedAndItsImagesCountInTheFilesBytes) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  std::filesystem::create_directories(dir.Sub("imgs"));
+  for (int i = 0; i < 3; ++i) {
+    std::ofstream(dir.Sub("imgs/" + std::to_string(i) + ".jpg"), std::ios::binary)
+        << std::string(1000, char('a' + i));
+  }
+  std::string body;
+  for (int r = 0; r < 20; ++r) {
+    body += "{\"image\": \"imgs/" + std::to_string(r % 3) + ".jpg\", \"caption\": \"c" +
+            std::to_string(r) + "\"}\n";
+  }
+  ASSERT_TRUE(Write(dir.Sub("a.jsonl"), body).ok());
+  SourceConfig s = Jsonl(dir.Sub("a.jsonl"));
+  s.tokens_column.clear();
+  ColumnSpec image{"image", "sources[0].image_column", [](const arrow::DataType& t) {
+                     return t.id() == arrow::Type::BINARY ? std::string()
+                                                          : std::string("binary");
+                   }};
+  auto files = SourceFiles::Open(s, "sources[0]", {image});
+  ASSERT_TRUE(files.ok()) << files.status().ToString();
+  const int64_t bytes = (*files)->files()[0].row_group_bytes.at(0);
+  EXPECT_GE(bytes, 20 * 1000);
+  EXPECT_LE(bytes, 20 * 1000 + int64_t(body.size()));
+  auto cols = (*files)->ReadColumns(0, 0);
+  ASSERT_TRUE(cols.ok()) << cols.status().ToString();
+  const auto& got = static_cast<const arrow::BinaryArray&>(*cols->front());
+  ASSERT_EQ(got.length(), 20);
+  EXPECT_EQ(got.GetString(4), std::string(1000, 'b'));
+  // A number where the paths are: the key, the field and what it holds.
+  ASSERT_TRUE(Write(dir.Sub("b.jsonl"), "{\"image\": 3}\n").ok());
+  s.path = dir.Sub("b.jsonl");
+  auto wrong = SourceFiles::Open(s, "sources[0]", {image});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(),
+              AllOf(HasSubstr("sources[0].image_column"), HasSubstr("int64"),
+                    HasSubstr("path or data: URI")));
+}
+
 }  // namespace
 }  // namespace braid
