@@ -1,3 +1,5 @@
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -92,6 +94,47 @@ std::pair<uint64_t, uint64_t> InProcessKey(const std::string& key) {
   return {Fnv1a(key), Fnv1a(key, Fnv1a("\x01"))};
 }
 
+std::string CountFile(const std::string& dir, const std::string& key) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%016llx.records",
+                static_cast<unsigned long long>(Fnv1a(key)));
+  return (std::filesystem::path(dir) / name).string();
+}
+
+// The lock under which a file's counts are taken into runtime.length_cache (`dir`), so
+// that processes opening the source at once count it once: an exclusive flock(2) on
+// `CountFile.lock` (left in the folder; it holds nothing). Released when destroyed (or
+// when the process dies). A folder where no lock can be made (read-only) locks nothing:
+// each process counts, as without a cache.
+class CountLock {
+ public:
+  CountLock() = default;
+  CountLock(const CountLock&) = delete;
+  CountLock& operator=(const CountLock&) = delete;
+  ~CountLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+
+  // Takes the lock of `key`'s counts, waiting for another holder when `wait`; false if
+  // another holds it and `wait` is false.
+  bool Take(const std::string& dir, const std::string& key, bool wait) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    fd_ = ::open((CountFile(dir, key) + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC,
+                 0644);
+    if (fd_ < 0) return true;
+    int rc;
+    do {
+      rc = ::flock(fd_, LOCK_EX | (wait ? 0 : LOCK_NB));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno == EWOULDBLOCK) return false;
+    return true;  // held, or a folder that cannot lock (each process counts)
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace
 
 bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes) {
@@ -130,19 +173,36 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
   };
   std::vector<Counted> counted(paths.size());
   const std::string& dir = source.length_cache_dir;
-  auto count_one = [&](int i) {
+  // With a length cache, processes that open the source at once (a node's embedded
+  // ranks) count each file once between them: a file is counted under its lock there;
+  // one another process is counting waits (`deferred`) until the others are done, and
+  // is then read from the cache (or counted, if that process could not).
+  std::vector<char> deferred(paths.size(), 0);
+  auto count_one = [&](int i, bool wait) {
     Counted& c = counted[size_t(i)];
     const std::string& path = paths[size_t(i)];
     if (size_t(i) < stamps.size() && stamps[size_t(i)].IsFile()) {
       c.key = KeptCountKey(tag, path, stamps[size_t(i)]);
     }
-    const bool kept =
-        !c.key.empty() &&
-        (CountKeptInProcess(c.key, &c.rows, &c.bytes) ||
-         (!dir.empty() && ReadKeptCount(dir, c.key, &c.rows, &c.bytes)));
-    if (kept) {
+    auto kept = [&] {
+      return !c.key.empty() &&
+             (CountKeptInProcess(c.key, &c.rows, &c.bytes) ||
+              (!dir.empty() && ReadKeptCount(dir, c.key, &c.rows, &c.bytes)));
+    };
+    if (kept()) {
       KeepCountInProcess(c.key, c.rows, c.bytes);
       return Status::OK();
+    }
+    CountLock lock;
+    if (!dir.empty() && !c.key.empty()) {
+      if (!lock.Take(dir, c.key, wait)) {
+        deferred[size_t(i)] = 1;
+        return Status::OK();
+      }
+      if (kept()) {  // counted by the process that held the lock
+        KeepCountInProcess(c.key, c.rows, c.bytes);
+        return Status::OK();
+      }
     }
     c.status = RetryStorage(
         [&] {
@@ -161,7 +221,16 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
   // order, so what is kept, and the first error, do not depend on which count ended
   // first.
   ARROW_RETURN_NOT_OK(arrow::internal::OptionalParallelFor(
-      paths.size() > 1, static_cast<int>(paths.size()), count_one,
+      paths.size() > 1, static_cast<int>(paths.size()),
+      [&](int i) { return count_one(i, /*wait=*/false); },
+      arrow::io::default_io_context().executor()));
+  std::vector<int> waiting;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if (deferred[i]) waiting.push_back(int(i));
+  }
+  ARROW_RETURN_NOT_OK(arrow::internal::OptionalParallelFor(
+      waiting.size() > 1, static_cast<int>(waiting.size()),
+      [&](int k) { return count_one(waiting[size_t(k)], /*wait=*/true); },
       arrow::io::default_io_context().executor()));
   std::vector<int64_t> rows(paths.size(), -1);
   for (size_t i = 0; i < paths.size(); ++i) {
@@ -245,17 +314,6 @@ std::string KeptCountKey(const std::string& tag, const std::string& path,
          std::to_string(info.size()) + '|' +
          std::to_string(int64_t(info.mtime().time_since_epoch().count()));
 }
-
-namespace {
-
-std::string CountFile(const std::string& dir, const std::string& key) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "%016llx.records",
-                static_cast<unsigned long long>(Fnv1a(key)));
-  return (std::filesystem::path(dir) / name).string();
-}
-
-}  // namespace
 
 bool ReadKeptCount(const std::string& dir, const std::string& key, int64_t* records,
                    int64_t* bytes) {

@@ -6,11 +6,13 @@
 #include <arrow/api.h>
 #include <arrow/io/compressed.h>
 #include <arrow/io/file.h>
+#include <arrow/filesystem/localfs.h>
 #include <arrow/util/compression.h>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 #include <map>
 #include <set>
 
@@ -677,6 +679,46 @@ TEST(JsonlFilesTest, AnImageFieldIsLoadedAndItsImagesCountInTheFilesBytes) {
   EXPECT_THAT(wrong.status().message(),
               AllOf(HasSubstr("sources[0].image_column"), HasSubstr("int64"),
                     HasSubstr("path or data: URI")));
+}
+
+// Openers of one source at once (a node's embedded ranks, here two threads that share no
+// open state) with a length cache count each file once between them: one waits for the
+// file another is counting and reads its counts from the cache.
+TEST(JsonlFilesTest, OpenersAtOnceCountEachFileOnceBetweenThemWithALengthCache) {
+  testing::ScopedTempDir dir("braid-jsonl");
+  std::vector<std::string> paths;
+  std::vector<arrow::fs::FileInfo> stamps;
+  arrow::fs::LocalFileSystem fs;
+  for (int i = 0; i < 4; ++i) {
+    paths.push_back(dir.Sub("f" + std::to_string(i) + ".jsonl"));
+    ASSERT_TRUE(Write(paths.back(), Lines(MakeDocs(5 + i, uint64_t(i)))).ok());
+    stamps.push_back(fs.GetFileInfo(paths.back()).ValueOrDie());
+  }
+  SourceConfig s = Jsonl(dir.path().string());
+  s.length_cache_dir = dir.Sub("cache");
+  internal::ForgetCountsKeptInProcess();
+  std::vector<std::atomic<int>> counts(paths.size());
+  auto count = [&](size_t file, int64_t* rows, int64_t* bytes, Status*) {
+    ++counts[file];
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // both are opening
+    *rows = int64_t(5 + file);
+    *bytes = 100;
+    return Status::OK();
+  };
+  std::vector<Result<std::vector<int64_t>>> got(2, Status::UnknownError("not run"));
+  std::vector<std::thread> openers;
+  for (int t = 0; t < 2; ++t) {
+    openers.emplace_back([&, t] {
+      internal::FormatOpen open;
+      got[size_t(t)] = open.AddWholeFiles(&fs, paths, stamps, s, "test 1", count);
+    });
+  }
+  for (auto& t : openers) t.join();
+  for (const auto& rows : got) {
+    ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+    EXPECT_EQ(*rows, (std::vector<int64_t>{5, 6, 7, 8}));
+  }
+  for (size_t f = 0; f < paths.size(); ++f) EXPECT_EQ(counts[f].load(), 1) << f;
 }
 
 }  // namespace
