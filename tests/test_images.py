@@ -215,6 +215,20 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
     want = batches(parquet("pq", lambda ims: pa.array(ims, pa.binary())))
     relative = jsonl("rel", lambda i: f"../imgs/{i}.png")
     assert_same_batches(batches(relative), want)
+    # The same on an object store: paths relative to the records' object, or to a folder
+    # named by its URI.
+    from remote_fixtures import S3_BUCKET, s3_server_running
+
+    with s3_server_running(tmp_path / "requests.jsonl") as server:
+        for path in [*(tmp_path / "imgs").iterdir(), *relative.iterdir()]:
+            server.client.put_object(Bucket=S3_BUCKET, Key=f"{path.parent.name}/{path.name}",
+                                     Body=path.read_bytes())
+        storage = {"endpoint": server.url, "region": "us-east-1"}
+        assert_same_batches(batches(f"s3://{S3_BUCKET}/rel", storage=storage), want)
+        image = {"patch_size": 14, "image_token_id": IMAGE_TOKEN,
+                 "folder": f"s3://{S3_BUCKET}/imgs"}
+        assert_same_batches(batches(f"s3://{S3_BUCKET}/rel", storage=storage, image=image),
+                            want)
     folder = jsonl("folder", lambda i: f"{i}.png")
     assert_same_batches(batches(folder, image={"patch_size": 14, "image_token_id": IMAGE_TOKEN,
                                                "folder": str(tmp_path / "imgs")}), want)
@@ -246,7 +260,7 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
              if "skipped" in line}
     assert skips == {f"braid: source 'captions' skipped {relative / 'b.jsonl'} (row 1): "
                      f"field 'image': image '../imgs/9.png': no image file "
-                     f"{relative / '..' / 'imgs' / '9.png'}"}, result.stderr
+                     f"{tmp_path / 'imgs' / '9.png'}"}, result.stderr
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["skipped"]["captions"] >= 1, report["skipped"]  # once an epoch
 

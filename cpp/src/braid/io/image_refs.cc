@@ -5,6 +5,7 @@
 #include <arrow/util/base64.h>
 #include <arrow/util/parallel.h>
 
+#include <filesystem>
 #include <string_view>
 
 namespace braid::internal {
@@ -18,11 +19,16 @@ struct Ref {
   std::string bad;                       // why it did not load
 };
 
+// The path of `ref` on the filesystem: under `folder` unless absolute, with `.` and `..`
+// taken as a shell takes them (an object store has no such folders to follow).
 std::string FullPath(const std::string& folder, std::string_view ref) {
-  if (folder.empty() || ref.front() == '/') return std::string(ref);
-  std::string path = folder;
-  if (path.back() != '/') path += '/';
-  return path.append(ref);
+  std::string path;
+  if (!folder.empty() && ref.front() != '/') {
+    path = folder;
+    if (path.back() != '/') path += '/';
+  }
+  path.append(ref);
+  return std::filesystem::path(path).lexically_normal().generic_string();
 }
 
 // Loads one reference into ref->bytes, or says why not in ref->bad; a storage failure

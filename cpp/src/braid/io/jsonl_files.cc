@@ -927,15 +927,17 @@ Result<int64_t> ImageBytesPerRecord(arrow::fs::FileSystem* fs,
 }
 
 // `folder` (image.folder: a local path or a URI) as a path on `fs`, the source's
-// filesystem; a folder on another filesystem is a config error naming `key`.
+// filesystem (`s3://bucket/key` is `bucket/key` there; no filesystem is made for the
+// URI); a folder on another filesystem is a config error naming `key`.
 Result<std::string> FolderOn(const arrow::fs::FileSystem& fs, const std::string& folder,
                              const std::string& key) {
   std::string path = folder;
   std::string type = "local";
-  if (folder.find("://") != std::string::npos) {
-    auto other = arrow::fs::FileSystemFromUri(folder, &path);
-    if (!other.ok()) return ConfigError(key, OneLine(other.status().message()));
-    type = (*other)->type_name();
+  if (const size_t colon = folder.find("://"); colon != std::string::npos) {
+    const std::string scheme = folder.substr(0, colon);
+    path = folder.substr(colon + 3);
+    path = path.substr(0, path.find('?'));  // storage options are the source's
+    type = scheme == "file" ? "local" : scheme == "gs" ? "gcs" : scheme;
   }
   if (type != fs.type_name()) {
     return ConfigError(key, "'" + folder + "' is on a " + type +
