@@ -330,3 +330,12 @@ def test_inspect_counts_records_and_a_fields_lengths(corpus):
     assert info["tokens"] == sum(len(r["input_ids"]) for _, recs in files.values()
                                  for r in recs)
     assert len(info["files"]) == 4
+    # Without --column: the first list of integers among the first records' fields, each
+    # listed with the type a transform would get.
+    result = braid_cli("inspect", folder, "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["column"] == "input_ids" and found["tokens"] == info["tokens"]
+    for field in ("id: string", "input_ids: list<item: int64>", "text: string",
+                  "metadata: struct<source: string, score: double>"):
+        assert field in found["schema"], found["schema"]

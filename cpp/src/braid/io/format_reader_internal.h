@@ -170,6 +170,12 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   const SourceConfig& source, const std::string& key_path,
                                   const std::vector<ColumnSpec>& columns);
 
+/// The top-level fields of the first records of the JSON Lines file `path` (`braid
+/// inspect`), first seen first, each with the type a user transform's column of that
+/// name would get (OpenJsonlFiles), "mixed types" where the records' types do not unify.
+Result<std::vector<std::pair<std::string, std::string>>> JsonlFieldTypes(
+    arrow::fs::FileSystem* fs, const std::string& path);
+
 /// Opens the Arrow IPC stream files `paths` of `fs` (Hugging Face save_to_disk's
 /// .arrow; io/hf_arrow_files.cc): one unit per record batch; walks each file's messages
 /// once (a remote file through `cache`, runtime.cache or null, when given; `stamps`:

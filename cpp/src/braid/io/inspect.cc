@@ -115,7 +115,14 @@ Result<Inspection> InspectOther(const std::string& path, SourceFormat format,
                             std::to_string(paths.size()) + " shards listed in " + info;
     for (const auto& problem : indexes.problems) out.schema += "\n" + problem;
   } else {
-    out.schema = "JSON Lines: one object per line; fields are read by name";
+    ARROW_ASSIGN_OR_RAISE(auto fields, internal::JsonlFieldTypes(fs.get(), paths.front()));
+    out.schema = "JSON Lines: one object per line; fields are read by name. The first "
+                 "records' fields (as a transform gets them):";
+    for (const auto& [name, type] : fields) {
+      out.schema += "\n" + name + ": " + type;
+      const bool ids = type == "list<item: int64>" || type == "list<item: int32>";
+      if (out.column.empty() && ids) out.column = name;  // the first list of integers
+    }
   }
   SourceConfig source;
   source.name = "inspect";

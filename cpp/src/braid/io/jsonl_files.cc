@@ -949,6 +949,40 @@ Result<std::string> FolderOn(const arrow::fs::FileSystem& fs, const std::string&
 
 }  // namespace
 
+Result<std::vector<std::pair<std::string, std::string>>> JsonlFieldTypes(
+    arrow::fs::FileSystem* fs, const std::string& path) {
+  JsonlFile f;
+  f.path = path;
+  if (EndsWith(path, ".gz")) f.compression = arrow::Compression::GZIP;
+  if (EndsWith(path, ".zst")) f.compression = arrow::Compression::ZSTD;
+  ARROW_ASSIGN_OR_RAISE(const auto records, FirstRecords(fs, nullptr, f));
+  auto parse_options = arrow::json::ParseOptions::Defaults();
+  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::InferType;
+  std::vector<std::string> order;                              // first seen first
+  std::map<std::string, std::shared_ptr<arrow::Field>> types;  // null: mixed
+  for (const std::string& line : records) {
+    auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(line));
+    if (!batch.ok()) continue;
+    for (const auto& field : (*batch)->schema()->fields()) {
+      auto written = field->WithType(AsWritten(field->type()));
+      auto [it, added] = types.emplace(field->name(), written);
+      if (added) {
+        order.push_back(field->name());
+      } else if (it->second != nullptr) {
+        auto merged =
+            it->second->MergeWith(*written, arrow::Field::MergeOptions::Permissive());
+        it->second = merged.ok() ? *merged : nullptr;
+      }
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& name : order) {
+    const auto& field = types[name];
+    out.emplace_back(name, field == nullptr ? "mixed types" : field->type()->ToString());
+  }
+  return out;
+}
+
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   std::shared_ptr<FileCache> cache,
                                   const std::vector<std::string>& paths,
