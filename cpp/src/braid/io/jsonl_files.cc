@@ -62,6 +62,9 @@ namespace {
 constexpr int64_t kCountChunkBytes = int64_t{64} << 10;
 constexpr int32_t kFirstBlockBytes = int32_t{1} << 20;   // Arrow's default JSON block
 constexpr int32_t kMaxBlockBytes = int32_t{1} << 30;     // a record may be this long
+// The records that type a transform's columns and image fields (FirstRecords): those
+// of the first block, at most this many (each is parsed alone: ~10 us).
+constexpr size_t kFirstRecords = 1000;
 
 // A stream that notes in `failed` whether a read of the underlying stream failed, so a
 // failure above it (decompression, parsing) is blamed on the bytes, not the storage.
@@ -810,8 +813,8 @@ bool HoldsNull(const arrow::DataType& type) {
 // empty list takes the other's type, objects the union of their fields), held for every
 // record of the source. Each record is typed alone, so a field the transform does not
 // read may hold anything; a record that does not parse does not count.
-// The records (lines holding anything) of file `f`'s first block: at least one, however
-// long, up to a record's limit.
+// The records (lines holding anything) of file `f`'s first block, at most kFirstRecords
+// of them: at least one, however long, up to a record's limit.
 Result<std::vector<std::string>> FirstRecords(arrow::fs::FileSystem* fs, FileCache* cache,
                                               const JsonlFile& f) {
   auto failed = std::make_shared<std::atomic<bool>>(false);
@@ -837,7 +840,7 @@ Result<std::vector<std::string>> FirstRecords(arrow::fs::FileSystem* fs, FileCac
   }
   if (at_end) lines_end = text.size();  // the last line may lack its newline
   std::vector<std::string> records;
-  for (size_t at = 0; at < lines_end;) {
+  for (size_t at = 0; at < lines_end && records.size() < kFirstRecords;) {
     const size_t nl = std::min(text.find('\n', at), lines_end);
     std::string_view line(text.data() + at, nl - at);
     at = nl + 1;
@@ -891,7 +894,8 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
                                         : "only nulls or empty lists: " +
                                               field->type()->ToString()) +
                       "); a JSON Lines source gives a transform's column the type its "
-                      "first file's first block of records (1 MiB) has, and holds it");
+                      "first file's first records (1,000, at most 1 MiB) have, and holds "
+                      "it");
     }
     types.push_back(field->type());
   }
