@@ -134,6 +134,37 @@ def test_messages_column_masks_assistant_turns(tmp_path: Path, model: str):
     assert result["loss_mask_ones"] == expected
 
 
+def test_sharegpt_conversations_read_as_role_and_content(tmp_path: Path, model: str):
+    """ShareGPT's messages ({from, value}; human, gpt, system), as many Hub chat sets and
+    LLaVA hold them, give the batches of the same chats as {role, content} (user,
+    assistant, system), in Parquet and in JSON Lines, where a file may mix both."""
+    import gzip
+    from conftest import assert_same_batches, take_batches
+
+    s = sentences(40, 7)
+    chats = [[{"role": "system", "content": s[3 * i]},
+              {"role": "user", "content": s[3 * i + 1]},
+              {"role": "assistant", "content": s[3 * i + 2]}] for i in range(12)]
+    as_from = {"system": "system", "user": "human", "assistant": "gpt"}
+    shared = [[{"from": as_from[m["role"]], "value": m["content"]} for m in c] for c in chats]
+    pq.write_table(pa.table({"messages": chats}), tmp_path / "roles.parquet")
+    (tmp_path / "sg").mkdir()
+    pq.write_table(pa.table({"messages": shared}), tmp_path / "sg" / "share.parquet")
+    mixed = [{"messages": shared[i] if i % 2 else chats[i], "id": i} for i in range(12)]
+    (tmp_path / "mixed.jsonl.gz").write_bytes(
+        gzip.compress("".join(json.dumps(r) + "\n" for r in mixed).encode()))
+
+    def batches(path):
+        cfg = config(model, {"path": str(path), "chat": {"messages_column": "messages"}},
+                     seq_len=256)
+        return take_batches([braid.Loader(cfg, rank=0, world_size=1)], 4)[0]
+
+    want = batches(tmp_path / "roles.parquet")
+    assert any(b["loss_mask"].sum() > 0 for b in want)
+    assert_same_batches(batches(tmp_path / "sg" / "share.parquet"), want)
+    assert_same_batches(batches(tmp_path / "mixed.jsonl.gz"), want)
+
+
 def test_transform_config_errors(tmp_path: Path, model: str):
     pq.write_table(pa.table({"text": ["a b", None]}), tmp_path / "n.parquet")
     cfg = config(model, {"path": str(tmp_path / "n.parquet"), "text_column": "text"})

@@ -298,8 +298,12 @@ std::shared_ptr<arrow::DataType> JsonColumnType(const ColumnSpec& spec) {
   const std::shared_ptr<arrow::DataType> candidates[] = {
       arrow::utf8(),
       arrow::list(arrow::int32()),
+      // chat messages, {role, content} or ShareGPT's {from, value}, whichever a record
+      // holds (the other pair null)
       arrow::list(arrow::struct_({arrow::field("role", arrow::utf8()),
-                                  arrow::field("content", arrow::utf8())})),
+                                  arrow::field("content", arrow::utf8()),
+                                  arrow::field("from", arrow::utf8()),
+                                  arrow::field("value", arrow::utf8())})),
       arrow::int64(),
   };
   for (const auto& t : candidates) {

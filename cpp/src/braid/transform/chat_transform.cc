@@ -26,6 +26,40 @@ struct Turn {
   std::string_view content;
 };
 
+// A ShareGPT message's `from` as the role the templates know: `human` is the user, `gpt`
+// the assistant; any other (`system`, `tool`, ...) is its own.
+std::string_view ShareGptRole(std::string_view from) {
+  if (from == "human") return "user";
+  if (from == "gpt") return "assistant";
+  return from;
+}
+
+// The fields of a message struct: {role, content}, or ShareGPT's {from, value}; a JSON
+// field may hold either (it is read with all four).
+struct MessageFields {
+  std::shared_ptr<arrow::Array> role, content, from, value;
+  explicit MessageFields(const arrow::StructArray& s)
+      : role(s.GetFieldByName("role")),
+        content(s.GetFieldByName("content")),
+        from(s.GetFieldByName("from")),
+        value(s.GetFieldByName("value")) {}
+  // Message k's turn; false if neither pair holds it.
+  bool At(int64_t k, Turn* t) const {
+    if (role && content && StringAt(*role, k, &t->role)) {
+      return StringAt(*content, k, &t->content);
+    }
+    if (from && value && StringAt(*from, k, &t->role)) {
+      t->role = ShareGptRole(t->role);
+      return StringAt(*value, k, &t->content);
+    }
+    return false;
+  }
+  int64_t Bytes(int64_t k) const {
+    if (role && content && role->IsValid(k)) return StringBytes(*content, k);
+    return value ? StringBytes(*value, k) : 0;
+  }
+};
+
 class ChatTransform : public TokenizedTransform {
  public:
   ChatTransform(ChatColumns chat, std::string key, std::shared_ptr<const Tokenizer> tok)
@@ -47,10 +81,9 @@ class ChatTransform : public TokenizedTransform {
       const arrow::Array& a = *cols[0];
       if (a.IsNull(i)) return 0;
       int64_t begin = 0, len = 0;
-      const arrow::StructArray* s = Structs(a, i, &begin, &len);
+      const MessageFields fields(*Structs(a, i, &begin, &len));
       int64_t bytes = 0;
-      const auto content = s->GetFieldByName("content");
-      for (int64_t k = 0; k < len; ++k) bytes += StringBytes(*content, begin + k);
+      for (int64_t k = 0; k < len; ++k) bytes += fields.Bytes(begin + k);
       return bytes;
     }
     return StringBytes(*cols[0], i) + StringBytes(*cols[1], i);
@@ -185,12 +218,10 @@ class ChatTransform : public TokenizedTransform {
       if (a.IsNull(i)) return Null("null column '" + chat_.messages_column + "'", out);
       int64_t begin = 0, len = 0;
       const arrow::StructArray* s = Structs(a, i, &begin, &len);
-      const auto role = s->GetFieldByName("role");
-      const auto content = s->GetFieldByName("content");
+      const MessageFields fields(*s);
       for (int64_t k = 0; k < len; ++k) {
         Turn t;
-        if (s->IsNull(begin + k) || !StringAt(*role, begin + k, &t.role) ||
-            !StringAt(*content, begin + k, &t.content)) {
+        if (s->IsNull(begin + k) || !fields.At(begin + k, &t)) {
           return Null("null role or content in message " + std::to_string(k) +
                           " of column '" + chat_.messages_column + "'",
                       out);
@@ -217,17 +248,17 @@ class ChatTransform : public TokenizedTransform {
   }
 
   static std::string CheckMessages(const arrow::DataType& t) {
-    const char* expected = "list<struct<role: string, content: string>>";
+    const char* expected =
+        "list<struct<role: string, content: string>> (or ShareGPT's {from, value})";
     if (t.id() != arrow::Type::LIST && t.id() != arrow::Type::LARGE_LIST) return expected;
     const auto& item = *t.field(0)->type();
     if (item.id() != arrow::Type::STRUCT) return expected;
     const auto& st = static_cast<const arrow::StructType&>(item);
-    const auto role = st.GetFieldByName("role");
-    const auto content = st.GetFieldByName("content");
-    if (!role || !content || !IsString(*role->type()) || !IsString(*content->type())) {
-      return expected;
-    }
-    return "";
+    auto pair = [&](const char* a, const char* b) {
+      const auto x = st.GetFieldByName(a), y = st.GetFieldByName(b);
+      return x && y && IsString(*x->type()) && IsString(*y->type());
+    };
+    return pair("role", "content") || pair("from", "value") ? "" : expected;
   }
 
   // The struct values of row `i` of a list<struct> array: [begin, begin + len).
