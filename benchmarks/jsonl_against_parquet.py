@@ -68,7 +68,8 @@ def image_rows(root: str, n: int, rng) -> list:
         y, x = np.mgrid[0:h, 0:w]
         base = np.stack([(x * (i % 7 + 1)) % 256, (y * (i % 5 + 1)) % 256,
                          ((x + y) // 3) % 256], -1)
-        pixels = np.clip(base + rng.normal(0, 25, size=(h, w, 3)), 0, 255).astype(np.uint8)
+        noise = rng.normal(0, 25, size=(h, w, 3))
+        pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
         out = io.BytesIO()
         Image.fromarray(pixels).save(out, format="JPEG", quality=90)
         with open(os.path.join(folder, f"{i:05d}.jpg"), "wb") as f:
@@ -143,10 +144,12 @@ def main() -> None:
 
         write_halves(root, "sft", sft_rows(args.records, rng),
                      {"instruction": pa.string(), "output": pa.string(),
-                      "meta": pa.struct([("lang", pa.string()), ("score", pa.float64())])})
+                      "meta": pa.struct([("lang", pa.string()),
+                                         ("score", pa.float64())])})
         with open(os.path.join(root, "bench_sft.py"), "w") as f:
             f.write(TRANSFORM)
-        transform = {"python": "bench_sft:ids", "columns": ["instruction", "output", "meta"]}
+        transform = {"python": "bench_sft:ids",
+                     "columns": ["instruction", "output", "meta"]}
         configs = {
             name: {"seed": 1, "batch": {"global_tokens": 65536, "seq_len": 8192},
                    "sources": [{"name": "s", "path": f"{root}/{folder}", "workers": 1,

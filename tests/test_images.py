@@ -191,8 +191,9 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
         root = tmp_path / folder
         root.mkdir()
         for name, rows in halves.items():
-            body = "".join(json.dumps({"id": i, "image": image_of(i), "caption": captions[i],
-                                       "meta": {"w": sizes[i][0]}}) + "\n" for i in rows)
+            records = [{"id": i, "image": image_of(i), "caption": captions[i],
+                        "meta": {"w": sizes[i][0]}} for i in rows]
+            body = "".join(json.dumps(r) + "\n" for r in records)
             if name == "a":
                 (root / "a.jsonl.gz").write_bytes(gzip.compress(body.encode()))
             else:
@@ -221,17 +222,19 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
 
     with s3_server_running(tmp_path / "requests.jsonl") as server:
         for path in [*(tmp_path / "imgs").iterdir(), *relative.iterdir()]:
-            server.client.put_object(Bucket=S3_BUCKET, Key=f"{path.parent.name}/{path.name}",
+            server.client.put_object(Bucket=S3_BUCKET,
+                                     Key=f"{path.parent.name}/{path.name}",
                                      Body=path.read_bytes())
         storage = {"endpoint": server.url, "region": "us-east-1"}
         assert_same_batches(batches(f"s3://{S3_BUCKET}/rel", storage=storage), want)
         image = {"patch_size": 14, "image_token_id": IMAGE_TOKEN,
                  "folder": f"s3://{S3_BUCKET}/imgs"}
-        assert_same_batches(batches(f"s3://{S3_BUCKET}/rel", storage=storage, image=image),
-                            want)
+        remote = batches(f"s3://{S3_BUCKET}/rel", storage=storage, image=image)
+        assert_same_batches(remote, want)
     folder = jsonl("folder", lambda i: f"{i}.png")
-    assert_same_batches(batches(folder, image={"patch_size": 14, "image_token_id": IMAGE_TOKEN,
-                                               "folder": str(tmp_path / "imgs")}), want)
+    image = {"patch_size": 14, "image_token_id": IMAGE_TOKEN,
+             "folder": str(tmp_path / "imgs")}
+    assert_same_batches(batches(folder, image=image), want)
     uri = jsonl("uri", lambda i: "data:image/png;base64," + base64.b64encode(images[i])
                 .decode())
     assert_same_batches(batches(uri), want)
@@ -248,12 +251,13 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
     assert_same_batches(batches(listed), want_two)
     # A missing image: the file, the record and the path; skipped under on_error: skip.
     (tmp_path / "imgs" / "9.png").unlink()
-    with pytest.raises(braid.DataError, match=r"b\.jsonl.*row 1\b.*'\.\./imgs/9\.png'.*no "
-                                              r"image file"):
+    with pytest.raises(braid.DataError,
+                       match=r"b\.jsonl.*row 1\b.*'\.\./imgs/9\.png'.*no image file"):
         batches(relative)
     from conftest import braid_cli, write_config
 
-    cfg = write_config(tmp_path / "skip.json", config(model, relative, 256, on_error="skip"))
+    cfg = write_config(tmp_path / "skip.json",
+                       config(model, relative, 256, on_error="skip"))
     result = braid_cli("run", cfg, "--steps", 4, "--report", tmp_path / "report")
     assert result.returncode == 0, result.stderr
     skips = {line.split(" (skip")[0] for line in result.stderr.splitlines()

@@ -266,7 +266,8 @@ def test_a_user_transform_gets_each_field_as_json_gives_it(tmp_path):
         out = config_for(path)
         del out["sources"][0]["tokens_column"]
         out["sources"][0]["transform"] = {
-            "python": "sft_encode", "columns": ["id", "instruction", "meta", "turn", "day"]}
+            "python": "sft_encode",
+            "columns": ["id", "instruction", "meta", "turn", "day"]}
         return out
 
     braid.register_transform("sft_encode", encode)

@@ -146,7 +146,8 @@ def test_sharegpt_conversations_read_as_role_and_content(tmp_path: Path, model: 
               {"role": "user", "content": s[3 * i + 1]},
               {"role": "assistant", "content": s[3 * i + 2]}] for i in range(12)]
     as_from = {"system": "system", "user": "human", "assistant": "gpt"}
-    shared = [[{"from": as_from[m["role"]], "value": m["content"]} for m in c] for c in chats]
+    shared = [[{"from": as_from[m["role"]], "value": m["content"]} for m in c]
+              for c in chats]
     pq.write_table(pa.table({"messages": chats}), tmp_path / "roles.parquet")
     (tmp_path / "sg").mkdir()
     pq.write_table(pa.table({"messages": shared}), tmp_path / "sg" / "share.parquet")

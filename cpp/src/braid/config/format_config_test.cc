@@ -84,7 +84,8 @@ TEST(FormatConfigTest, AnImageColumnMayListAlternativeMemberExtensions) {
 // against the config's folder like `path`; an empty one is an error naming it.
 TEST(FormatConfigTest, AnImageFolderResolvesLikeAPath) {
   const std::string head = "{name: a, path: d.jsonl, text_column: c, image_column: i, ";
-  auto c = Parse(head + "image: {image_token_id: 7, folder: imgs}, tokenizer: {model: m}}");
+  auto c =
+      Parse(head + "image: {image_token_id: 7, folder: imgs}, tokenizer: {model: m}}");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->sources[0].image_folder, "/base/imgs");
   auto remote = Parse(head + "image: {image_token_id: 7, folder: 's3://b/imgs'}, "

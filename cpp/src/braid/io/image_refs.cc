@@ -88,7 +88,8 @@ bool IsImageRefType(const arrow::DataType& type) {
 Result<LoadedImages> LoadImageRefs(arrow::fs::FileSystem* fs, const std::string& folder,
                                    const arrow::Array& refs) {
   if (!IsImageRefType(*refs.type())) {
-    return Status::Invalid("internal: image references of type ", refs.type()->ToString());
+    return Status::Invalid("internal: image references of type ",
+                           refs.type()->ToString());
   }
   const bool listed = refs.type_id() == arrow::Type::LIST;
   const auto* list = listed ? static_cast<const arrow::ListArray*>(&refs) : nullptr;

@@ -115,7 +115,8 @@ Result<Inspection> InspectOther(const std::string& path, SourceFormat format,
                             std::to_string(paths.size()) + " shards listed in " + info;
     for (const auto& problem : indexes.problems) out.schema += "\n" + problem;
   } else {
-    ARROW_ASSIGN_OR_RAISE(auto fields, internal::JsonlFieldTypes(fs.get(), paths.front()));
+    ARROW_ASSIGN_OR_RAISE(auto fields,
+                          internal::JsonlFieldTypes(fs.get(), paths.front()));
     out.schema = "JSON Lines: one object per line; fields are read by name. The first "
                  "records' fields (as a transform gets them):";
     for (const auto& [name, type] : fields) {

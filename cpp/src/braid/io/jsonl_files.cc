@@ -853,7 +853,8 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
     const std::vector<std::string>& records, const JsonlFile& f,
     const std::vector<const ColumnSpec*>& columns) {
   auto parse_options = arrow::json::ParseOptions::Defaults();
-  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::InferType;
+  parse_options.unexpected_field_behavior =
+      arrow::json::UnexpectedFieldBehavior::InferType;
   std::vector<std::shared_ptr<arrow::Schema>> typed;  // of the columns, per record
   Status first_failure;
   for (const std::string& line : records) {
@@ -961,7 +962,8 @@ Result<std::vector<std::pair<std::string, std::string>>> JsonlFieldTypes(
   if (EndsWith(path, ".zst")) f.compression = arrow::Compression::ZSTD;
   ARROW_ASSIGN_OR_RAISE(const auto records, FirstRecords(fs, nullptr, f));
   auto parse_options = arrow::json::ParseOptions::Defaults();
-  parse_options.unexpected_field_behavior = arrow::json::UnexpectedFieldBehavior::InferType;
+  parse_options.unexpected_field_behavior =
+      arrow::json::UnexpectedFieldBehavior::InferType;
   std::vector<std::string> order;                              // first seen first
   std::map<std::string, std::shared_ptr<arrow::Field>> types;  // null: mixed
   for (const std::string& line : records) {
