@@ -131,6 +131,20 @@ def assert_loader_resumes(config: dict, rank: int, n: int, split: int) -> None:
         assert torch.equal(a["input_ids"], b["input_ids"])
 
 
+def assert_resumes_batch_for_batch(config: dict, n: int, split: int, rank: int = 0,
+                                   world_size: int = 1) -> None:
+    """`braid.Loader` resumed from its state after `split` micro-batches gives the next
+    ones of an uninterrupted loader, up to `n`, every tensor bit for bit."""
+    import braid
+
+    want = take_batches([braid.Loader(config, rank=rank, world_size=world_size)], n)[0]
+    first = braid.Loader(config, rank=rank, world_size=world_size)
+    take_batches([first], split)
+    resumed = braid.Loader(config, rank=rank, world_size=world_size)
+    resumed.load_state_dict(first.state_dict())
+    assert_same_batches(take_batches([resumed], n - split)[0], want[split:])
+
+
 def assert_every_token_once(config: dict, docs: Dict[int, List[int]], span: int,
                             seq_len: int = 256) -> None:
     """Two ranks' steps of `braid.Loader` (one sequence of `seq_len` per micro-batch)

@@ -249,6 +249,11 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
     want_two = batches(parquet("pq2", two))
     listed = jsonl("list", lambda i: [f"../imgs/{j}.png" for j in pair(i)])
     assert_same_batches(batches(listed), want_two)
+    # Resumed inside a file (windows of a few images cut the files into blocks).
+    from conftest import assert_resumes_batch_for_batch
+
+    assert_resumes_batch_for_batch(config(model, relative, 256, shuffle_window_bytes=512),
+                                   n=6, split=2)
     # A missing image: the file, the record and the path; skipped under on_error: skip.
     (tmp_path / "imgs" / "9.png").unlink()
     with pytest.raises(braid.DataError,

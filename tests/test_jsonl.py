@@ -238,7 +238,7 @@ def test_a_user_transform_gets_each_field_as_json_gives_it(tmp_path):
     gives it (a string, a dict, a list, an int; a date its string), typed by the first
     file's first records and held; its batches equal those of the same records in
     Parquet files laid out alike, and the same from a fresh process (the CLI)."""
-    from conftest import assert_same_batches, take_batches
+    from conftest import assert_resumes_batch_for_batch, assert_same_batches, take_batches
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(9)
@@ -276,6 +276,10 @@ def test_a_user_transform_gets_each_field_as_json_gives_it(tmp_path):
                             for r in range(2)], 6)
         want = take_batches([braid.Loader(config(tmp_path / "pq"), r, 2)
                              for r in range(2)], 6)
+        # Resumed inside a file (small windows cut the files into blocks).
+        small = config(tmp_path / "jsonl")
+        small["sources"][0]["shuffle_window_bytes"] = 1024
+        assert_resumes_batch_for_batch(small, n=8, split=3, rank=1, world_size=2)
     finally:
         braid.unregister_transform("sft_encode")
     for rank in range(2):
