@@ -198,14 +198,26 @@ class S3Server:
         self._post("reset-recording")
         self._post("start-recording")
 
+    def _entries(self) -> list:
+        """The recorded requests. moto writes a request's record as it finishes it, so
+        a read right after the last response can meet a record cut short (or not yet
+        there): read when the log ends a line and has stopped growing for 100 ms."""
+        if not self.log_path.exists():
+            return []
+        text, deadline = None, time.monotonic() + 10
+        while time.monotonic() < deadline:
+            now = self.log_path.read_text()
+            if now == text and (not now or now.endswith("\n")):
+                break
+            text = now
+            time.sleep(0.1)
+        return [json.loads(line) for line in (text or "").splitlines()]
+
     def downloads(self, prefix: str) -> collections.Counter:
         """Whole-file reads per object key under `prefix` since start_counting: GETs whose
         range starts at byte 0 (a Parquet footer is read from the end of the file)."""
         counts: collections.Counter = collections.Counter()
-        if not self.log_path.exists():
-            return counts
-        for line in self.log_path.read_text().splitlines():
-            entry = json.loads(line)
+        for entry in self._entries():
             path = urllib.parse.urlparse(entry["url"]).path.lstrip("/")
             headers = {k.lower(): v for k, v in entry["headers"].items()}
             if (entry["method"] == "GET" and path.startswith(f"{S3_BUCKET}/{prefix}")
@@ -216,11 +228,8 @@ class S3Server:
     def gets(self, prefix: str) -> int:
         """GET requests (whole or ranged) for object keys under `prefix` since
         start_counting."""
-        if not self.log_path.exists():
-            return 0
         n = 0
-        for line in self.log_path.read_text().splitlines():
-            entry = json.loads(line)
+        for entry in self._entries():
             path = urllib.parse.urlparse(entry["url"]).path.lstrip("/")
             n += entry["method"] == "GET" and path.startswith(f"{S3_BUCKET}/{prefix}")
         return n
