@@ -231,6 +231,18 @@ def test_json_lines_images_by_path_or_data_uri_read_as_their_bytes(tmp_path: Pat
                  "folder": f"s3://{S3_BUCKET}/imgs"}
         remote = batches(f"s3://{S3_BUCKET}/rel", storage=storage, image=image)
         assert_same_batches(remote, want)
+        # runtime.cache: each image crosses the network once; a second job reads the
+        # copies (a stat of each image, no GET).
+        cached = config(model, f"s3://{S3_BUCKET}/rel", 256, storage=storage)
+        cached["runtime"] = {"cache": {"dir": str(tmp_path / "cache"),
+                                       "max_bytes": 1 << 30}}
+        for run in range(2):
+            server.start_counting()
+            got = take_batches([braid.Loader(cached, rank=0, world_size=1)], 6)[0]
+            assert_same_batches(got, want)
+            images_read = server.downloads("imgs/")
+            assert (max(images_read.values()) == 1) if run == 0 else not images_read, (
+                run, images_read)
     folder = jsonl("folder", lambda i: f"{i}.png")
     image = {"patch_size": 14, "image_token_id": IMAGE_TOKEN,
              "folder": str(tmp_path / "imgs")}

@@ -33,7 +33,8 @@ std::string FullPath(const std::string& folder, std::string_view ref) {
 
 // Loads one reference into ref->bytes, or says why not in ref->bad; a storage failure
 // is the error.
-Status Load(arrow::fs::FileSystem* fs, const std::string& folder, Ref* ref) {
+Status Load(arrow::fs::FileSystem* fs, FileCache* cache, const std::string& folder,
+            Ref* ref) {
   constexpr std::string_view kData = "data:", kBase64 = ";base64,";
   if (ref->text.empty()) {
     ref->bad = "an empty reference";
@@ -59,7 +60,17 @@ Status Load(arrow::fs::FileSystem* fs, const std::string& folder, Ref* ref) {
   const std::string path = FullPath(folder, ref->text);
   arrow::Result<std::shared_ptr<arrow::Buffer>> bytes =
       [&]() -> arrow::Result<std::shared_ptr<arrow::Buffer>> {
-    ARROW_ASSIGN_OR_RAISE(auto file, fs->OpenInputFile(path));
+    std::shared_ptr<arrow::io::RandomAccessFile> file;
+    if (cache != nullptr) {  // its local copy (a stat of the remote file keys it)
+      ARROW_ASSIGN_OR_RAISE(const auto info, fs->GetFileInfo(path));
+      if (info.type() != arrow::fs::FileType::File) {
+        return arrow::Status::IOError("not a file");  // named below
+      }
+      ARROW_ASSIGN_OR_RAISE(file, cache->Open(fs, info, /*download=*/true));
+    }
+    if (file == nullptr) {
+      ARROW_ASSIGN_OR_RAISE(file, fs->OpenInputFile(path));
+    }
     ARROW_ASSIGN_OR_RAISE(const int64_t size, file->GetSize());
     return file->ReadAt(0, size);
   }();
@@ -86,7 +97,7 @@ bool IsImageRefType(const arrow::DataType& type) {
 }
 
 Result<LoadedImages> LoadImageRefs(arrow::fs::FileSystem* fs, const std::string& folder,
-                                   const arrow::Array& refs) {
+                                   const arrow::Array& refs, FileCache* cache) {
   if (!IsImageRefType(*refs.type())) {
     return Status::Invalid("internal: image references of type ",
                            refs.type()->ToString());
@@ -120,7 +131,7 @@ Result<LoadedImages> LoadImageRefs(arrow::fs::FileSystem* fs, const std::string&
   ARROW_RETURN_NOT_OK(arrow::internal::OptionalParallelFor(
       all.size() > 1, static_cast<int>(all.size()),
       [&](int i) {
-        errors[size_t(i)] = Load(fs, folder, &all[size_t(i)]);
+        errors[size_t(i)] = Load(fs, cache, folder, &all[size_t(i)]);
         return Status::OK();
       },
       arrow::io::default_io_context().executor()));

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "braid/io/file_cache.h"
 #include "braid/status.h"
 
 namespace braid::internal {
@@ -37,8 +38,10 @@ struct LoadedImages {
 };
 
 /// The images `refs` (IsImageRefType) names, from `fs`: a relative path under `folder`.
-/// A null reference is a null row (a null in a list, a null row too).
+/// A null reference is a null row (a null in a list, a null row too). With `cache`
+/// (runtime.cache, for a remote `fs`), each image file is read from its local copy, made
+/// the first time it is read.
 Result<LoadedImages> LoadImageRefs(arrow::fs::FileSystem* fs, const std::string& folder,
-                                   const arrow::Array& refs);
+                                   const arrow::Array& refs, FileCache* cache = nullptr);
 
 }  // namespace braid::internal

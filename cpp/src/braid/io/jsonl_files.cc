@@ -339,8 +339,9 @@ class JsonlReader : public FormatReader {
     for (auto& chunk : chunks) {
       for (size_t c = 0; c < chunk.size(); ++c) {
         if (!images_[c]) continue;
-        ARROW_ASSIGN_OR_RAISE(LoadedImages loaded,
-                              LoadImageRefs(fs_.get(), f.image_folder, *chunk[c]));
+        ARROW_ASSIGN_OR_RAISE(
+            LoadedImages loaded,
+            LoadImageRefs(fs_.get(), f.image_folder, *chunk[c], cache_.get()));
         if (!loaded.bad.empty() && !skip_bad_lines_) {
           const auto& [row, why] = loaded.bad.front();
           return WithSkipHint(DataError(DataLocation(f.path, -1, at + row),
@@ -906,7 +907,7 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
 // The mean bytes of the images that field `name` (of `type`) names in the first
 // kImageSample of `records` (file `f`'s first), which load: what a record's images add
 // to its file's decoded bytes, about. 0 when none loads.
-Result<int64_t> ImageBytesPerRecord(arrow::fs::FileSystem* fs,
+Result<int64_t> ImageBytesPerRecord(arrow::fs::FileSystem* fs, FileCache* cache,
                                     const std::vector<std::string>& records,
                                     const JsonlFile& f, const std::string& name,
                                     const std::shared_ptr<arrow::DataType>& type) {
@@ -920,7 +921,7 @@ Result<int64_t> ImageBytesPerRecord(arrow::fs::FileSystem* fs,
   auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(sample));
   if (!batch.ok() || n == 0) return 0;  // a bad record is found (and named) when read
   ARROW_ASSIGN_OR_RAISE(LoadedImages loaded,
-                        LoadImageRefs(fs, f.image_folder, *(*batch)->column(0)));
+                        LoadImageRefs(fs, f.image_folder, *(*batch)->column(0), cache));
   int64_t bytes = 0;
   const auto& list = *loaded.bytes;
   const auto& values = static_cast<const arrow::BinaryArray&>(
@@ -1076,8 +1077,8 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
         // A file's records hold only where its images are; the windows (and the memory
         // a block holds) count the images too, as a Parquet row group's bytes do.
         ARROW_ASSIGN_OR_RAISE(const int64_t per_record,
-                              ImageBytesPerRecord(fs.get(), first_records, *first, c.name,
-                                                  types[i]));
+                              ImageBytesPerRecord(fs.get(), cache.get(), first_records,
+                                                  *first, c.name, types[i]));
         for (size_t f = 0; f < files.size(); ++f) {
           if (out.files[f].row_group_bytes.empty()) continue;
           out.files[f].row_group_bytes.front() += files[f].records * per_record;
