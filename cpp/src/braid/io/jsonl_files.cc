@@ -806,14 +806,6 @@ bool HoldsNull(const arrow::DataType& type) {
   return false;
 }
 
-// The type of each of `columns` (a user transform's, ColumnSpec::any_type, or an image
-// field) in the first records of file `f` (the source's first file in path order that
-// holds any): each
-// record's fields as Arrow's JSON reader infers them, unified over the records as
-// Arrow unifies schemas (permissive: an integer and a float give a float, a null or an
-// empty list takes the other's type, objects the union of their fields), held for every
-// record of the source. Each record is typed alone, so a field the transform does not
-// read may hold anything; a record that does not parse does not count.
 // The records (lines holding anything) of file `f`'s first block, at most kFirstRecords
 // of them: at least one, however long, up to a record's limit.
 Result<std::vector<std::string>> FirstRecords(arrow::fs::FileSystem* fs, FileCache* cache,
@@ -850,44 +842,77 @@ Result<std::vector<std::string>> FirstRecords(arrow::fs::FileSystem* fs, FileCac
   return records;
 }
 
-Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
-    const std::vector<std::string>& records, const JsonlFile& f,
-    const std::vector<const ColumnSpec*>& columns) {
+// The fields of `records` (the first records of a file: FirstRecords), first seen
+// first: each record typed alone by Arrow's JSON inference, what inference adds undone
+// (AsWritten), and the types merged over the records as Arrow unifies schemas
+// (permissive: an integer and a float give a float, a null or an empty list takes the
+// other's type, objects the union of their fields); a field whose types do not merge
+// is null, with why in *mixed. Only `names` (all fields when empty) are kept, so a field
+// nobody reads may hold anything; a record that does not parse does not count (the
+// first such error in *unparsed).
+struct RecordFields {
+  std::vector<std::string> order;
+  std::map<std::string, std::shared_ptr<arrow::Field>> fields;
+  std::map<std::string, std::string> mixed;
+  Status unparsed;
+  int64_t parsed = 0;
+};
+RecordFields TypeRecords(const std::vector<std::string>& records,
+                         const std::vector<std::string>& names) {
   auto parse_options = arrow::json::ParseOptions::Defaults();
   parse_options.unexpected_field_behavior =
       arrow::json::UnexpectedFieldBehavior::InferType;
-  std::vector<std::shared_ptr<arrow::Schema>> typed;  // of the columns, per record
-  Status first_failure;
+  RecordFields out;
   for (const std::string& line : records) {
     auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(line));
     if (!batch.ok()) {
-      if (first_failure.ok()) first_failure = batch.status();
+      if (out.unparsed.ok()) out.unparsed = batch.status();
       continue;
     }
-    arrow::FieldVector fields;
-    for (const ColumnSpec* c : columns) {
-      if (const auto field = (*batch)->schema()->GetFieldByName(c->name)) {
-        fields.push_back(field->WithType(AsWritten(field->type())));
+    ++out.parsed;
+    for (const auto& field : (*batch)->schema()->fields()) {
+      if (!names.empty() &&
+          std::find(names.begin(), names.end(), field->name()) == names.end()) {
+        continue;
+      }
+      auto written = field->WithType(AsWritten(field->type()));
+      auto [it, added] = out.fields.emplace(field->name(), written);
+      if (added) {
+        out.order.push_back(field->name());
+      } else if (it->second != nullptr) {
+        auto merged =
+            it->second->MergeWith(*written, arrow::Field::MergeOptions::Permissive());
+        if (!merged.ok()) out.mixed[field->name()] = OneLine(merged.status().message());
+        it->second = merged.ok() ? *merged : nullptr;
       }
     }
-    typed.push_back(arrow::schema(std::move(fields)));
   }
-  if (typed.empty() && !first_failure.ok()) {
+  return out;
+}
+
+// The type of each of `columns` (a user transform's, ColumnSpec::any_type, or an image
+// field) in the first records of file `f` (the source's first file in path order that
+// holds any; TypeRecords), held for every record of the source.
+Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
+    const std::vector<std::string>& records, const JsonlFile& f,
+    const std::vector<const ColumnSpec*>& columns) {
+  std::vector<std::string> names;
+  for (const ColumnSpec* c : columns) names.push_back(c->name);
+  const RecordFields typed = TypeRecords(records, names);
+  if (typed.parsed == 0 && !typed.unparsed.ok()) {
     return DataError(f.path, "the types of the transform's columns are taken from its "
                              "first records, and none of them parses: " +
-                                 OneLine(first_failure.message()));
-  }
-  auto unified =
-      arrow::UnifySchemas(typed, arrow::Field::MergeOptions::Permissive());
-  if (!unified.ok()) {
-    return DataError(f.path, "a field the transform reads has types that do not unify in "
-                             "its first records (each record's type is taken from "
-                             "there, and held): " +
-                                 OneLine(unified.status().message()));
+                                 OneLine(typed.unparsed.message()));
   }
   std::vector<std::shared_ptr<arrow::DataType>> types;
   for (const ColumnSpec* c : columns) {
-    const auto field = (*unified)->GetFieldByName(c->name);
+    if (const auto it = typed.mixed.find(c->name); it != typed.mixed.end()) {
+      return DataError(f.path, "field '" + c->name + "' has types that do not unify in "
+                               "its first records (each record's type is taken from "
+                               "there, and held): " + it->second);
+    }
+    const auto it = typed.fields.find(c->name);
+    const auto field = it == typed.fields.end() ? nullptr : it->second;
     if (field == nullptr || HoldsNull(*field->type())) {
       return ConfigError(
           c->key, "field '" + c->name + "' has no value in the first records of " +
@@ -962,29 +987,10 @@ Result<std::vector<std::pair<std::string, std::string>>> JsonlFieldTypes(
   if (EndsWith(path, ".gz")) f.compression = arrow::Compression::GZIP;
   if (EndsWith(path, ".zst")) f.compression = arrow::Compression::ZSTD;
   ARROW_ASSIGN_OR_RAISE(const auto records, FirstRecords(fs, nullptr, f));
-  auto parse_options = arrow::json::ParseOptions::Defaults();
-  parse_options.unexpected_field_behavior =
-      arrow::json::UnexpectedFieldBehavior::InferType;
-  std::vector<std::string> order;                              // first seen first
-  std::map<std::string, std::shared_ptr<arrow::Field>> types;  // null: mixed
-  for (const std::string& line : records) {
-    auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(line));
-    if (!batch.ok()) continue;
-    for (const auto& field : (*batch)->schema()->fields()) {
-      auto written = field->WithType(AsWritten(field->type()));
-      auto [it, added] = types.emplace(field->name(), written);
-      if (added) {
-        order.push_back(field->name());
-      } else if (it->second != nullptr) {
-        auto merged =
-            it->second->MergeWith(*written, arrow::Field::MergeOptions::Permissive());
-        it->second = merged.ok() ? *merged : nullptr;
-      }
-    }
-  }
+  const RecordFields typed = TypeRecords(records, /*names=*/{});
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& name : order) {
-    const auto& field = types[name];
+  for (const auto& name : typed.order) {
+    const auto& field = typed.fields.at(name);
     out.emplace_back(name, field == nullptr ? "mixed types" : field->type()->ToString());
   }
   return out;

@@ -629,6 +629,16 @@ TEST(JsonlFilesTest, AUserTransformsColumnsTakeTheFirstRecordsTypesAndHoldThem) 
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), AllOf(HasSubstr(dir.Sub("c.jsonl")),
                                             HasSubstr("row 1")));
+  // Types that do not unify in the first records: the file and the field.
+  testing::ScopedTempDir mixed("braid-jsonl");
+  ASSERT_TRUE(Write(mixed.Sub("m.jsonl"), "{\"n\": 1}\n{\"n\": \"one\"}\n").ok());
+  SourceConfig m = Jsonl(mixed.Sub("m.jsonl"));
+  m.tokens_column.clear();
+  auto unmixed = SourceFiles::Open(m, "sources[0]", {any("n")});
+  ASSERT_FALSE(unmixed.ok());
+  EXPECT_THAT(unmixed.status().message(),
+              AllOf(HasSubstr(mixed.Sub("m.jsonl")), HasSubstr("field 'n'"),
+                    HasSubstr("do not unify")));
   // No value to take a type from: the key, the field and the file it looked in.
   for (const char* field : {"e", "absent"}) {
     auto untyped = SourceFiles::Open(s, "sources[0]", {any(field)});
