@@ -681,6 +681,13 @@ TEST(JsonlFilesTest, AnImageFieldIsLoadedAndItsImagesCountInTheFilesBytes) {
   const auto& got = static_cast<const arrow::BinaryArray&>(*cols->front());
   ASSERT_EQ(got.length(), 20);
   EXPECT_EQ(got.GetString(4), std::string(1000, 'b'));
+  // Images on another filesystem than the records: a config error naming the key.
+  SourceConfig elsewhere = s;
+  elsewhere.image_folder = "s3://bucket/imgs";
+  auto other = SourceFiles::Open(elsewhere, "sources[0]", {image});
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(other.status().message(),
+              AllOf(HasSubstr("sources[0].image.folder"), HasSubstr("s3 filesystem")));
   // A number where the paths are: the key, the field and what it holds.
   ASSERT_TRUE(Write(dir.Sub("b.jsonl"), "{\"image\": 3}\n").ok());
   s.path = dir.Sub("b.jsonl");
