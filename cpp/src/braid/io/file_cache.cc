@@ -19,10 +19,14 @@
 #include <vector>
 
 #include "braid/io/file_change_internal.h"
+#include "braid/io/file_lock_internal.h"
 #include "braid/util/hash_internal.h"
 
 namespace braid {
 namespace stdfs = std::filesystem;
+using internal::Flock;
+using internal::LockFile;
+using internal::TakeLock;
 
 namespace {
 
@@ -36,59 +40,6 @@ constexpr const char* kOverBudget = ".over-budget";
 constexpr int kMaxAttempts = 1000;
 
 std::string Errno() { return std::strerror(errno); }
-
-int Flock(int fd, int op) {
-  int rc;
-  do {
-    rc = ::flock(fd, op);
-  } while (rc != 0 && errno == EINTR);
-  return rc;
-}
-
-// True while `fd` is the file that `path` names (it was not unlinked or replaced).
-bool SameFile(int fd, const std::string& path) {
-  struct stat a, b;
-  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
-         a.st_ino == b.st_ino;
-}
-
-// An open lock file; closing it releases its lock.
-class LockFile {
- public:
-  LockFile() = default;
-  explicit LockFile(int fd) : fd_(fd) {}
-  LockFile(LockFile&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  LockFile& operator=(LockFile&& o) noexcept {
-    reset();
-    fd_ = std::exchange(o.fd_, -1);
-    return *this;
-  }
-  ~LockFile() { reset(); }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int release() { return std::exchange(fd_, -1); }
-  int fd() const { return fd_; }
-  bool held() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
-// Opens (creating) the lock file `path` and locks it with `op` (LOCK_SH or LOCK_EX,
-// optionally | LOCK_NB). Not held when a non-blocking lock is taken elsewhere, or when the
-// file was evicted while this waited (the caller retries with the new file or skips).
-Result<LockFile> Lock(const std::string& path, int op) {
-  LockFile f(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-  if (!f.held()) return StorageError(path, "cannot open the cache lock: " + Errno());
-  if (Flock(f.fd(), op) != 0) {
-    if (errno == EWOULDBLOCK) return LockFile();
-    return StorageError(path, "cannot lock the cache entry: " + Errno());
-  }
-  if (!SameFile(f.fd(), path)) return LockFile();
-  return f;
-}
 
 // The complete copy at `path` of a file of `size` bytes, open; nullptr when absent or of
 // another size (a copy left by an older version of the file under the same name).
@@ -183,7 +134,7 @@ Result<std::shared_ptr<arrow::io::RandomAccessFile>> FileCache::Open(
   if (!download && !stdfs::exists(data, ec)) return nullptr;
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     // A shared lock waits while another process downloads or evicts this entry.
-    ARROW_ASSIGN_OR_RAISE(LockFile lock, Lock(lock_path, LOCK_SH));
+    ARROW_ASSIGN_OR_RAISE(LockFile lock, TakeLock(lock_path, LOCK_SH));
     if (!lock.held()) continue;
     ARROW_ASSIGN_OR_RAISE(auto file, OpenCopy(data, size));
     if (file) return pinned(std::move(lock), std::move(file));
@@ -192,7 +143,7 @@ Result<std::shared_ptr<arrow::io::RandomAccessFile>> FileCache::Open(
     // Without waiting: readers of a copy hold its lock shared for as long as they read
     // it. Held elsewhere: another process downloads it (the next round's shared lock
     // waits for that) or checks for it (retried after a pause).
-    ARROW_ASSIGN_OR_RAISE(lock, Lock(lock_path, LOCK_EX | LOCK_NB));
+    ARROW_ASSIGN_OR_RAISE(lock, TakeLock(lock_path, LOCK_EX | LOCK_NB));
     if (!lock.held()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(attempt + 1, 20)));
       continue;
@@ -261,7 +212,7 @@ Status FileCache::Download(arrow::fs::FileSystem* remote, const arrow::fs::FileI
 }
 
 bool FileCache::Trim(int64_t reserve, const std::string& keep) {
-  auto lock = Lock((stdfs::path(dir_) / kLocks / kTrimLock).string(), LOCK_EX);
+  auto lock = TakeLock((stdfs::path(dir_) / kLocks / kTrimLock).string(), LOCK_EX);
   return TrimLocked(reserve, keep);
 }
 
@@ -290,8 +241,8 @@ bool FileCache::TrimLocked(int64_t reserve, const std::string& keep) {
     const std::string name = e.path().filename().string();
     const size_t dot = name.rfind('.');
     if (dot == std::string::npos) continue;
-    auto lock =
-        Lock((stdfs::path(dir_) / kLocks / name.substr(0, dot)).string(), LOCK_EX | LOCK_NB);
+    auto lock = TakeLock((stdfs::path(dir_) / kLocks / name.substr(0, dot)).string(),
+                         LOCK_EX | LOCK_NB);
     if (lock.ok() && lock->held()) {
       std::error_code rm_ec;
       stdfs::remove(e.path(), rm_ec);
@@ -304,7 +255,7 @@ bool FileCache::TrimLocked(int64_t reserve, const std::string& keep) {
     if (name.empty() || name[0] == '.' || stdfs::exists(stdfs::path(dir_) / name, e_ec)) {
       continue;
     }
-    auto lock = Lock(e.path().string(), LOCK_EX | LOCK_NB);
+    auto lock = TakeLock(e.path().string(), LOCK_EX | LOCK_NB);
     if (lock.ok() && lock->held()) stdfs::remove(e.path(), e_ec);
   }
   std::error_code marker_ec;
@@ -318,7 +269,7 @@ bool FileCache::TrimLocked(int64_t reserve, const std::string& keep) {
     if (used + reserve <= max_bytes_) break;
     if (e.name == keep) continue;
     const std::string lock_path = (stdfs::path(dir_) / kLocks / e.name).string();
-    auto lock = Lock(lock_path, LOCK_EX | LOCK_NB);
+    auto lock = TakeLock(lock_path, LOCK_EX | LOCK_NB);
     if (!lock.ok() || !lock->held()) continue;  // pinned, or being downloaded
     std::error_code rm_ec;
     stdfs::remove(stdfs::path(dir_) / e.name, rm_ec);
@@ -338,7 +289,7 @@ bool FileCache::TrimLocked(int64_t reserve, const std::string& keep) {
 void FileCache::Released() {
   // Under the trim lock: a trim that found this pin held has finished, and its marker
   // (if any) is visible.
-  auto lock = Lock((stdfs::path(dir_) / kLocks / kTrimLock).string(), LOCK_EX);
+  auto lock = TakeLock((stdfs::path(dir_) / kLocks / kTrimLock).string(), LOCK_EX);
   std::error_code ec;
   if (stdfs::exists(stdfs::path(dir_) / kLocks / kOverBudget, ec)) TrimLocked(0, "");
 }

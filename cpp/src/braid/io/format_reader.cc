@@ -1,4 +1,3 @@
-#include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include <arrow/io/interfaces.h>
 #include <arrow/util/parallel.h>
 
+#include "braid/io/file_lock_internal.h"
 #include "braid/io/format_reader_internal.h"
 #include "braid/io/retry_internal.h"
 #include "braid/util/hash_internal.h"
@@ -101,40 +101,6 @@ std::string CountFile(const std::string& dir, const std::string& key) {
   return (std::filesystem::path(dir) / name).string();
 }
 
-// The lock under which a file's counts are taken into runtime.length_cache (`dir`), so
-// that processes opening the source at once count it once: an exclusive flock(2) on
-// `CountFile.lock` (left in the folder; it holds nothing). Released when destroyed (or
-// when the process dies). A folder where no lock can be made (read-only) locks nothing:
-// each process counts, as without a cache.
-class CountLock {
- public:
-  CountLock() = default;
-  CountLock(const CountLock&) = delete;
-  CountLock& operator=(const CountLock&) = delete;
-  ~CountLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the lock
-  }
-
-  // Takes the lock of `key`'s counts, waiting for another holder when `wait`; false if
-  // another holds it and `wait` is false.
-  bool Take(const std::string& dir, const std::string& key, bool wait) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    fd_ = ::open((CountFile(dir, key) + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC,
-                 0644);
-    if (fd_ < 0) return true;
-    int rc;
-    do {
-      rc = ::flock(fd_, LOCK_EX | (wait ? 0 : LOCK_NB));
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno == EWOULDBLOCK) return false;
-    return true;  // held, or a folder that cannot lock (each process counts)
-  }
-
- private:
-  int fd_ = -1;
-};
-
 }  // namespace
 
 bool CountKeptInProcess(const std::string& key, int64_t* records, int64_t* bytes) {
@@ -193,12 +159,19 @@ Result<std::vector<int64_t>> FormatOpen::AddWholeFiles(
       KeepCountInProcess(c.key, c.rows, c.bytes);
       return Status::OK();
     }
-    CountLock lock;
+    // The file's lock beside its count (left in the folder; it holds nothing). A folder
+    // where none can be taken (read-only) locks nothing: each process counts.
+    LockFile lock;
     if (!dir.empty() && !c.key.empty()) {
-      if (!lock.Take(dir, c.key, wait)) {
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      auto taken = TakeLock(CountFile(dir, c.key) + ".lock",
+                            LOCK_EX | (wait ? 0 : LOCK_NB));
+      if (taken.ok() && !taken->held() && !wait) {
         deferred[size_t(i)] = 1;
         return Status::OK();
       }
+      if (taken.ok()) lock = std::move(*taken);
       if (kept()) {  // counted by the process that held the lock
         KeepCountInProcess(c.key, c.rows, c.bytes);
         return Status::OK();

@@ -1,0 +1,56 @@
+#include "braid/io/file_lock_internal.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace braid::internal {
+namespace {
+
+// True while `fd` is the file that `path` names (it was not unlinked or replaced).
+bool SameFile(int fd, const std::string& path) {
+  struct stat a, b;
+  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
+}
+
+}  // namespace
+
+LockFile& LockFile::operator=(LockFile&& o) noexcept {
+  reset();
+  fd_ = std::exchange(o.fd_, -1);
+  return *this;
+}
+
+void LockFile::reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+int Flock(int fd, int op) {
+  int rc;
+  do {
+    rc = ::flock(fd, op);
+  } while (rc != 0 && errno == EINTR);
+  return rc;
+}
+
+Result<LockFile> TakeLock(const std::string& path, int op) {
+  LockFile f(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (!f.held()) {
+    return StorageError(path, std::string("cannot open the lock file: ") +
+                                  std::strerror(errno));
+  }
+  if (Flock(f.fd(), op) != 0) {
+    if (errno == EWOULDBLOCK) return LockFile();
+    return StorageError(path, std::string("cannot lock it: ") + std::strerror(errno));
+  }
+  if (!SameFile(f.fd(), path)) return LockFile();
+  return f;
+}
+
+}  // namespace braid::internal
