@@ -25,9 +25,16 @@
 // A read or write that fails is a miss: the cache never fails a job. Braid never trims
 // the folder; deleting it (or any entry) at any time is safe.
 //
+// Counting once per node. Processes that read the same source at once (a node's embedded
+// ranks) take an entry's lock (Lock: an exclusive flock on `<entry file>.lock`) before
+// they count it; the one that gets it counts and writes the entry, the others then find
+// it kept. A process holds one entry's lock at a time, only while it reads and transforms
+// that entry (never while it waits on anything else), so processes cannot deadlock.
+//
 // Thread-safe: const methods; distinct entries are distinct files.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -35,6 +42,7 @@
 #include <vector>
 
 #include "braid/config/config.h"
+#include "braid/io/file_lock_internal.h"
 #include "braid/source/sample.h"
 #include "braid/status.h"
 
@@ -71,6 +79,11 @@ class LengthCache {
   std::optional<std::vector<CachedRow>> Read(const LengthCacheEntry& entry) const;
   /// Stores the rows of `entry`; a failure is ignored (the next pass encodes again).
   void Write(const LengthCacheEntry& entry, const std::vector<CachedRow>& rows) const;
+  /// Waits until this process holds `entry`'s lock (see the header) and returns it held;
+  /// unheld once `stop` is set, or when the lock file cannot be made (the caller counts
+  /// the entry without it). Polls every few milliseconds.
+  internal::LockFile Lock(const LengthCacheEntry& entry,
+                          const std::atomic<bool>& stop) const;
 
   const std::string& dir() const { return dir_; }
 

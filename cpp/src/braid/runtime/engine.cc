@@ -67,13 +67,18 @@ Status Engine::Impl::Start() {
     WantOwnPayloads(plan);
   };
   const Config& config = config_;
+  // A process that builds some of the buckets shares the counts of tokenized sources
+  // with the other processes (runtime.length_cache) and tokenizes only what it builds.
+  const auto stream =
+      int64_t(options_.buckets.size()) < config_.topology.buckets()
+          ? SourceService::Stream::kOwnPayloads
+          : SourceService::Stream::kPayloads;
   ARROW_ASSIGN_OR_RAISE(
       planner_,
       PlannerService::Make(
           config_, cursor_->start(),
-          [&config](const PlannerState& at) {
-            return SourceSet::Open(config, at, SourceService::Stream::kPayloads,
-                                   /*serve=*/false);
+          [&config, stream](const PlannerState& at) {
+            return SourceSet::Open(config, at, stream, /*serve=*/false);
           },
           std::move(planning)));
   ConstructorService::Options building;

@@ -933,5 +933,69 @@ TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
   EXPECT_GT(others_checked, 0);
 }
 
+// ---------------------------------------------------------------------------
+// Ranks of one node that share a tokenized source's counts (runtime.length_cache).
+
+TEST(EngineSharedCountsTest, RanksAtOnceBuildWhatOneProcessBuildsAndTokenizeTheirOwnRows) {
+  testing::ScopedTempDir dir("braid-engine-shared-counts");
+  ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
+                                              dir.Sub("tok"), 100)
+                  .ok());
+  const auto texts = testing::RandomSentences(200, 7, 10, 120);
+  ASSERT_TRUE(testing::WriteTextFile(dir.Sub("text/part-0.parquet"), "text",
+                                     {texts.begin(), texts.end()}, /*row_group_rows=*/16)
+                  .ok());
+  Config config;
+  config.seed = 6;
+  config.topology.dp = 2;
+  config.batch.seq_len = 128;
+  config.batch.global_tokens = 512;  // 2 micro-batches per rank
+  config.tokenizer.model = dir.Sub("tok.model");
+  SourceConfig text;
+  text.name = "text";
+  text.path = dir.Sub("text");
+  text.text_column = "text";
+  text.shuffle_window_rows = 32;
+  config.sources.push_back(text);
+  ASSERT_TRUE(ValidateConfig(config).ok());
+  constexpr int64_t kSteps = 8;
+  auto both = MakeEngine(config);  // one process builds both ranks, no cache
+  ASSERT_NE(both, nullptr);
+  const auto all = Take(both.get(), kSteps * 4);
+  ASSERT_EQ(all.size(), size_t(kSteps * 4));
+  config.sources[0].length_cache_dir = dir.Sub("lens");
+  // Both ranks at once (their loaders meet at each entry's lock), then rank 1 again with
+  // every count kept.
+  std::vector<std::shared_ptr<const Batch>> got[3];
+  std::vector<SourceProfile> profiles[3];
+  auto rank = [&](int k, int64_t bucket) {
+    Engine::Options options;
+    options.buckets = {bucket};
+    auto engine = MakeEngine(config, options);
+    if (engine == nullptr) return;
+    got[k] = Take(engine.get(), kSteps * 2);
+    profiles[k] = engine->source_profiles();
+  };
+  std::thread r0(rank, 0, 0), r1(rank, 1, 1);
+  r0.join();
+  r1.join();
+  rank(2, 1);
+  for (int k = 0; k < 3; ++k) {
+    const int64_t bucket = k == 0 ? 0 : 1;
+    ASSERT_EQ(got[k].size(), size_t(kSteps * 2)) << k;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      for (int64_t mb = 0; mb < 2; ++mb) {
+        ExpectSameBatch(*all[size_t(step * 4 + bucket * 2 + mb)],
+                        *got[k][size_t(step * 2 + mb)]);
+      }
+    }
+  }
+  // The last found every count kept: it tokenized only rows it was asked for, when
+  // planned for its rank, never in its read steps.
+  ASSERT_EQ(profiles[2].size(), 1u);
+  EXPECT_GT(profiles[2][0].payloads_finished, 0);
+  EXPECT_LT(profiles[2][0].payloads_finished, profiles[2][0].samples);
+}
+
 }  // namespace
 }  // namespace braid

@@ -42,7 +42,8 @@ Result<std::unique_ptr<SourceService>> SourceService::Make(const Config& config,
   service->source_index_ = source_index;
   if (options.stream != Stream::kNone) {
     SourceLoader::Options loader;
-    loader.read_payloads = options.stream == Stream::kPayloads;
+    loader.read_payloads = options.stream != Stream::kMetadata;
+    loader.own_payloads = options.stream == Stream::kOwnPayloads;
     loader.read_ahead_bytes = options.read_ahead_bytes;
     loader.pool = options.pool;
     ARROW_ASSIGN_OR_RAISE(service->stream_,

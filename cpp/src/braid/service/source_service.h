@@ -117,6 +117,11 @@ class SourceService {
     kNone,      ///< no stream: Fetch only
     kMetadata,  ///< samples without payloads (token counts): for planning
     kPayloads,  ///< samples with their payloads: the embedded runtime
+    /// kPayloads for a process that builds some of the buckets: a tokenized source's
+    /// counts are shared with the node's other processes through runtime.length_cache
+    /// and a row counted elsewhere is tokenized only when its payload is wanted
+    /// (SourceLoader::Options::own_payloads)
+    kOwnPayloads,
   };
   struct Options {
     Stream stream = Stream::kNone;

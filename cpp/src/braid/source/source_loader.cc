@@ -220,7 +220,7 @@ Result<std::unique_ptr<SourceLoader>> SourceLoader::Make(const Config& config,
                                 ") lies outside the source; did its files change?");
   }
   std::unique_ptr<LengthCache> length_cache;
-  if (!options.read_payloads) {
+  if (!options.read_payloads || options.own_payloads) {
     ARROW_ASSIGN_OR_RAISE(length_cache, LengthCache::Make(config, source_index));
   }
   std::unique_ptr<SourceLoader> loader(new SourceLoader(
@@ -490,10 +490,29 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
     return;
   }
   const int64_t start_ns = internal::ThreadCpuNs();
-  const Status st = transform_->Finish(d.cols, d.index, d.where, d.payload.get());
+  std::shared_ptr<Payload> payload = d.payload;
+  if (payload == nullptr) {  // counted by another process: the whole payload now
+    RowOutput o;
+    Status made = transform_->Apply(d.cols, d.index, /*want_payload=*/true, d.where, &o);
+    if (made.ok() && (o.skip != SkipReason::kNone || o.tokens != d.tokens || !o.payload)) {
+      made = DataError(d.where.ToString(),
+                       "made " + std::to_string(o.tokens) + " tokens where "
+                       "runtime.length_cache counted " + std::to_string(d.tokens) +
+                       " for it; the folder holds counts that are not this data's (delete "
+                       "it)");
+    }
+    if (!made.ok() || !o.deferred) {
+      profile_.AddFinish(internal::ThreadCpuNs() - start_ns);
+      ref.Set(made.ok() ? Result<TokenPayload>(TokenPayload(std::move(o.payload)))
+                        : Result<TokenPayload>(made));
+      return;
+    }
+    payload = std::move(o.payload);
+  }
+  const Status st = transform_->Finish(d.cols, d.index, d.where, payload.get());
   profile_.AddFinish(internal::ThreadCpuNs() - start_ns);
   if (st.ok()) {
-    ref.Set(TokenPayload(d.payload));
+    ref.Set(TokenPayload(payload));
   } else if (source_.on_error == OnError::kSkip) {
     // Its metadata is out: keep the token count, deliver the blank Finish left.
     blanked_.fetch_add(1, std::memory_order_relaxed);
@@ -505,10 +524,104 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
     o.null_what = what + "; its metadata was already published, so its payload is "
                   "blank and its loss mask 0";
     LogSkip(d.where, o);
-    ref.Set(TokenPayload(d.payload));
+    ref.Set(TokenPayload(payload));
   } else {
     ref.Set(WithSkipHint(st, "such rows"));
   }
+}
+
+void SourceLoader::TransformRows(int64_t first, int64_t end, bool want_payload) {
+  const auto& file_list = this->file_list();
+  // Chunks of consecutive rows, one ApplyBatch call each, as in ReadStep (a Hugging
+  // Face tokenizer or a Python transform then enters Python once per chunk).
+  const int64_t n = end - first;
+  if (n <= 0) return;
+  const int64_t workers = workers_.load(std::memory_order_relaxed);
+  const int64_t chunk = std::clamp<int64_t>(
+      (n + workers - 1) / workers, 1, std::max<int64_t>(1, transform_->batch_rows()));
+  const int64_t n_chunks = (n + chunk - 1) / chunk;
+  helper_cpu_ns_ += pool_->ParallelFor(n_chunks, workers, [&](int64_t c) {
+    if (stop_requested_.load(std::memory_order_relaxed)) return;
+    std::vector<BatchRow> batch;
+    std::vector<int64_t> is;
+    for (int64_t i = first + c * chunk; i < std::min(end, first + (c + 1) * chunk); ++i) {
+      const RowRef& r = rows_[size_t(i)];
+      if (!unread_[size_t(r.arrays_slot)].empty()) {
+        outputs_[size_t(i)].skip = SkipReason::kError;
+        outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
+        continue;
+      }
+      if (const auto kept = cached_.find(r.arrays_slot); kept != cached_.end()) {
+        const CachedRow& k = kept->second[size_t(r.array_index)];
+        RowOutput& o = outputs_[size_t(i)];
+        o.skip = k.skip;
+        o.tokens = k.tokens;
+        o.image_tokens = k.image_tokens;
+        estimates_[size_t(i)] = k.estimate_bytes;
+        continue;
+      }
+      const Columns& cols = arrays_[size_t(r.arrays_slot)];
+      estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
+      batch.push_back(BatchRow{
+          &cols, r.array_index,
+          RowLocation{&file_list[size_t(r.file)].path,
+                      files_->NamedRowGroup(r.row_group), r.row}});
+      is.push_back(i);
+    }
+    if (batch.empty()) return;
+    std::vector<RowOutput> o(batch.size());
+    std::vector<Status> st(batch.size());
+    transform_->ApplyBatch(batch, want_payload, o.data(), st.data());
+    for (size_t b = 0; b < is.size(); ++b) {
+      outputs_[size_t(is[b])] = std::move(o[b]);
+      output_status_[size_t(is[b])] = std::move(st[b]);
+    }
+  });
+}
+
+void SourceLoader::FinishSharedEntry(SharedEntry* e) {
+  const int64_t first = e->first;
+  const int64_t end = static_cast<int64_t>(rows_.size());
+  outputs_.resize(size_t(end));
+  output_status_.resize(size_t(end), Status::OK());
+  estimates_.resize(size_t(end), 0);
+  apply_later_.resize(size_t(end), 0);
+  if (e->kept) {
+    // Counted by a process before: the counts now, each payload when it is wanted.
+    const int64_t p = source_.image_patch_size;
+    for (int64_t i = first; i < end; ++i) {
+      const RowRef& r = rows_[size_t(i)];
+      RowOutput& o = outputs_[size_t(i)];
+      if (!unread_[size_t(r.arrays_slot)].empty()) {
+        o.skip = SkipReason::kError;
+        o.null_what = unread_[size_t(r.arrays_slot)];
+        continue;
+      }
+      const CachedRow& k = (*e->kept)[size_t(i - first)];
+      o.skip = k.skip;
+      o.tokens = k.tokens;
+      o.image_tokens = k.image_tokens;
+      estimates_[size_t(i)] = k.estimate_bytes;
+      if (k.skip != SkipReason::kNone) continue;
+      apply_later_[size_t(i)] = 1;
+      o.deferred = true;  // charged what the payload will hold: ids, mask, patches
+      o.payload_bytes = k.tokens * 5 + k.image_tokens * 3 * p * p * int64_t{sizeof(float)};
+    }
+  } else {
+    TransformRows(first, end, /*want_payload=*/true);
+    if (e->entry && !stop_requested_.load(std::memory_order_relaxed)) {
+      std::vector<CachedRow> rows;
+      bool clean = true;
+      for (int64_t i = first; i < end; ++i) {
+        const RowOutput& o = outputs_[size_t(i)];
+        clean = clean && output_status_[size_t(i)].ok() && o.null_what.empty() &&
+                o.skip != SkipReason::kNull && o.skip != SkipReason::kError;
+        rows.push_back(CachedRow{o.tokens, o.image_tokens, estimates_[size_t(i)], o.skip});
+      }
+      if (clean && !rows.empty()) length_cache_->Write(*e->entry, rows);
+    }
+  }
+  e->lock.reset();
 }
 
 Status SourceLoader::LoadWindow() {
@@ -556,8 +669,19 @@ Status SourceLoader::LoadWindow() {
   rows_.clear();
   cached_.clear();
   to_cache_.clear();
+  outputs_.clear();
+  output_status_.clear();
+  estimates_.clear();
+  apply_later_.clear();
   rows_.reserve(static_cast<size_t>(w.rows));
+  // Options::own_payloads with a cache: every entry's rows are made as it is read, the
+  // entry's lock released before the next is taken.
+  const bool sharing = options_.read_payloads && length_cache_ != nullptr;
+  std::optional<SharedEntry> shared;
   for (size_t e = 0; e < w.row_groups.size(); ++e) {
+    if (shared) FinishSharedEntry(&*shared);
+    shared.reset();
+    if (sharing) shared.emplace().first = static_cast<int64_t>(rows_.size());
     const auto [file, rg] = w.row_groups[e];
     const int64_t block_rows = w.block_rows.empty() ? 0 : w.block_rows[e];
     const auto& f = file_list[size_t(file)];
@@ -576,8 +700,22 @@ Status SourceLoader::LoadWindow() {
       LengthCacheEntry entry{f.path, f.row_group_digest[size_t(rg)], rg, block_rows,
                              block};
       auto kept = length_cache_->Read(entry);
+      const auto found = [&] { return kept && static_cast<int64_t>(kept->size()) == n; };
+      if (sharing) {
+        if (!found()) {  // counted here unless another process counts it first
+          shared->lock = length_cache_->Lock(entry, stop_requested_);
+          kept = length_cache_->Read(entry);
+        }
+        if (found()) {
+          shared->kept = std::move(kept);
+          length_cache_hits_.fetch_add(1, std::memory_order_relaxed);
+        }
+        shared->entry = std::move(entry);
+      }
       const int64_t slot = static_cast<int64_t>(arrays_.size());
-      if (kept && static_cast<int64_t>(kept->size()) == n) {
+      if (sharing) {
+        // Read on as without a cache; FinishSharedEntry makes the rows.
+      } else if (found()) {
         for (int64_t i = 0; i < n; ++i) {
           rows_.push_back(RowRef{file, row + first + i, rg, i, slot});
         }
@@ -587,7 +725,7 @@ Status SourceLoader::LoadWindow() {
         length_cache_hits_.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      to_cache_.push_back(CacheWrite{std::move(entry), slot, -1});
+      if (!sharing) to_cache_.push_back(CacheWrite{std::move(entry), slot, -1});
     }
     if (lengths_only_) {
       // Token counts alone: this entry's rows of its row group (a Parquet row group's
@@ -656,6 +794,13 @@ Status SourceLoader::LoadWindow() {
       to_cache_.back().end_slot = static_cast<int64_t>(arrays_.size());
     }
   }
+  if (shared) {
+    FinishSharedEntry(&*shared);
+    shared.reset();
+    if (stop_requested_.load(std::memory_order_relaxed)) {
+      return Status::Cancelled("stopping");
+    }
+  }
   order_.resize(rows_.size());
   if (source_.shuffle_window_rows > 1) {
     order_ = Permutation(static_cast<int64_t>(rows_.size()),
@@ -667,7 +812,7 @@ Status SourceLoader::LoadWindow() {
   loaded_ = true;
   loaded_pos_ = pos;
   next_window_ = StreamPos{pos.epoch, pos.window + 1, 0};
-  precomputed_ = false;
+  precomputed_ = sharing;
   if (!options_.read_payloads) {
     // Metadata only: every row's output now, then the columns go (a window waiting for
     // room holds its rows' token counts, not their tokens).
@@ -691,49 +836,7 @@ Status SourceLoader::LoadWindow() {
       precomputed_ = true;
       return Status::OK();
     }
-    // Chunks of consecutive rows, one ApplyBatch call each, as in ReadStep (a Hugging
-    // Face tokenizer or a Python transform then enters Python once per chunk).
-    const int64_t workers = workers_.load(std::memory_order_relaxed);
-    const int64_t chunk = std::clamp<int64_t>(
-        (n + workers - 1) / workers, 1, std::max<int64_t>(1, transform_->batch_rows()));
-    const int64_t n_chunks = (n + chunk - 1) / chunk;
-    helper_cpu_ns_ += pool_->ParallelFor(n_chunks, workers, [&](int64_t c) {
-      if (stop_requested_.load(std::memory_order_relaxed)) return;
-      std::vector<BatchRow> batch;
-      std::vector<int64_t> is;
-      for (int64_t i = c * chunk; i < std::min(n, (c + 1) * chunk); ++i) {
-        const RowRef& r = rows_[size_t(i)];
-        if (!unread_[size_t(r.arrays_slot)].empty()) {
-          outputs_[size_t(i)].skip = SkipReason::kError;
-          outputs_[size_t(i)].null_what = unread_[size_t(r.arrays_slot)];
-          continue;
-        }
-        if (const auto kept = cached_.find(r.arrays_slot); kept != cached_.end()) {
-          const CachedRow& k = kept->second[size_t(r.array_index)];
-          RowOutput& o = outputs_[size_t(i)];
-          o.skip = k.skip;
-          o.tokens = k.tokens;
-          o.image_tokens = k.image_tokens;
-          estimates_[size_t(i)] = k.estimate_bytes;
-          continue;
-        }
-        const Columns& cols = arrays_[size_t(r.arrays_slot)];
-        estimates_[size_t(i)] = transform_->EstimateBytes(cols, r.array_index);
-        batch.push_back(BatchRow{
-            &cols, r.array_index,
-            RowLocation{&file_list[size_t(r.file)].path,
-                        files_->NamedRowGroup(r.row_group), r.row}});
-        is.push_back(i);
-      }
-      if (batch.empty()) return;
-      std::vector<RowOutput> o(batch.size());
-      std::vector<Status> st(batch.size());
-      transform_->ApplyBatch(batch, /*want_payload=*/false, o.data(), st.data());
-      for (size_t b = 0; b < is.size(); ++b) {
-        outputs_[size_t(is[b])] = std::move(o[b]);
-        output_status_[size_t(is[b])] = std::move(st[b]);
-      }
-    });
+    TransformRows(0, n, /*want_payload=*/false);
     if (stop_requested_.load(std::memory_order_relaxed)) {
       return Status::Cancelled("stopping");
     }
@@ -882,11 +985,14 @@ Status SourceLoader::ReadStep() {
       s.meta.image_tokens = o.image_tokens;
       ++step_samples_;
       step_tokens_ += o.tokens;
-      if (o.payload && o.deferred) {
+      const bool later =
+          !apply_later_.empty() && apply_later_[size_t(order_[size_t(k + j)])] != 0;
+      if ((o.payload && o.deferred) || later) {
         s.payload = PayloadRef::OnDemand(
-            [gate = gate_, d = Deferred{std::move(o.payload), arrays_[size_t(r.arrays_slot)],
-                                        r.array_index, where(r)}](const PayloadRef& ref,
-                                                                  bool urgent) mutable {
+            [gate = gate_,
+             d = Deferred{std::move(o.payload), arrays_[size_t(r.arrays_slot)],
+                          r.array_index, where(r), o.tokens}](const PayloadRef& ref,
+                                                              bool urgent) mutable {
               std::lock_guard<std::mutex> lock(gate->mu);
               if (gate->loader == nullptr) {
                 ref.Set(Status::Cancelled("source '", gate->source_name, "' stopped"));

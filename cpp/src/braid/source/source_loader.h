@@ -73,6 +73,21 @@
 // (blanked_payloads(), by the process that wanted it). Without payloads nothing is
 // decoded. After Stop(), a payload whose decode had started completes (decoded, or
 // Cancelled) and one wanted later is Cancelled at once: no Get() blocks.
+//
+// Counts shared between processes, payloads where built (Options::own_payloads). A
+// process that builds some of the buckets (one of a node's embedded ranks) and reads a
+// tokenized source with runtime.length_cache looks each window entry up there before
+// it transforms it, under the entry's lock (LengthCache::Lock): the first process to
+// reach an entry transforms its rows (payloads included) and keeps their counts; the
+// others wait for it, then take the counts and queue each row's sample with a
+// PayloadRef::OnDemand() whose producer transforms the row (Transform::Apply, then
+// Finish) on the pool when the payload is wanted. A node's ranks so tokenize each row
+// about twice between them (its count, and the payload where it is built) rather than
+// once in every process. The lock is held only while the entry is read and transformed
+// (one at a time, waiting on nothing else). The stream is the same: the counts are the
+// ones the transform gives (the cache's key names the file's row group and the
+// tokenizer), and a payload made on demand whose count differs is an error naming the
+// row. The window's rows are transformed (or taken from the cache) when it loads.
 #pragma once
 
 #include <atomic>
@@ -81,6 +96,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "braid/config/config.h"
@@ -167,6 +183,10 @@ class SourceLoader : public SampleStream {
     /// The job's reader/transform threads, shared with other loaders; null: the loader
     /// makes its own of `workers` + 1 threads when it starts.
     std::shared_ptr<ReadPool> pool;
+    /// With payloads: share a tokenized source's counts through runtime.length_cache
+    /// and make the payloads of rows counted elsewhere on demand (see the header). No
+    /// effect without runtime.length_cache or on a source the cache does not keep.
+    bool own_payloads = false;
     /// Called on a pool thread before it reads the row groups of a window (tests).
     std::function<void(int64_t shard_index, int64_t epoch, int64_t window)>
         on_read_window;
@@ -262,11 +282,14 @@ class SourceLoader : public SampleStream {
   // and returns OK unless no file of the source is left readable.
   Status SkipRowGroup(int file, int row_group, const Status& error, bool was_lost);
   // A payload Apply left to Transform::Finish, with what Finish reads.
+  // Or, with `payload` null, a whole payload to make on demand (Apply, then Finish) for a
+  // row whose count came from the length cache.
   struct Deferred {
     std::shared_ptr<Payload> payload;
     Columns cols;  // the row group's columns, kept alive for Finish
     int64_t index = 0;
     RowLocation where;
+    int64_t tokens = 0;  // `payload` null: the count Apply must give
   };
   // How on-demand payloads reach their loader: `loader` until it stops (null after).
   struct DecodeGate {
@@ -352,6 +375,22 @@ class SourceLoader : public SampleStream {
   std::vector<CacheWrite> to_cache_;
   // Writes the counts of to_cache_'s entries whose rows all transformed cleanly.
   void KeepLengths();
+  // Transforms rows [first, end) of rows_ into outputs_ (and output_status_, estimates_)
+  // on the loader's workers; an unread row becomes a skip, a row of cached_ takes its
+  // count.
+  void TransformRows(int64_t first, int64_t end, bool want_payload);
+  // Options::own_payloads: the loaded entry whose rows are rows_[first, rows_.size()).
+  struct SharedEntry {
+    int64_t first = 0;
+    std::optional<LengthCacheEntry> entry;       // its cache entry (none: a lost file)
+    std::optional<std::vector<CachedRow>> kept;  // its counts, when the cache had them
+    internal::LockFile lock;                     // held while this process counts it
+  };
+  // Makes the outputs of `e`'s rows: from its kept counts (payloads on demand), or by
+  // transforming them with payloads, keeping their counts when clean; then releases the
+  // entry's lock.
+  void FinishSharedEntry(SharedEntry* e);
+  std::vector<char> apply_later_;  // per row of rows_: its payload is made on demand
 
   std::mutex mu_;
   std::condition_variable cv_;
