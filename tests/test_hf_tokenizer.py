@@ -23,7 +23,7 @@ import pytest
 
 from braid import _core
 
-from conftest import braid_cli, write_config
+from conftest import assert_resumes_batch_for_batch, braid_cli, write_config
 
 # An optional dependency of braid (braid[hf]); requirements-dev.txt pins it.
 from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, processors,
@@ -417,3 +417,60 @@ def test_plan_with_a_length_cache_reads_what_the_first_plan_kept(tmp_path: Path,
     assert other.returncode == 0, other.stderr
     assert other.stdout != first.stdout
     assert len(entries()) == 20
+
+
+RANK_SCRIPT = textwrap.dedent("""
+    import hashlib, json, sys
+    import braid
+    config = sys.argv[1]
+    rank, world, n = (int(a) for a in sys.argv[2:5])
+    loader = braid.Loader(config, rank=rank, world_size=world)
+    digests = []
+    for batch in loader:
+        h = hashlib.sha256()
+        for key in sorted(batch):
+            h.update(key.encode() + batch[key].numpy().tobytes())
+        digests.append(h.hexdigest())
+        if len(digests) == n:
+            break
+    loader.close()
+    print(json.dumps(digests))
+""")
+
+
+def test_a_nodes_ranks_share_the_counts_and_build_the_same_batches(tmp_path: Path,
+                                                                   tok_file: str):
+    # Four trainer processes started at once, as torchrun starts them on a node, each a
+    # fresh `braid.Loader` of one rank. With runtime.length_cache they count each row
+    # group once between them (under its lock) and encode the rows they build when
+    # their step is planned: the same bytes as without the cache, fresh or kept.
+    path = write_texts(tmp_path / "t.parquet", texts_for_test())  # 150 rows, groups of 16
+    job = {"seed": 3, "topology": {"dp": 4},
+           "batch": {"global_tokens": 4096, "seq_len": 1024},
+           "tokenizer": {"type": "huggingface", "file": tok_file},
+           "sources": [{"name": "s", "path": path, "text_column": "text", "workers": 2}]}
+    plain = write_config(tmp_path / "plain.json", job)
+    shared = write_config(tmp_path / "shared.json",
+                          dict(job, runtime={"length_cache": str(tmp_path / "lens")}))
+
+    def node(config: Path) -> List[List[str]]:
+        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(config),
+                                   str(rank), "4", "10"], text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for rank in range(4)]
+        outs = [p.communicate(timeout=300) for p in procs]
+        for p, (_, err) in zip(procs, outs):
+            assert p.returncode == 0, err
+        return [json.loads(out) for out, _ in outs]
+
+    want = node(plain)
+    assert len({d for rank in want for d in rank}) == 40  # 40 distinct micro-batches
+    assert node(shared) == want
+    entries = {p.name for p in (tmp_path / "lens").glob("*.lens")}
+    assert len(entries) == 10, entries  # every row group, each written by its counter
+    locks = {p.name for p in (tmp_path / "lens").glob("*.lens.lock")}
+    assert {e + ".lock" for e in entries} <= locks
+    assert node(shared) == want  # every count kept: the ranks encode only their rows
+    # A rank resumes inside the stream as without the cache.
+    assert_resumes_batch_for_batch(json.loads(shared.read_text()), n=8, split=3, rank=2,
+                                   world_size=4)

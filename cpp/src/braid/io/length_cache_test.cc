@@ -102,12 +102,14 @@ class LengthCacheTest : public ::testing::Test {
     auto transform = MakeTransform(config, 0);
     EXPECT_TRUE(transform.ok()) << transform.status().ToString();
     if (!transform.ok()) return out;
-    auto files = SourceFiles::Open(config.sources[0], "sources[0]", (*transform)->columns());
+    auto files =
+        SourceFiles::Open(config.sources[0], "sources[0]", (*transform)->columns());
     EXPECT_TRUE(files.ok()) << files.status().ToString();
     if (!files.ok()) return out;
     for (const auto& f : (*files)->files()) {
       for (size_t rg = 0; rg < f.row_group_rows.size(); ++rg) {
-        out.push_back(LengthCacheEntry{f.path, f.row_group_digest[rg], int32_t(rg), 0, 0});
+        out.push_back(
+            LengthCacheEntry{f.path, f.row_group_digest[rg], int32_t(rg), 0, 0});
       }
     }
     return out;
@@ -239,12 +241,13 @@ TEST_F(LengthCacheTest, AnEntrysLockIsHeldByOneAtATimeAndAWaitEndsWhenAskedTo) {
   std::atomic<bool> stop{false};
   internal::LockFile held = (*cache)->Lock(entry, stop);
   ASSERT_TRUE(held.held());
-  auto waiter = std::async(std::launch::async, [&] { return (*cache)->Lock(entry, stop); });
+  auto wait = [&] { return (*cache)->Lock(entry, stop); };
+  auto waiter = std::async(std::launch::async, wait);
   EXPECT_EQ(waiter.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
   stop = true;  // a loader that stops waits no more, and holds nothing
   EXPECT_FALSE(waiter.get().held());
   stop = false;
-  waiter = std::async(std::launch::async, [&] { return (*cache)->Lock(entry, stop); });
+  waiter = std::async(std::launch::async, wait);
   EXPECT_EQ(waiter.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
   held.reset();
   EXPECT_TRUE(waiter.get().held());

@@ -936,7 +936,7 @@ TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
 // ---------------------------------------------------------------------------
 // Ranks of one node that share a tokenized source's counts (runtime.length_cache).
 
-TEST(EngineSharedCountsTest, RanksAtOnceBuildWhatOneProcessBuildsAndTokenizeTheirOwnRows) {
+TEST(EngineSharedCountsTest, RanksAtOnceBuildWhatOneProcessBuildsAndTokenizeTheirRows) {
   testing::ScopedTempDir dir("braid-engine-shared-counts");
   ASSERT_TRUE(testing::TrainTinySentencePiece(testing::RandomSentences(300, 5),
                                               dir.Sub("tok"), 100)

@@ -494,12 +494,13 @@ void SourceLoader::FinishPayload(const Deferred& d, const PayloadRef& ref) {
   if (payload == nullptr) {  // counted by another process: the whole payload now
     RowOutput o;
     Status made = transform_->Apply(d.cols, d.index, /*want_payload=*/true, d.where, &o);
-    if (made.ok() && (o.skip != SkipReason::kNone || o.tokens != d.tokens || !o.payload)) {
+    const bool same = o.skip == SkipReason::kNone && o.tokens == d.tokens && o.payload;
+    if (made.ok() && !same) {
       made = DataError(d.where.ToString(),
                        "made " + std::to_string(o.tokens) + " tokens where "
                        "runtime.length_cache counted " + std::to_string(d.tokens) +
-                       " for it; the folder holds counts that are not this data's (delete "
-                       "it)");
+                       " for it; the folder holds counts that are not this data's "
+                       "(delete it)");
     }
     if (!made.ok() || !o.deferred) {
       profile_.AddFinish(internal::ThreadCpuNs() - start_ns);
@@ -605,7 +606,8 @@ void SourceLoader::FinishSharedEntry(SharedEntry* e) {
       if (k.skip != SkipReason::kNone) continue;
       apply_later_[size_t(i)] = 1;
       o.deferred = true;  // charged what the payload will hold: ids, mask, patches
-      o.payload_bytes = k.tokens * 5 + k.image_tokens * 3 * p * p * int64_t{sizeof(float)};
+      o.payload_bytes =
+          k.tokens * 5 + k.image_tokens * 3 * p * p * int64_t{sizeof(float)};
     }
   } else {
     TransformRows(first, end, /*want_payload=*/true);
@@ -616,7 +618,8 @@ void SourceLoader::FinishSharedEntry(SharedEntry* e) {
         const RowOutput& o = outputs_[size_t(i)];
         clean = clean && output_status_[size_t(i)].ok() && o.null_what.empty() &&
                 o.skip != SkipReason::kNull && o.skip != SkipReason::kError;
-        rows.push_back(CachedRow{o.tokens, o.image_tokens, estimates_[size_t(i)], o.skip});
+        rows.push_back(
+            CachedRow{o.tokens, o.image_tokens, estimates_[size_t(i)], o.skip});
       }
       if (clean && !rows.empty()) length_cache_->Write(*e->entry, rows);
     }
