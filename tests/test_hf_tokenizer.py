@@ -453,6 +453,8 @@ def test_a_nodes_ranks_share_the_counts_and_build_the_same_batches(tmp_path: Pat
     shared = write_config(tmp_path / "shared.json",
                           dict(job, runtime={"length_cache": str(tmp_path / "lens")}))
 
+    notices = []  # per run, the ranks that said the source is tokenized in every rank
+
     def node(config: Path) -> List[List[str]]:
         procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(config),
                                    str(rank), "4", "10"], text=True,
@@ -461,11 +463,15 @@ def test_a_nodes_ranks_share_the_counts_and_build_the_same_batches(tmp_path: Pat
         outs = [p.communicate(timeout=300) for p in procs]
         for p, (_, err) in zip(procs, outs):
             assert p.returncode == 0, err
+        notices.append([rank for rank, (_, err) in enumerate(outs)
+                        if "set runtime.length_cache" in err])
         return [json.loads(out) for out, _ in outs]
 
     want = node(plain)
     assert len({d for rank in want for d in rank}) == 40  # 40 distinct micro-batches
+    assert notices == [[0]]  # rank 0 says what the cache would save; once, not per rank
     assert node(shared) == want
+    assert notices[-1] == []
     entries = {p.name for p in (tmp_path / "lens").glob("*.lens")}
     assert len(entries) == 10, entries  # every row group, each written by its counter
     locks = {p.name for p in (tmp_path / "lens").glob("*.lens.lock")}

@@ -82,9 +82,7 @@ bool Take(const std::string& in, size_t* at, T* v) {
 Result<std::unique_ptr<LengthCache>> LengthCache::Make(const Config& config,
                                                        int32_t source_index) {
   const SourceConfig& s = config.sources[size_t(source_index)];
-  if (s.length_cache_dir.empty() || s.user_transform.enabled()) return nullptr;
-  const bool tokenized = !s.text_column.empty() || s.chat.enabled();
-  if (!tokenized) return nullptr;  // a token column: levels or a length column
+  if (s.length_cache_dir.empty() || !Keeps(s)) return nullptr;
   std::ostringstream os;
   os << "text=" << s.text_column << "|chat=" << s.chat.prompt_column << ','
      << s.chat.response_column << ',' << s.chat.messages_column;
@@ -96,6 +94,12 @@ Result<std::unique_ptr<LengthCache>> LengthCache::Make(const Config& config,
                         TokenizerIdentity(config.TokenizerFor(size_t(source_index))));
   os << '|' << tok;
   return std::unique_ptr<LengthCache>(new LengthCache(s.length_cache_dir, os.str()));
+}
+
+bool LengthCache::Keeps(const SourceConfig& s) {
+  // Not a token column (its counts are levels or a length column), not a user function
+  // (its code is in no key).
+  return !s.user_transform.enabled() && (!s.text_column.empty() || s.chat.enabled());
 }
 
 std::string LengthCache::Key(const LengthCacheEntry& e) const {

@@ -74,6 +74,9 @@ class LengthCache {
   /// naming the tokenizer's key) when a tokenizer file cannot be read.
   static Result<std::unique_ptr<LengthCache>> Make(const Config& config,
                                                    int32_t source_index);
+  /// Whether runtime.length_cache would keep the counts of `source`: a text, chat or
+  /// image-caption source without a user transform.
+  static bool Keeps(const SourceConfig& source);
 
   /// The rows of `entry`, or nullopt when no valid file holds them.
   std::optional<std::vector<CachedRow>> Read(const LengthCacheEntry& entry) const;

@@ -1,14 +1,17 @@
 #include "braid/runtime/engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 
 #include "braid/client/rank_cursor.h"
 #include "braid/construct/views.h"
+#include "braid/io/length_cache.h"
 #include "braid/service/constructor_service.h"
 #include "braid/service/planner_service.h"
 #include "braid/service/source_service.h"
 #include "braid/transport/in_process.h"
+#include "braid/util/log_internal.h"
 
 namespace braid {
 namespace {
@@ -69,10 +72,20 @@ Status Engine::Impl::Start() {
   const Config& config = config_;
   // A process that builds some of the buckets shares the counts of tokenized sources
   // with the other processes (runtime.length_cache) and tokenizes only what it builds.
+  const bool some = int64_t(options_.buckets.size()) < config_.topology.buckets();
   const auto stream =
-      int64_t(options_.buckets.size()) < config_.topology.buckets()
-          ? SourceService::Stream::kOwnPayloads
-          : SourceService::Stream::kPayloads;
+      some ? SourceService::Stream::kOwnPayloads : SourceService::Stream::kPayloads;
+  const auto& own = options_.buckets;
+  // Said by the processes that build bucket 0 (one, or its TP/PP peers), not every rank.
+  if (some && std::find(own.begin(), own.end(), int64_t{0}) != own.end()) {
+    for (const SourceConfig& s : config_.sources) {
+      if (!s.length_cache_dir.empty() || !LengthCache::Keeps(s)) continue;
+      internal::LogLine("braid: source '" + s.name + "' is tokenized to count it in every "
+                        "rank's process; set runtime.length_cache: DIR (a local folder) to "
+                        "count it once per node and tokenize only the rows each rank "
+                        "builds (docs/sources.md, \"Counting once per node\")");
+    }
+  }
   ARROW_ASSIGN_OR_RAISE(
       planner_,
       PlannerService::Make(
