@@ -933,6 +933,46 @@ TEST(EngineImageTest, DecodesTheImagesOfItsOwnRanksOnly) {
   EXPECT_GT(others_checked, 0);
 }
 
+TEST(EngineImageTest, RanksSharingCountsDecodeTheirOwnImagesToTheSameBatches) {
+  // An image-caption row counted by another rank: its caption encoded and its images
+  // decoded on demand, in the process that builds it.
+  testing::ScopedTempDir dir("braid-engine-images-shared");
+  ASSERT_TRUE(WriteCaptionJob(dir, /*cut_row=*/-1).ok());
+  Config config = CaptionConfig(dir.Sub("captions.parquet"), dir.Sub("tok.model"),
+                                OnError::kFail, /*workers=*/2);
+  config.topology.dp = 2;
+  config.batch.global_tokens = 256;  // 2 micro-batches per rank
+  ASSERT_TRUE(ValidateConfig(config).ok());
+  constexpr int64_t kSteps = 6;
+  auto both = MakeEngine(config);
+  ASSERT_NE(both, nullptr);
+  const auto all = Take(both.get(), kSteps * 4);
+  ASSERT_EQ(all.size(), size_t(kSteps * 4));
+  config.sources[0].length_cache_dir = dir.Sub("lens");
+  std::vector<std::shared_ptr<const Batch>> got[3];
+  auto rank = [&](int k, int64_t bucket) {
+    Engine::Options options;
+    options.buckets = {bucket};
+    auto engine = MakeEngine(config, options);
+    if (engine != nullptr) got[k] = Take(engine.get(), kSteps * 2);
+  };
+  std::thread r0(rank, 0, 0), r1(rank, 1, 1);
+  r0.join();
+  r1.join();
+  rank(2, 0);  // every count kept
+  int64_t with_images = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t bucket = k == 1 ? 1 : 0;
+    ASSERT_EQ(got[k].size(), size_t(kSteps * 2)) << k;
+    for (int64_t i = 0; i < kSteps * 2; ++i) {
+      const auto& want = *all[size_t((i / 2) * 4 + bucket * 2 + i % 2)];
+      ExpectSameBatch(want, *got[k][size_t(i)]);
+      with_images += got[k][size_t(i)]->Find("pixel_values") != nullptr;
+    }
+  }
+  EXPECT_GT(with_images, 0);
+}
+
 // ---------------------------------------------------------------------------
 // Ranks of one node that share a tokenized source's counts (runtime.length_cache).
 
