@@ -4,7 +4,8 @@
 // explicit schema of the columns the transform reads (unexpected fields ignored, a
 // missing field null) through Arrow's compressed input streams. A user transform's
 // columns and image fields have no type the config gives: they take the types of the
-// source's first records (InferredTypes) and hold them; an image field's references
+// source's first records (InferredTypes) and hold them (a process keeps what it found
+// for its later opens of the source, FirstRecordsKept); an image field's references
 // (paths, data: URIs) are loaded into the bytes the transform reads (io/
 // image_refs_internal.h) as each block is read.
 //
@@ -37,6 +38,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -996,6 +998,38 @@ Result<std::vector<std::pair<std::string, std::string>>> JsonlFieldTypes(
   return out;
 }
 
+// What a file's first records said of a source's typed columns (InferredTypes) and of
+// its image fields (ImageBytesPerRecord, by column), kept for this process's later opens
+// of the same source (its planning stream, its loaders, a source service), which then
+// neither read those records nor load their images again. Keyed by the file (path, size,
+// modification time: KeptCountKey), the columns and the image folder. Thread-safe.
+struct FirstRecordsFacts {
+  std::vector<std::shared_ptr<arrow::DataType>> types;
+  std::map<size_t, int64_t> image_bytes;  // per column index: per record
+};
+class KeptFacts {
+ public:
+  std::optional<FirstRecordsFacts> Find(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = facts_.find(key);
+    if (it == facts_.end()) return std::nullopt;
+    return it->second;
+  }
+  void Keep(const std::string& key, FirstRecordsFacts facts) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (facts_.size() >= 4096) facts_.clear();  // bounded: a few sources' worth
+    facts_[key] = std::move(facts);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, FirstRecordsFacts> facts_;  // GUARDED_BY(mu_)
+};
+KeptFacts& FirstRecordsKept() {
+  static KeptFacts* kept = new KeptFacts();  // never destroyed
+  return *kept;
+}
+
 Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
                                   std::shared_ptr<FileCache> cache,
                                   const std::vector<std::string>& paths,
@@ -1051,16 +1085,29 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
     // From the first file that holds records; with none, no record is read (and the
     // columns are typed as the first records could have them).
     std::vector<std::shared_ptr<arrow::DataType>> found;
-    std::string from;
+    std::string from, facts_key;
     const JsonlFile* first = nullptr;
     std::vector<std::string> first_records;
+    std::optional<FirstRecordsFacts> kept;
     for (size_t i = 0; i < files.size() && first == nullptr; ++i) {
       if (files[i].records == 0 || !out.files[i].unreadable.empty()) continue;
       first = &files[i];
       from = first->path;
+      facts_key = KeptCountKey("jsonl-first 1", first->path, first->stamp);
+      for (const ColumnSpec* c : inferred) {
+        facts_key += '|' + std::to_string(c->name.size()) + ':' + c->name +
+                     (c->any_type ? 't' : 'i');
+      }
+      facts_key += '|' + image_folder;
+      kept = FirstRecordsKept().Find(facts_key);
+      if (kept) {
+        found = kept->types;
+        break;
+      }
       ARROW_ASSIGN_OR_RAISE(first_records, FirstRecords(fs.get(), cache.get(), *first));
       ARROW_ASSIGN_OR_RAISE(found, InferredTypes(first_records, *first, inferred));
     }
+    FirstRecordsFacts facts{found, {}};
     for (size_t i = 0, k = 0; i < columns.size(); ++i) {
       if (!columns[i].any_type && !images[i]) continue;
       const ColumnSpec& c = columns[i];
@@ -1082,15 +1129,22 @@ Result<FormatOpen> OpenJsonlFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
       if (images[i]) {
         // A file's records hold only where its images are; the windows (and the memory
         // a block holds) count the images too, as a Parquet row group's bytes do.
-        ARROW_ASSIGN_OR_RAISE(const int64_t per_record,
-                              ImageBytesPerRecord(fs.get(), cache.get(), first_records,
-                                                  *first, c.name, types[i]));
+        int64_t per_record = 0;
+        if (kept) {
+          per_record = kept->image_bytes.at(i);
+        } else {
+          ARROW_ASSIGN_OR_RAISE(per_record,
+                                ImageBytesPerRecord(fs.get(), cache.get(), first_records,
+                                                    *first, c.name, types[i]));
+        }
+        facts.image_bytes[i] = per_record;
         for (size_t f = 0; f < files.size(); ++f) {
           if (out.files[f].row_group_bytes.empty()) continue;
           out.files[f].row_group_bytes.front() += files[f].records * per_record;
         }
       }
     }
+    if (first != nullptr && !kept) FirstRecordsKept().Keep(facts_key, std::move(facts));
   }
   arrow::FieldVector fields;
   for (size_t i = 0; i < columns.size(); ++i) {

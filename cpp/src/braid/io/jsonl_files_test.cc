@@ -681,6 +681,12 @@ TEST(JsonlFilesTest, AnImageFieldIsLoadedAndItsImagesCountInTheFilesBytes) {
   const auto& got = static_cast<const arrow::BinaryArray&>(*cols->front());
   ASSERT_EQ(got.length(), 20);
   EXPECT_EQ(got.GetString(4), std::string(1000, 'b'));
+  // A later open in this process takes the first records' types and image sizes from
+  // the first open: it loads no image (they are gone now) and sizes the file alike.
+  std::filesystem::remove_all(dir.Sub("imgs"));
+  auto again = SourceFiles::Open(s, "sources[0]", {image});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->files()[0].row_group_bytes.at(0), bytes);
   // Images on another filesystem than the records: a config error naming the key.
   SourceConfig elsewhere = s;
   elsewhere.image_folder = "s3://bucket/imgs";
