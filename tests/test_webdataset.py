@@ -125,6 +125,43 @@ def test_a_user_transform_gets_the_members_bytes(corpus):
     assert calls
 
 
+def test_a_user_transforms_json_fields_arrive_as_json_gives_them(corpus, tmp_path):
+    """A field of a JSON member named as a transform's column (`json:input_ids`) is typed
+    by the first samples, as a JSON Lines field is, and arrives as json.loads gives it:
+    a list of ints, a dict; the batches are those of `tokens_column: json:input_ids`."""
+    from conftest import assert_same_batches, take_batches
+
+    folder, _ = corpus
+    seen = []
+
+    def ids_of(ids, meta):
+        assert isinstance(ids, list) and all(isinstance(i, int) for i in ids), ids
+        assert isinstance(meta, dict) and isinstance(meta["score"], float), meta
+        seen.append(len(ids))
+        return ids
+
+    config = config_for(folder)
+    del config["sources"][0]["tokens_column"]
+    config["sources"][0]["transform"] = {"python": "wds_fields",
+                                         "columns": ["json:input_ids", "json:meta"]}
+    braid.register_transform("wds_fields", ids_of)
+    try:
+        got = take_batches([braid.Loader(config, r, 2) for r in range(2)], 8)
+    finally:
+        braid.unregister_transform("wds_fields")
+    want = take_batches([braid.Loader(config_for(folder), r, 2) for r in range(2)], 8)
+    for rank in range(2):
+        assert_same_batches(got[rank], want[rank])
+    assert seen
+    # A field no first sample holds: a config error naming the key, from the CLI.
+    config["sources"][0]["transform"]["columns"] = ["json:missing"]
+    config["sources"][0]["transform"]["python"] = "json:dumps"
+    result = braid_cli("plan", write_config(tmp_path / "c.json", config), "--steps", "1")
+    assert result.returncode == 2, result.stderr
+    assert "sources[0].transform.columns[0]" in result.stderr, result.stderr
+    assert "field 'missing' has no value in the first records" in result.stderr
+
+
 def test_resume_loaders_and_a_glob_keep_the_plan(corpus, tmp_path):
     folder, _ = corpus
     path = write_config(tmp_path / "c.json", config_for(folder))

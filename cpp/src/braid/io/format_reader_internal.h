@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "braid/config/config.h"
@@ -122,6 +123,19 @@ Result<std::optional<std::vector<RowLength>>> ListLengthsOfRows(FormatReader* re
 /// members): the first of string, list<int32>, chat messages
 /// (list<struct<role, content>>) and int64 that its spec accepts; null if none.
 std::shared_ptr<arrow::DataType> JsonColumnType(const ColumnSpec& spec);
+
+/// The type each of `fields` (name, config key) holds in the JSON objects `records` (the
+/// first records of `file`, named in errors), as a user transform's columns are typed on
+/// JSON Lines and WebDataset JSON members (docs/sources.md, "User transforms"): each
+/// record typed alone by Arrow's inference (arrow::json::ParseOne), the types unified as
+/// Arrow unifies schemas, permissively; a record that does not parse does not count.
+/// Types that do not unify are a data error naming `file` and the field; a field with no
+/// value there (absent, or only nulls and empty lists) a config error naming its key,
+/// ending with `rule` (where the source takes its types from). jsonl_files.cc.
+Result<std::vector<std::shared_ptr<arrow::DataType>>> TypeOfFields(
+    const std::vector<std::string>& records, const std::string& file,
+    const std::vector<std::pair<std::string, std::string>>& fields,
+    const std::string& rule);
 
 /// Counts of a file kept in runtime.length_cache (`dir`) by the formats that count their
 /// records when a source opens (JSON Lines, WebDataset): one small file per counted file,

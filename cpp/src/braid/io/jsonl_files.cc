@@ -864,6 +864,7 @@ RecordFields TypeRecords(const std::vector<std::string>& records,
   auto parse_options = arrow::json::ParseOptions::Defaults();
   parse_options.unexpected_field_behavior =
       arrow::json::UnexpectedFieldBehavior::InferType;
+  parse_options.newlines_in_values = true;  // a WebDataset JSON member may span lines
   RecordFields out;
   for (const std::string& line : records) {
     auto batch = arrow::json::ParseOne(parse_options, arrow::Buffer::FromString(line));
@@ -894,41 +895,15 @@ RecordFields TypeRecords(const std::vector<std::string>& records,
 
 // The type of each of `columns` (a user transform's, ColumnSpec::any_type, or an image
 // field) in the first records of file `f` (the source's first file in path order that
-// holds any; TypeRecords), held for every record of the source.
+// holds any; TypeOfFields), held for every record of the source.
 Result<std::vector<std::shared_ptr<arrow::DataType>>> InferredTypes(
     const std::vector<std::string>& records, const JsonlFile& f,
     const std::vector<const ColumnSpec*>& columns) {
-  std::vector<std::string> names;
-  for (const ColumnSpec* c : columns) names.push_back(c->name);
-  const RecordFields typed = TypeRecords(records, names);
-  if (typed.parsed == 0 && !typed.unparsed.ok()) {
-    return DataError(f.path, "the types of the transform's columns are taken from its "
-                             "first records, and none of them parses: " +
-                                 OneLine(typed.unparsed.message()));
-  }
-  std::vector<std::shared_ptr<arrow::DataType>> types;
-  for (const ColumnSpec* c : columns) {
-    if (const auto it = typed.mixed.find(c->name); it != typed.mixed.end()) {
-      return DataError(f.path, "field '" + c->name + "' has types that do not unify in "
-                               "its first records (each record's type is taken from "
-                               "there, and held): " + it->second);
-    }
-    const auto it = typed.fields.find(c->name);
-    const auto field = it == typed.fields.end() ? nullptr : it->second;
-    if (field == nullptr || HoldsNull(*field->type())) {
-      return ConfigError(
-          c->key, "field '" + c->name + "' has no value in the first records of " +
-                      f.path + " to take its type from (" +
-                      (field == nullptr ? "no record there has it"
-                                        : "only nulls or empty lists: " +
-                                              field->type()->ToString()) +
-                      "); a JSON Lines source gives a transform's column the type its "
-                      "first file's first records (1,000, at most 1 MiB) have, and holds "
-                      "it");
-    }
-    types.push_back(field->type());
-  }
-  return types;
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const ColumnSpec* c : columns) fields.emplace_back(c->name, c->key);
+  return TypeOfFields(records, f.path, fields,
+                      "a JSON Lines source gives a transform's column the type its first "
+                      "file's first records (1,000, at most 1 MiB) have, and holds it");
 }
 
 // The mean bytes of the images that field `name` (of `type`) names in the first
@@ -981,6 +956,40 @@ Result<std::string> FolderOn(const arrow::fs::FileSystem& fs, const std::string&
 }
 
 }  // namespace
+
+Result<std::vector<std::shared_ptr<arrow::DataType>>> TypeOfFields(
+    const std::vector<std::string>& records, const std::string& file,
+    const std::vector<std::pair<std::string, std::string>>& fields,
+    const std::string& rule) {
+  std::vector<std::string> names;
+  for (const auto& [name, key] : fields) names.push_back(name);
+  const RecordFields typed = TypeRecords(records, names);
+  if (typed.parsed == 0 && !typed.unparsed.ok()) {
+    return DataError(file, "the types of the transform's columns are taken from its "
+                           "first records, and none of them parses: " +
+                               OneLine(typed.unparsed.message()));
+  }
+  std::vector<std::shared_ptr<arrow::DataType>> types;
+  for (const auto& [name, key] : fields) {
+    if (const auto it = typed.mixed.find(name); it != typed.mixed.end()) {
+      return DataError(file, "field '" + name + "' has types that do not unify in "
+                             "its first records (each record's type is taken from "
+                             "there, and held): " + it->second);
+    }
+    const auto it = typed.fields.find(name);
+    const auto field = it == typed.fields.end() ? nullptr : it->second;
+    if (field == nullptr || HoldsNull(*field->type())) {
+      return ConfigError(key, "field '" + name + "' has no value in the first records of " +
+                                  file + " to take its type from (" +
+                                  (field == nullptr ? "no record there has it"
+                                                    : "only nulls or empty lists: " +
+                                                          field->type()->ToString()) +
+                                  "); " + rule);
+    }
+    types.push_back(field->type());
+  }
+  return types;
+}
 
 Result<std::vector<std::pair<std::string, std::string>>> JsonlFieldTypes(
     arrow::fs::FileSystem* fs, const std::string& path) {

@@ -340,6 +340,9 @@ struct MemberColumn {
   std::vector<std::string> extensions;  // alternatives: the first a sample has
   std::string field;                    // of a JSON member; "" the whole member
   bool json = false;
+  // A user transform's field of a JSON member: typed by the source's first samples
+  // (FirstSamplesTypes), as a JSON Lines field is.
+  bool inferred = false;
   std::shared_ptr<arrow::DataType> type;
 };
 
@@ -374,6 +377,10 @@ Result<MemberColumn> ColumnOf(const ColumnSpec& spec) {
     c.json = std::all_of(c.extensions.begin(), c.extensions.end(), [](const auto& e) {
       return e == "json" || (e.size() > 5 && e.compare(e.size() - 5, 5, ".json") == 0);
     });
+  }
+  if (c.json && spec.any_type && !c.field.empty()) {
+    c.inferred = true;  // its type comes from the first samples
+    return c;
   }
   if (c.json) {
     c.type = JsonColumnType(spec);
@@ -754,6 +761,65 @@ class WebDatasetReader : public FormatReader {
   std::shared_ptr<arrow::io::RandomAccessFile> idx_;
 };
 
+// The types of `columns`' inferred fields (MemberColumn::inferred), from the JSON members
+// of the first samples (at most 1,000) of the first shard in path order that has any,
+// each typed alone and unified (TypeOfFields), held for every sample of the source.
+Status FirstSamplesTypes(arrow::fs::FileSystem* fs, const std::vector<TarFile>& files,
+                         std::vector<MemberColumn>* columns) {
+  constexpr int64_t kFirstSamples = 1000;
+  std::set<std::string> wanted;
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const MemberColumn& c : *columns) {
+    if (!c.inferred) continue;
+    wanted.insert(c.extensions.begin(), c.extensions.end());
+    fields.emplace_back(c.field, c.key);
+  }
+  if (fields.empty()) return Status::OK();
+  const TarFile* first = nullptr;
+  for (const TarFile& f : files) {
+    if (f.samples > 0) {
+      first = &f;
+      break;
+    }
+  }
+  if (first == nullptr) {  // no sample to read: nothing is read under any type
+    for (MemberColumn& c : *columns) {
+      if (c.inferred) c.type = arrow::null();
+    }
+    return Status::OK();
+  }
+  // One record per (sample, column): {"FIELD": ...} as the member holds it.
+  std::vector<std::vector<std::string>> records(columns->size());
+  ARROW_ASSIGN_OR_RAISE(auto tar, TarStream::Open(fs, first->path));
+  SampleStream stream(std::move(tar), &wanted, first->path);
+  Sample s;
+  for (int64_t i = 0; i < std::min(first->samples, kFirstSamples); ++i) {
+    ARROW_ASSIGN_OR_RAISE(const bool more, stream.Next(/*read=*/true, &s));
+    if (!more) break;
+    for (size_t k = 0; k < columns->size(); ++k) {
+      const MemberColumn& c = (*columns)[k];
+      if (!c.inferred) continue;
+      for (const auto& e : c.extensions) {
+        if (const std::string* member = s.Member(e)) {
+          records[k].push_back(*member);
+          break;
+        }
+      }
+    }
+  }
+  for (size_t k = 0; k < columns->size(); ++k) {
+    MemberColumn& c = (*columns)[k];
+    if (!c.inferred) continue;
+    ARROW_ASSIGN_OR_RAISE(
+        auto types,
+        TypeOfFields(records[k], first->path, {{c.field, c.key}},
+                     "a WebDataset source gives a transform's field of a JSON member the "
+                     "type its first shard's first samples (1,000) have, and holds it"));
+    c.type = types.front();
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs,
@@ -814,6 +880,8 @@ Result<FormatOpen> OpenWebDatasetFiles(std::shared_ptr<arrow::fs::FileSystem> fs
     if (samples[i] < 0) f.index.reset();  // kept as unreadable
     f.bytes = samples[i] < 0 ? 0 : out.files[i].row_group_bytes.front();
   }
+  ARROW_RETURN_NOT_OK(RetryStorage([&] { return FirstSamplesTypes(fs.get(), files,
+                                                                   &members); }));
   out.reader = std::make_unique<WebDatasetReader>(std::move(fs), std::move(files),
                                                   std::move(members), std::move(wanted),
                                                   skip);
