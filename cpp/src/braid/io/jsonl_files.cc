@@ -979,8 +979,9 @@ Result<std::vector<std::shared_ptr<arrow::DataType>>> TypeOfFields(
     const auto it = typed.fields.find(name);
     const auto field = it == typed.fields.end() ? nullptr : it->second;
     if (field == nullptr || HoldsNull(*field->type())) {
-      return ConfigError(key, "field '" + name + "' has no value in the first records of " +
-                                  file + " to take its type from (" +
+      return ConfigError(key, "field '" + name +
+                                  "' has no value in the first records of " + file +
+                                  " to take its type from (" +
                                   (field == nullptr ? "no record there has it"
                                                     : "only nulls or empty lists: " +
                                                           field->type()->ToString()) +
