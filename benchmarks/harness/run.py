@@ -305,8 +305,11 @@ def run_trainers(mode_name: str, config_path: str, args, spec: dict,
     label = mode_name if mode_name != "none" else "none (the trainers that load nothing)"
     if python != sys.executable:
         label += f" under {python}"
+    # The rendezvous as torchrun hands it to every rank (a loader may key what the ranks
+    # of one node share by it: docs/parallelism.md, "Peers on a node").
+    env = dict(mode.env(mode.state) or {}, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     return run_processes(label, cmds, lambda: mode.extra_pids(mode.state), args.timeout,
-                         args.sample_ms, progress, env=mode.env(mode.state))
+                         args.sample_ms, progress, env=env)
 
 
 def summarize(run: dict, none_peak: float, warmup: int, scale: float,

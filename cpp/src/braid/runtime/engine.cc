@@ -11,6 +11,7 @@
 #include "braid/service/planner_service.h"
 #include "braid/service/source_service.h"
 #include "braid/transport/in_process.h"
+#include "braid/transport/node_builds.h"
 #include "braid/util/log_internal.h"
 
 namespace braid {
@@ -38,6 +39,7 @@ class Engine::Impl {
 
   const Config config_;
   const Options options_;
+  std::shared_ptr<NodeBuilds> share_;  // builds shared with the node's peers, or null
   std::unique_ptr<PlannerService> planner_;
   std::unique_ptr<ConstructorService> constructor_;  // reaches planner_: destroyed first
   std::optional<RankCursor> cursor_;  // over config_
@@ -65,9 +67,27 @@ Status Engine::Impl::Start() {
   planning.state.plan_ahead = config_.runtime.prefetch_steps;
   planning.state.keep_steps = 1;  // one consumer, in order: a plan is taken once
   planning.replay = false;
+  // TP / PP / CP peers on this node build each micro-batch of their group once between
+  // them; then its payloads are wanted by the peer that builds it, when it builds.
+  const Topology& topology = config_.topology;
+  if (options_.view && topology.tp * topology.pp * topology.cp > 1) {
+    std::string dir = options_.share_builds_dir;
+    if (dir.empty()) {
+      dir = NodeBuildsFolder(config_.Fingerprint() + "|topology " +
+                             std::to_string(topology.dp) + "x" +
+                             std::to_string(topology.tp) + "x" +
+                             std::to_string(topology.pp) + "x" +
+                             std::to_string(topology.cp));
+    }
+    if (!dir.empty()) {
+      auto made = NodeBuilds::Make(dir, config_.runtime.prefetch_steps +
+                                            config_.runtime.steps_in_flight + 2);
+      if (made.ok()) share_ = *made;  // else each peer builds its own
+    }
+  }
   planning.on_plan = [this](const StepPlan& plan) {
     if (options_.on_plan) options_.on_plan(plan);
-    WantOwnPayloads(plan);
+    if (share_ == nullptr) WantOwnPayloads(plan);
   };
   const Config& config = config_;
   // A process that builds some of the buckets shares the counts of tokenized sources
@@ -100,6 +120,7 @@ Status Engine::Impl::Start() {
   building.keep_steps = 1;
   building.build_threads = 1;
   building.timeout_s = kForever;  // nothing crosses a process: waits end with the work
+  building.share = share_;
   if (options_.interrupt) {
     building.interrupt = [this] {
       Status st = options_.interrupt();
@@ -208,6 +229,10 @@ std::string Engine::StateJson() const { return impl_->StateJson(); }
 
 std::vector<SourceProfile> Engine::source_profiles() const {
   return impl_->planner_->sources().profiles();
+}
+
+int64_t Engine::shared_builds() const {
+  return impl_->constructor_->figures().shared_buckets;
 }
 
 std::vector<ShareChange> Engine::share_changes() const {

@@ -62,6 +62,11 @@ class Engine {
     /// checks for signals there). A non-OK status ends that Next() with it and nothing
     /// else: the micro-batch stays next, and the next call waits for it again.
     std::function<Status()> interrupt;
+    /// With `view` in a topology of several ranks per DP group: the folder where this
+    /// node's peers of the group share their builds (transport/node_builds.h); empty:
+    /// NodeBuildsFolder, from the launcher's environment (no run named there: each
+    /// process builds its own).
+    std::string share_builds_dir;
   };
 
   /// Opens every source and starts planning. Fails on a bad state (key "state"), a bad
@@ -98,6 +103,9 @@ class Engine {
   /// Per source, payloads blanked after their metadata was published (an image whose
   /// body did not decode, on_error: skip). Thread-safe.
   std::vector<int64_t> blanked_payloads() const;
+  /// Builds of this process's buckets taken from a peer's (Options::share_builds_dir),
+  /// not built here.
+  int64_t shared_builds() const;
   /// Per source, files skipped so far under on_error: skip, in whole or part (a footer
   /// or a row group that did not read; found when read, read-ahead included).
   /// Thread-safe.

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <mutex>
@@ -971,6 +972,50 @@ TEST(EngineImageTest, RanksSharingCountsDecodeTheirOwnImagesToTheSameBatches) {
     }
   }
   EXPECT_GT(with_images, 0);
+}
+
+TEST(EngineImageTest, TpPeersOnANodeBuildEachMicroBatchOnceBetweenThem) {
+  testing::ScopedTempDir dir("braid-engine-images-peers");
+  ASSERT_TRUE(WriteCaptionJob(dir, /*cut_row=*/-1).ok());
+  Config config = CaptionConfig(dir.Sub("captions.parquet"), dir.Sub("tok.model"),
+                                OnError::kFail, /*workers=*/2);
+  config.topology.dp = 2;
+  config.topology.tp = 2;
+  config.batch.global_tokens = 256;  // 2 micro-batches per DP rank
+  ASSERT_TRUE(ValidateConfig(config).ok());
+  Engine::Options whole;
+  whole.buckets = {1};
+  auto reference = MakeEngine(config, whole);  // builds alone
+  std::unique_ptr<Engine> peers[2];
+  for (int tp = 0; tp < 2; ++tp) {
+    Engine::Options o = whole;
+    o.view = RankCoords{1, tp, 0, 0};
+    o.share_builds_dir = dir.Sub("builds");
+    peers[tp] = MakeEngine(config, o);
+  }
+  ASSERT_TRUE(reference && peers[0] && peers[1]);
+  constexpr int64_t kSteps = 8;
+  for (int64_t i = 0; i < kSteps * 2; ++i) {
+    auto full = reference->Next();
+    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    for (int tp = 0; tp < 2; ++tp) {
+      auto got = peers[tp]->Next();
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      auto want = ViewFor(**full, config.topology, RankCoords{1, tp, 0, 0});
+      ASSERT_TRUE(want.ok());
+      ExpectSameBatch(**got, *want);
+    }
+  }
+  // Every step both took was built by one of them and mapped by the other.
+  EXPECT_GE(peers[0]->shared_builds() + peers[1]->shared_builds(), kSteps);
+  EXPECT_EQ(reference->shared_builds(), 0);
+  peers[0].reset();
+  peers[1].reset();
+  int64_t left = 0;  // each removes the builds it wrote when it goes
+  for (const auto& e : std::filesystem::directory_iterator(dir.Sub("builds"))) {
+    left += e.path().extension() == ".build";
+  }
+  EXPECT_EQ(left, 0);
 }
 
 // ---------------------------------------------------------------------------

@@ -141,6 +141,7 @@ class ConstructorService::Impl {
   bool stopped_ = false;                                                    // GUARDED_BY(mu_)
   int64_t built_ = 0;                                                       // GUARDED_BY(mu_)
   int64_t rebuilt_ = 0;                                                     // GUARDED_BY(mu_)
+  int64_t shared_ = 0;                                                      // GUARDED_BY(mu_)
   BuiltSteps built_steps_;                                                  // GUARDED_BY(mu_)
   int64_t plan_bytes_ = 0;                                                  // GUARDED_BY(mu_)
   int64_t standby_requests_ = 0;                                            // GUARDED_BY(mu_)
@@ -363,13 +364,7 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
   auto out = std::make_shared<BucketBuild>();
   out->step = planned;
   if (planned->plan != nullptr && CarriesPayloads(*planned->plan, bucket)) {
-    // In process, the pieces' payloads attached: their decodes start now, on the pool.
     const StepPlan& plan = *planned->plan;
-    for (const MicroBatch& mb : plan.buckets[size_t(bucket)].micro_batches) {
-      for (const Sequence& seq : mb.sequences) {
-        for (const DocPiece& piece : seq.docs) piece.payload.Want();
-      }
-    }
     // The build keeps the step's states, not its plan: the payloads go once built.
     auto states = std::make_shared<PlannedStep>();
     states->step = planned->step;
@@ -377,6 +372,28 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
     states->state_after = planned->state_after;
     states->figures = planned->figures;
     out->step = std::move(states);
+    // A peer's build of the same plan, if it made one first (or makes it meanwhile).
+    std::shared_ptr<void> claim;
+    for (int look = 0; options_.share != nullptr && look < 2; ++look) {
+      if (auto built = options_.share->Find(plan, bucket)) {
+        out->batches = std::move(*built);
+        std::lock_guard<std::mutex> lock(mu_);
+        ++shared_;
+        return out;
+      }
+      if (look == 0) {
+        claim = options_.share->Claim(plan, bucket, [this] {
+          std::lock_guard<std::mutex> lock(mu_);
+          return stopped_;
+        });
+      }
+    }
+    // In process, the pieces' payloads attached: their decodes start now, on the pool.
+    for (const MicroBatch& mb : plan.buckets[size_t(bucket)].micro_batches) {
+      for (const Sequence& seq : mb.sequences) {
+        for (const DocPiece& piece : seq.docs) piece.payload.Want();
+      }
+    }
     const size_t n = plan.buckets[size_t(bucket)].micro_batches.size();
     for (size_t mb = 0; mb < n; ++mb) {
       const auto file = MaybeTensorFile(options_.shared_memory);
@@ -385,6 +402,7 @@ ConstructorService::Impl::BuildResult ConstructorService::Impl::Construct(int64_
                                                          file.get()));
       out->batches.push_back(std::make_shared<const Batch>(std::move(batch)));
     }
+    if (options_.share != nullptr) options_.share->Put(plan, bucket, out->batches);
     return out;
   }
   ARROW_ASSIGN_OR_RAISE(StepPlan part, DecodeBucket(planned->encoded.data(),
@@ -522,6 +540,7 @@ ConstructorService::Figures ConstructorService::Impl::figures() const {
   f.newest_step = state_.newest_step();
   f.built_buckets = built_;
   f.rebuilt_buckets = rebuilt_;
+  f.shared_buckets = shared_;
   f.standby_requests = standby_requests_;
   f.held_builds = state_.held_builds();
   f.held_views = state_.held_views();

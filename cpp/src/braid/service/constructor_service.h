@@ -82,6 +82,26 @@ class PieceSource {
   virtual void Forget(const std::vector<int64_t>& calls) = 0;
 };
 
+/// How a constructor shares its builds with peer processes that build the same buckets
+/// (the embedded runtime's TP / PP / CP peers on one node: transport/node_builds.h).
+/// Thread-safe.
+class BuildShare {
+ public:
+  virtual ~BuildShare() = default;
+  /// The micro-batches of `plan`'s bucket `bucket` that a peer built from the same plan,
+  /// or nullopt.
+  virtual std::optional<std::vector<std::shared_ptr<const Batch>>> Find(
+      const StepPlan& plan, int64_t bucket) = 0;
+  /// Waits until no peer is building (plan.step, bucket) and returns a claim that keeps
+  /// the others waiting until it is released; null when none can be had (or `stop`
+  /// returned true): the caller builds anyway.
+  virtual std::shared_ptr<void> Claim(const StepPlan& plan, int64_t bucket,
+                                      const std::function<bool()>& stop) = 0;
+  /// Hands the micro-batches built from `plan` for `bucket` to the peers.
+  virtual void Put(const StepPlan& plan, int64_t bucket,
+                   const std::vector<std::shared_ptr<const Batch>>& batches) = 0;
+};
+
 /// A rank's request: one micro-batch, and which view of it.
 struct ViewKey {
   int64_t step = 0, bucket = 0, micro_batch = 0;
@@ -149,6 +169,9 @@ class ConstructorService {
     /// again gets it).
     /// Null: waits end with the work or the timeout.
     std::function<Status()> interrupt;
+    /// With plans that carry their payloads: take each (step, bucket) a peer process
+    /// built, and hand the peers each one built here (BuildShare); null: build alone.
+    std::shared_ptr<BuildShare> share;
   };
 
   /// A service that receives plans from `plans` and, when they carry no payloads, pieces
@@ -174,6 +197,9 @@ class ConstructorService {
     /// Of built_buckets, builds of a (step, bucket) built before: asked again by a rank
     /// further behind than the kept window (Options::keep_steps).
     int64_t rebuilt_buckets = 0;
+    /// Of built_buckets, those taken from a peer's build (Options::share), not built
+    /// here.
+    int64_t shared_buckets = 0;
     int64_t standby_requests = 0;   ///< calls hedged to a standby
     int64_t held_builds = 0, held_views = 0;
     int64_t plan_bytes = 0;         ///< of plan messages received
