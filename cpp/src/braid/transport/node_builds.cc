@@ -95,6 +95,7 @@ NodeBuilds::~NodeBuilds() {
     stdfs::remove(path, ec);
     stdfs::remove(path + ".lock", ec);
   }
+  stdfs::remove(dir_, ec);  // the run's folder, once its last peer's files are gone
 }
 
 std::string NodeBuilds::FileFor(int64_t step, int64_t bucket) const {

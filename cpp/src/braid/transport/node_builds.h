@@ -46,7 +46,7 @@ class NodeBuilds : public BuildShare {
   /// The builds kept in folder `dir` (made if missing); `keep_steps` steps of them are
   /// kept behind the newest this process built. Fails with an IO error naming `dir`.
   static Result<std::shared_ptr<NodeBuilds>> Make(std::string dir, int64_t keep_steps);
-  /// Removes the files this process wrote.
+  /// Removes the files this process wrote, and the folder if that leaves it empty.
   ~NodeBuilds() override;
   NodeBuilds(const NodeBuilds&) = delete;
   NodeBuilds& operator=(const NodeBuilds&) = delete;
