@@ -100,10 +100,11 @@ Status Engine::Impl::Start() {
   if (some && std::find(own.begin(), own.end(), int64_t{0}) != own.end()) {
     for (const SourceConfig& s : config_.sources) {
       if (!s.length_cache_dir.empty() || !LengthCache::Keeps(s)) continue;
-      internal::LogLine("braid: source '" + s.name + "' is tokenized to count it in every "
-                        "rank's process; set runtime.length_cache: DIR (a local folder) to "
-                        "count it once per node and tokenize only the rows each rank "
-                        "builds (docs/sources.md, \"Counting once per node\")");
+      internal::LogLine("braid: source '" + s.name +
+                        "' is tokenized to count it in every rank's process; set "
+                        "runtime.length_cache: DIR (a local folder) to count it once per "
+                        "node and tokenize only the rows each rank builds "
+                        "(docs/sources.md, \"Counting once per node\")");
     }
   }
   ARROW_ASSIGN_OR_RAISE(

@@ -79,7 +79,8 @@ struct TensorEntry {
 
 }  // namespace
 
-Result<std::shared_ptr<NodeBuilds>> NodeBuilds::Make(std::string dir, int64_t keep_steps) {
+Result<std::shared_ptr<NodeBuilds>> NodeBuilds::Make(std::string dir,
+                                                     int64_t keep_steps) {
   std::error_code ec;
   stdfs::create_directories(dir, ec);
   if (!stdfs::is_directory(dir, ec)) {
@@ -137,7 +138,9 @@ std::optional<std::vector<std::shared_ptr<const Batch>>> NodeBuilds::Find(
     for (uint64_t t = 0; t < tensors; ++t) {
       TensorEntry e;
       uint64_t name_bytes = 0, ndim = 0;
-      if (!Take(data, size, &at, &name_bytes) || name_bytes > size - at) return std::nullopt;
+      if (!Take(data, size, &at, &name_bytes) || name_bytes > size - at) {
+        return std::nullopt;
+      }
       e.name.assign(reinterpret_cast<const char*>(data + at), name_bytes);
       at += name_bytes;
       if (!Take(data, size, &at, &e.dtype) || e.dtype > uint8_t(DType::kFloat32) ||
