@@ -96,6 +96,7 @@ NodeBuilds::~NodeBuilds() {
     stdfs::remove(path, ec);
     stdfs::remove(path + ".lock", ec);
   }
+  for (const auto& [key, lock] : claimed_) stdfs::remove(lock, ec);
   stdfs::remove(dir_, ec);  // the run's folder, once its last peer's files are gone
 }
 
@@ -179,6 +180,18 @@ std::shared_ptr<void> NodeBuilds::Claim(const StepPlan& plan, int64_t bucket,
     auto taken = internal::TakeLock(path, LOCK_EX | LOCK_NB);
     if (!taken.ok()) return nullptr;
     if (taken->held()) {
+      std::vector<std::string> old;  // lock files of steps long built
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        claimed_[{plan.step, bucket}] = path;
+        for (auto it = claimed_.begin(); it != claimed_.end();) {
+          if (it->first.first >= plan.step - keep_steps_) break;
+          old.push_back(it->second);
+          it = claimed_.erase(it);
+        }
+      }
+      std::error_code ec;
+      for (const std::string& p : old) stdfs::remove(p, ec);
       return std::make_shared<internal::LockFile>(std::move(*taken));
     }
     std::this_thread::sleep_for(wait);
@@ -268,6 +281,7 @@ void NodeBuilds::Put(const StepPlan& plan, int64_t bucket,
     stdfs::remove(path, ec);
     stdfs::remove(path + ".lock", ec);
   }
+
 }
 
 uint64_t BucketDigest(const StepPlan& plan, int64_t bucket) {

@@ -46,7 +46,8 @@ class NodeBuilds : public BuildShare {
   /// The builds kept in folder `dir` (made if missing); `keep_steps` steps of them are
   /// kept behind the newest this process built. Fails with an IO error naming `dir`.
   static Result<std::shared_ptr<NodeBuilds>> Make(std::string dir, int64_t keep_steps);
-  /// Removes the files this process wrote, and the folder if that leaves it empty.
+  /// Removes the files this process wrote and the lock files it took, and the folder if
+  /// that leaves it empty.
   ~NodeBuilds() override;
   NodeBuilds(const NodeBuilds&) = delete;
   NodeBuilds& operator=(const NodeBuilds&) = delete;
@@ -76,6 +77,9 @@ class NodeBuilds : public BuildShare {
   const int64_t keep_steps_;
   std::mutex mu_;
   std::map<std::pair<int64_t, int64_t>, std::string> written_;  // GUARDED_BY(mu_)
+  // GUARDED_BY(mu_): the lock files this process took, by (step, bucket), removed once
+  // keep_steps behind the newest it took and when it goes.
+  std::map<std::pair<int64_t, int64_t>, std::string> claimed_;
 };
 
 /// A digest of bucket `bucket` of `plan`: the step and every piece's key (source, file,
