@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -193,3 +194,41 @@ def assert_same_batches(a: List[Dict], b: List[Dict]) -> None:
         for name in x:
             assert x[name].dtype == y[name].dtype, (i, name)
             np.testing.assert_array_equal(x[name], y[name], err_msg=f"{i} {name}")
+
+
+# A trainer's loop in a fresh process: braid.Loader of one rank, the digest of each of its
+# first n micro-batches, and the folders of the node's shared builds seen while it lived.
+_RANK_SCRIPT = textwrap.dedent("""
+    import glob, hashlib, json, os, sys
+    import braid
+    config = sys.argv[1]
+    rank, world, n = (int(a) for a in sys.argv[2:5])
+    loader = braid.Loader(config, rank=rank, world_size=world)
+    digests = []
+    for batch in loader:
+        h = hashlib.sha256()
+        for key in sorted(batch):
+            h.update(key.encode() + batch[key].numpy().tobytes())
+        digests.append(h.hexdigest())
+        if len(digests) == n:
+            break
+    builds = glob.glob(f"/dev/shm/braid-builds-{os.getuid()}/*/*.build")
+    loader.close()
+    print(json.dumps({"digests": digests,
+                      "build_folders": sorted({os.path.dirname(p) for p in builds})}))
+""")
+
+
+def start_ranks(config: Path, world: int, n: int,
+                env: Optional[Dict[str, str]] = None) -> List[Dict]:
+    """`world` rank processes started at once, as a launcher starts a node's ranks, each
+    a fresh braid.Loader taking n micro-batches; per rank (in order) its digests,
+    build_folders and stderr. `env` replaces the environment (default: this one's)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK_SCRIPT, str(config), str(rank),
+                               str(world), str(n)], text=True, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for rank in range(world)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    return [dict(json.loads(out), stderr=err) for out, err in outs]

@@ -23,7 +23,8 @@ import pytest
 
 from braid import _core
 
-from conftest import assert_resumes_batch_for_batch, braid_cli, write_config
+from conftest import (assert_resumes_batch_for_batch, braid_cli, start_ranks,
+                      write_config)
 
 # An optional dependency of braid (braid[hf]); requirements-dev.txt pins it.
 from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers, processors,
@@ -419,25 +420,6 @@ def test_plan_with_a_length_cache_reads_what_the_first_plan_kept(tmp_path: Path,
     assert len(entries()) == 20
 
 
-RANK_SCRIPT = textwrap.dedent("""
-    import hashlib, json, sys
-    import braid
-    config = sys.argv[1]
-    rank, world, n = (int(a) for a in sys.argv[2:5])
-    loader = braid.Loader(config, rank=rank, world_size=world)
-    digests = []
-    for batch in loader:
-        h = hashlib.sha256()
-        for key in sorted(batch):
-            h.update(key.encode() + batch[key].numpy().tobytes())
-        digests.append(h.hexdigest())
-        if len(digests) == n:
-            break
-    loader.close()
-    print(json.dumps(digests))
-""")
-
-
 def test_a_nodes_ranks_share_the_counts_and_build_the_same_batches(tmp_path: Path,
                                                                    tok_file: str):
     # Four trainer processes started at once, as torchrun starts them on a node, each a
@@ -456,16 +438,10 @@ def test_a_nodes_ranks_share_the_counts_and_build_the_same_batches(tmp_path: Pat
     notices = []  # per run, the ranks that said the source is tokenized in every rank
 
     def node(config: Path) -> List[List[str]]:
-        procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(config),
-                                   str(rank), "4", "10"], text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for rank in range(4)]
-        outs = [p.communicate(timeout=300) for p in procs]
-        for p, (_, err) in zip(procs, outs):
-            assert p.returncode == 0, err
-        notices.append([rank for rank, (_, err) in enumerate(outs)
-                        if "set runtime.length_cache" in err])
-        return [json.loads(out) for out, _ in outs]
+        ranks = start_ranks(config, world=4, n=10)
+        notices.append([r for r, out in enumerate(ranks)
+                        if "set runtime.length_cache" in out["stderr"]])
+        return [out["digests"] for out in ranks]
 
     want = node(plain)
     assert len({d for rank in want for d in rank}) == 40  # 40 distinct micro-batches

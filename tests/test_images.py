@@ -8,9 +8,6 @@ import json
 import os
 import random
 import struct
-import subprocess
-import sys
-import textwrap
 import uuid
 import zlib
 from pathlib import Path
@@ -363,33 +360,14 @@ def test_image_config_errors(tmp_path: Path, model: str):
         braid.Loader(cfg, rank=0, world_size=1)
 
 
-PEER_SCRIPT = textwrap.dedent("""
-    import getpass, glob, hashlib, json, os, sys
-    import braid
-    config, rank, world, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), 12
-    loader = braid.Loader(config, rank=rank, world_size=world)
-    digests = []
-    for batch in loader:
-        h = hashlib.sha256()
-        for key in sorted(batch):
-            h.update(key.encode() + batch[key].numpy().tobytes())
-        digests.append(h.hexdigest())
-        if len(digests) == n:
-            break
-    # The builds the node's peers share, while this rank's loader lives.
-    shared = glob.glob(f"/dev/shm/braid-builds-{os.getuid()}/*/*.build")
-    loader.close()
-    print(json.dumps({"digests": digests, "folders": sorted({os.path.dirname(p)
-                                                             for p in shared})}))
-""")
-
-
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
 def test_tp_peers_of_a_node_build_each_micro_batch_once(tmp_path: Path, model: str):
     # Four fresh rank processes, dp=2 x tp=2, as torchrun starts them (a run id they
     # share): each DP group's two TP peers build its micro-batches once between them (a
     # shared-memory file the other maps) and get the same views as ranks that each
     # build their own (no run id); the files go with their writers.
+    from conftest import start_ranks
+
     rng = np.random.default_rng(3)
     rows = [{"image": png(int(rng.integers(20, 60)), int(rng.integers(20, 60)),
                           tuple(int(v) for v in rng.integers(0, 255, 3))),
@@ -407,19 +385,13 @@ def test_tp_peers_of_a_node_build_each_micro_batch_once(tmp_path: Path, model: s
                             "SLURM_JOB_ID")}
         if run_id:
             env["TORCHELASTIC_RUN_ID"] = run_id
-        procs = [subprocess.Popen([sys.executable, "-c", PEER_SCRIPT, str(path), str(r),
-                                   "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=env) for r in range(4)]
-        outs = [p.communicate(timeout=300) for p in procs]
-        for p, (_, err) in zip(procs, outs):
-            assert p.returncode == 0, err
-        return [json.loads(out) for out, _ in outs]
+        return start_ranks(path, world=4, n=12, env=env)
 
     alone = node(None)
     shared = node(f"test-{uuid.uuid4().hex}")
     assert [r["digests"] for r in shared] == [r["digests"] for r in alone]
     # The run's own folder, where its peers' builds were (other jobs' may be there too).
-    folders = ({f for r in shared for f in r["folders"]}
-               - {f for r in alone for f in r["folders"]})
+    folders = ({f for r in shared for f in r["build_folders"]}
+               - {f for r in alone for f in r["build_folders"]})
     assert len(folders) == 1, folders
     assert not os.path.exists(folders.pop())  # gone with the ranks, locks and all
