@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace braid::internal {
 namespace {
@@ -51,6 +54,18 @@ Result<LockFile> TakeLock(const std::string& path, int op) {
   }
   if (!SameFile(f.fd(), path)) return LockFile();
   return f;
+}
+
+LockFile PollLock(const std::string& path, const std::function<bool()>& stop) {
+  auto wait = std::chrono::milliseconds(1);
+  while (!stop()) {
+    auto taken = TakeLock(path, LOCK_EX | LOCK_NB);
+    if (!taken.ok()) return {};
+    if (taken->held()) return std::move(*taken);
+    std::this_thread::sleep_for(wait);
+    wait = std::min(wait * 2, std::chrono::milliseconds(16));
+  }
+  return {};
 }
 
 }  // namespace braid::internal

@@ -1,17 +1,14 @@
 #include "braid/io/length_cache.h"
 
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "braid/util/hash_internal.h"
 
@@ -187,16 +184,8 @@ internal::LockFile LengthCache::Lock(const LengthCacheEntry& entry,
                                      const std::atomic<bool>& stop) const {
   std::error_code ec;
   stdfs::create_directories(dir_, ec);
-  const std::string path = FileFor(Key(entry)) + ".lock";
-  auto wait = std::chrono::milliseconds(1);
-  while (!stop.load(std::memory_order_relaxed)) {
-    auto taken = internal::TakeLock(path, LOCK_EX | LOCK_NB);
-    if (!taken.ok()) return {};
-    if (taken->held()) return std::move(*taken);
-    std::this_thread::sleep_for(wait);
-    wait = std::min(wait * 2, std::chrono::milliseconds(16));
-  }
-  return {};
+  return internal::PollLock(FileFor(Key(entry)) + ".lock",
+                            [&stop] { return stop.load(std::memory_order_relaxed); });
 }
 
 }  // namespace braid

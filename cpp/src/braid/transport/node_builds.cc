@@ -1,19 +1,16 @@
 #include "braid/transport/node_builds.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "braid/io/file_lock_internal.h"
 #include "braid/util/hash_internal.h"
@@ -175,29 +172,21 @@ std::optional<std::vector<std::shared_ptr<const Batch>>> NodeBuilds::Find(
 std::shared_ptr<void> NodeBuilds::Claim(const StepPlan& plan, int64_t bucket,
                                         const std::function<bool()>& stop) {
   const std::string path = FileFor(plan.step, bucket) + ".lock";
-  auto wait = std::chrono::milliseconds(1);
-  while (!stop()) {
-    auto taken = internal::TakeLock(path, LOCK_EX | LOCK_NB);
-    if (!taken.ok()) return nullptr;
-    if (taken->held()) {
-      std::vector<std::string> old;  // lock files of steps long built
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        claimed_[{plan.step, bucket}] = path;
-        for (auto it = claimed_.begin(); it != claimed_.end();) {
-          if (it->first.first >= plan.step - keep_steps_) break;
-          old.push_back(it->second);
-          it = claimed_.erase(it);
-        }
-      }
-      std::error_code ec;
-      for (const std::string& p : old) stdfs::remove(p, ec);
-      return std::make_shared<internal::LockFile>(std::move(*taken));
+  internal::LockFile taken = internal::PollLock(path, stop);
+  if (!taken.held()) return nullptr;
+  std::vector<std::string> old;  // lock files of steps long built
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    claimed_[{plan.step, bucket}] = path;
+    for (auto it = claimed_.begin(); it != claimed_.end();) {
+      if (it->first.first >= plan.step - keep_steps_) break;
+      old.push_back(it->second);
+      it = claimed_.erase(it);
     }
-    std::this_thread::sleep_for(wait);
-    wait = std::min(wait * 2, std::chrono::milliseconds(8));
   }
-  return nullptr;
+  std::error_code ec;
+  for (const std::string& p : old) stdfs::remove(p, ec);
+  return std::make_shared<internal::LockFile>(std::move(taken));
 }
 
 void NodeBuilds::Put(const StepPlan& plan, int64_t bucket,
