@@ -612,16 +612,7 @@ void SourceLoader::FinishSharedEntry(SharedEntry* e) {
   } else {
     TransformRows(first, end, /*want_payload=*/true);
     if (e->entry && !stop_requested_.load(std::memory_order_relaxed)) {
-      std::vector<CachedRow> rows;
-      bool clean = true;
-      for (int64_t i = first; i < end; ++i) {
-        const RowOutput& o = outputs_[size_t(i)];
-        clean = clean && output_status_[size_t(i)].ok() && o.null_what.empty() &&
-                o.skip != SkipReason::kNull && o.skip != SkipReason::kError;
-        rows.push_back(
-            CachedRow{o.tokens, o.image_tokens, estimates_[size_t(i)], o.skip});
-      }
-      if (clean && !rows.empty()) length_cache_->Write(*e->entry, rows);
+      KeepEntry(*e->entry, first, end);
     }
   }
   e->lock.reset();
@@ -857,17 +848,24 @@ void SourceLoader::KeepLengths() {
   size_t i = 0;
   for (const CacheWrite& w : to_cache_) {
     while (i < rows_.size() && rows_[i].arrays_slot < w.first_slot) ++i;
-    std::vector<CachedRow> rows;
-    bool clean = true;
-    for (; i < rows_.size() && rows_[i].arrays_slot < w.end_slot; ++i) {
-      const RowOutput& o = outputs_[i];
-      clean = clean && output_status_[i].ok() && o.null_what.empty() &&
-              o.skip != SkipReason::kNull && o.skip != SkipReason::kError;
-      rows.push_back(CachedRow{o.tokens, o.image_tokens, estimates_[i], o.skip});
-    }
-    if (clean && !rows.empty()) length_cache_->Write(w.entry, rows);
+    const size_t first = i;
+    while (i < rows_.size() && rows_[i].arrays_slot < w.end_slot) ++i;
+    KeepEntry(w.entry, int64_t(first), int64_t(i));
   }
   to_cache_.clear();
+}
+
+void SourceLoader::KeepEntry(const LengthCacheEntry& entry, int64_t first, int64_t end) {
+  std::vector<CachedRow> rows;
+  for (int64_t i = first; i < end; ++i) {
+    const RowOutput& o = outputs_[size_t(i)];
+    if (!output_status_[size_t(i)].ok() || !o.null_what.empty() ||
+        o.skip == SkipReason::kNull || o.skip == SkipReason::kError) {
+      return;  // a row with a message to repeat: not kept
+    }
+    rows.push_back(CachedRow{o.tokens, o.image_tokens, estimates_[size_t(i)], o.skip});
+  }
+  if (!rows.empty()) length_cache_->Write(entry, rows);
 }
 
 Status SourceLoader::ReadStep() {

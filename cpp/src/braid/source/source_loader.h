@@ -375,6 +375,9 @@ class SourceLoader : public SampleStream {
   std::vector<CacheWrite> to_cache_;
   // Writes the counts of to_cache_'s entries whose rows all transformed cleanly.
   void KeepLengths();
+  // Writes `entry`'s counts from the outputs of rows [first, end) of rows_, unless one
+  // of them has a message to repeat (a null, an error).
+  void KeepEntry(const LengthCacheEntry& entry, int64_t first, int64_t end);
   // Transforms rows [first, end) of rows_ into outputs_ (and output_status_, estimates_)
   // on the loader's workers; an unread row becomes a skip, a row of cached_ takes its
   // count.
